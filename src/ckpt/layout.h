@@ -1,0 +1,71 @@
+// Checkpoint layouts: detection of the layout and task of a file or folder, the components it holds,
+// and a weight store per component that serves tensors under the internal (official) names.
+// Layouts (spec §3): official release folder (high_noise_model/, low_noise_model/ or a root DiT,
+// models_t5_umt5-xxl-enc-bf16.pth, Wan2.1_VAE.pth | Wan2.2_VAE.pth, google/umt5-xxl/), diffusers
+// folder (model_index.json, transformer/, transformer_2/, text_encoder/, vae/, tokenizer/), and a
+// ComfyUI single DiT file (official names, optional "model.diffusion_model." prefix, fp16/bf16 or
+// fp8_scaled with "<layer>.scale_weight").
+#pragma once
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "config/config.h"
+#include "core/tensor.h"
+
+namespace wan {
+
+enum class Layout { Official, Diffusers, ComfyUI };
+const char* layout_name(Layout l);  // "official", "diffusers", "comfyui"
+
+enum class Role { DiT, DiTHigh, DiTLow, TextEncoder, Vae, Tokenizer };
+const char* role_name(Role r);  // "dit", "dit_high_noise", "dit_low_noise", "text_encoder", "vae", "tokenizer"
+
+struct Component {
+  Role role;
+  std::string path;  // file or folder
+};
+
+struct CheckpointInfo {
+  std::string root;
+  Layout layout = Layout::Official;
+  Task task = Task::T2V_A14B;
+  bool task_certain = true;  // false when the task was guessed (e.g. a lone ComfyUI file)
+  std::vector<Component> components;
+  DiTConfig dit;              // config of the DiT expert(s) (both experts must agree)
+  bool dit_config_from_file = true;  // false: inferred from tensor shapes (no config.json)
+  std::string dit_prefix;     // ComfyUI: key prefix of the DiT tensors ("" or "model.diffusion_model.")
+  bool fp8_scaled = false;    // ComfyUI fp8_scaled: fp8 weights with "<layer>.scale_weight" companions
+  int vae_version = 21;       // 21 (Wan2.1_VAE, A14B) or 22 (Wan2.2_VAE, TI2V-5B)
+  std::vector<std::string> notes;  // human-readable remarks (why the task is uncertain, ...)
+  const Component* find(Role r) const;
+  bool has(Role r) const { return find(r) != nullptr; }
+};
+
+// Throws wan::Error with one clear line when the path is missing or no layout matches.
+CheckpointInfo detect_checkpoint(const std::string& path);
+
+// Tensors of one component under internal names. Dequantises fp8_scaled (W = W_fp8 * scale_weight)
+// and converts any float dtype to f32 on get_f32().
+class WeightStore {
+ public:
+  virtual ~WeightStore() = default;
+  virtual std::vector<std::string> names() const = 0;  // internal names, sorted
+  virtual bool contains(const std::string& name) const = 0;
+  virtual Shape shape(const std::string& name) const = 0;
+  virtual DType dtype(const std::string& name) const = 0;      // stored dtype
+  virtual Tensor get(const std::string& name) const = 0;       // as stored (zero-copy when possible)
+  virtual Tensor get_f32(const std::string& name) const = 0;   // converted (and dequantised) to f32
+  // Source names that map to no internal name (reported by inspect).
+  virtual std::vector<std::string> unexpected() const = 0;
+};
+std::unique_ptr<WeightStore> open_weights(const CheckpointInfo& info, Role role);
+
+// Expected DiT tensor names (official naming) and shapes for a config.
+std::map<std::string, Shape> dit_expected_shapes(const DiTConfig& c);
+
+// The DiT roles, in the order a pipeline uses them (high-noise expert first).
+bool role_is_dit(Role r);
+
+}  // namespace wan

@@ -1,0 +1,57 @@
+// Errors: one exception type that carries context up to the command line.
+// Invariant: library code throws wan::Error (never exits, never prints); the CLI catches it at the
+// edge, prints one line "error: <what>" and returns exit code 2 (bad input) or 1 (internal).
+#pragma once
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+namespace wan {
+
+enum class ErrorKind { BadInput, Internal };
+
+class Error : public std::runtime_error {
+ public:
+  explicit Error(std::string msg, ErrorKind kind = ErrorKind::BadInput)
+      : std::runtime_error(std::move(msg)), kind_(kind) {}
+  ErrorKind kind() const { return kind_; }
+  // Returns a new error whose message is "<ctx>: <this message>" (context is prepended as the
+  // exception travels outwards: "loading high_noise_model: file.safetensors: tensor x: ...").
+  Error with_context(const std::string& ctx) const { return Error(ctx + ": " + what(), kind_); }
+
+ private:
+  ErrorKind kind_;
+};
+
+template <typename... Args>
+std::string cat(Args&&... args) {
+  std::ostringstream os;
+  (os << ... << std::forward<Args>(args));
+  return os.str();
+}
+
+}  // namespace wan
+
+#define WAN_THROW(...) throw ::wan::Error(::wan::cat(__VA_ARGS__))
+#define WAN_THROW_INTERNAL(...) \
+  throw ::wan::Error(::wan::cat(__VA_ARGS__, " (", __FILE__, ":", __LINE__, ")"), ::wan::ErrorKind::Internal)
+// Checks a condition that depends on user input (files, arguments): failure is a BadInput error.
+#define WAN_CHECK(cond, ...)                 \
+  do {                                       \
+    if (!(cond)) WAN_THROW(__VA_ARGS__);     \
+  } while (0)
+// Checks an internal invariant: failure is a bug, reported with file and line.
+#define WAN_ASSERT(cond, ...)                                                   \
+  do {                                                                          \
+    if (!(cond)) WAN_THROW_INTERNAL("internal check failed: " #cond ": ", ##__VA_ARGS__); \
+  } while (0)
+// Runs a statement and prepends context to any wan::Error it throws.
+#define WAN_WITH_CONTEXT(ctx, stmt)                          \
+  do {                                                       \
+    try {                                                    \
+      stmt;                                                  \
+    } catch (const ::wan::Error& e_) {                       \
+      throw e_.with_context(ctx);                            \
+    }                                                        \
+  } while (0)

@@ -1,0 +1,57 @@
+// PyTorch .pth (torch.save zip format) reading and writing, without executing any pickle.
+// Reading: the zip central directory is parsed (stored entries; deflate is refused with a clear
+// error), "<archive>/data.pkl" is interpreted by a restricted pickle machine that accepts only the
+// opcodes and globals a tensor state dict needs (collections.OrderedDict,
+// torch._utils._rebuild_tensor_v2, torch.*Storage types, torch.<dtype> for storage dtypes,
+// and persistent ids ("storage", type, key, location, numel)); anything else is refused with
+// wan::Error naming the file and the opcode or global. Nested dicts are flattened with "."
+// (e.g. {"state_dict": {...}} or {"model": {...}} wrappers are unwrapped by the caller via prefix).
+// Tensors are zero-copy views into the mapped file when contiguous; otherwise copied.
+#pragma once
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/mmap.h"
+#include "core/tensor.h"
+#include "st/safetensors.h"  // TensorSpec, TensorFill
+
+namespace wan {
+
+struct PthTensorInfo {
+  std::string name;
+  DType dtype = DType::F32;
+  Shape shape;
+  std::vector<int64_t> stride;   // elements
+  int64_t storage_offset = 0;    // elements
+  std::string storage_key;       // "data/<key>" entry in the archive
+};
+
+class PthFile {
+ public:
+  static std::shared_ptr<PthFile> open(const std::string& path);
+  const std::string& path() const { return file_->path(); }
+  const std::vector<PthTensorInfo>& tensors() const { return tensors_; }  // in pickle order
+  const PthTensorInfo* find(const std::string& name) const;
+  Tensor get(const std::string& name) const;  // contiguous host tensor (view when possible)
+
+ private:
+  std::shared_ptr<MappedFile> file_;
+  std::vector<PthTensorInfo> tensors_;
+  std::map<std::string, size_t> index_;
+  std::map<std::string, std::pair<size_t, size_t>> records_;  // entry name -> (offset, size) of data
+  friend struct PthReader;
+};
+
+// Writes a state dict (OrderedDict of contiguous tensors) loadable by torch.load(weights_only=True),
+// streaming one tensor at a time. Archive name = file stem. Writes "<path>.tmp" then renames.
+// Layout as torch.save: protocol-2 data.pkl, one stored record per tensor at a 64-byte aligned
+// offset, ZIP64 records when an entry or the archive passes 4 GiB.
+struct PthWriteOptions {
+  bool force_zip64 = false;  // ZIP64 records even for a small file (to test readers)
+};
+void write_pth(const std::string& path, const std::vector<TensorSpec>& specs, const TensorFill& fill,
+               const PthWriteOptions& opt = {});
+
+}  // namespace wan
