@@ -77,6 +77,10 @@ using TensorFill = std::function<void(const TensorSpec& spec, void* dst)>;
 
 // Writes one file, tensors in the given order, streaming (one tensor in memory at a time).
 // Writes to "<path>.tmp" and renames on success; on failure the tmp file is removed.
+// Tensors are contiguous (no padding, as the format's reference reader demands), so a tensor is
+// aligned for its element type (and read back zero-copy) when the byte sizes of all tensors before
+// it are multiples of its element size; ordering specs by element size, largest first, as the
+// reference writer does, guarantees that. A misaligned tensor is still read correctly (copied).
 void write_safetensors(const std::string& path, const std::vector<TensorSpec>& specs, const TensorFill& fill,
                        const std::map<std::string, std::string>& metadata = {});
 // Convenience: write host tensors.
