@@ -1,12 +1,15 @@
 // PyTorch .pth (torch.save zip format) reading and writing, without executing any pickle.
-// Reading: the zip central directory is parsed (stored entries; deflate is refused with a clear
-// error), "<archive>/data.pkl" is interpreted by a restricted pickle machine that accepts only the
-// opcodes and globals a tensor state dict needs (collections.OrderedDict,
-// torch._utils._rebuild_tensor_v2, torch.*Storage types, torch.<dtype> for storage dtypes,
-// and persistent ids ("storage", type, key, location, numel)); anything else is refused with
+// Reading: the zip central directory is parsed (ZIP64 included; only stored entries can be
+// mapped, deflate is refused with a clear error), "<archive>/data.pkl" is interpreted by a
+// restricted pickle machine (pth/pickle.h) that accepts only the opcodes and globals a tensor
+// state dict needs (collections.OrderedDict, torch._utils._rebuild_tensor_v2/_v3,
+// _rebuild_parameter, torch.*Storage / torch.storage.UntypedStorage, torch.<dtype>, and
+// persistent ids ("storage", type, key, location, numel)); anything else is refused with a
 // wan::Error naming the file and the opcode or global. Nested dicts are flattened with "."
-// (e.g. {"state_dict": {...}} or {"model": {...}} wrappers are unwrapped by the caller via prefix).
-// Tensors are zero-copy views into the mapped file when contiguous; otherwise copied.
+// (e.g. {"model": {...}} gives "model.<name>"; the caller strips such prefixes); non-tensor
+// leaves (ints, strings, lists, a state dict's _metadata) are skipped. Legacy (pre-1.6,
+// non-zip) files are refused. Tensors are zero-copy views into the mapped file when contiguous
+// and aligned for their element type; otherwise copied into contiguous memory.
 #pragma once
 #include <map>
 #include <memory>
@@ -30,11 +33,15 @@ struct PthTensorInfo {
 
 class PthFile {
  public:
+  // Maps and validates the whole file (zip records, pickle, every tensor's extent); throws
+  // wan::Error "<path>: ..." on any defect, before any tensor is handed out.
   static std::shared_ptr<PthFile> open(const std::string& path);
   const std::string& path() const { return file_->path(); }
   const std::vector<PthTensorInfo>& tensors() const { return tensors_; }  // in pickle order
   const PthTensorInfo* find(const std::string& name) const;
-  Tensor get(const std::string& name) const;  // contiguous host tensor (view when possible)
+  // Contiguous host tensor: a view that keeps the mapping alive when possible, else a copy.
+  // Throws when the name is absent. Safe to call from several threads.
+  Tensor get(const std::string& name) const;
 
  private:
   std::shared_ptr<MappedFile> file_;
