@@ -1,0 +1,187 @@
+// `wan inspect PATH [--json]`: layout, task, DiT config and, per component, its tensors (count,
+// dtypes, parameters) and, for the DiT experts, the tensors missing, unexpected or of the wrong
+// shape against the official table (spec §3.2).
+// Exit codes: 0 when everything could be read (missing tensors are printed, not fatal); any
+// unreadable file or folder throws wan::Error, which main() prints as one line with exit code 2.
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "ckpt/layout.h"
+#include "cli/args.h"
+#include "cli/commands.h"
+
+namespace wan::cli {
+namespace {
+
+using nlohmann::json;
+
+struct ComponentReport {
+  Role role;
+  std::string path;
+  std::string format;
+  bool has_tensors = false;
+  size_t tensors = 0;
+  int64_t params = 0;
+  std::map<std::string, size_t> dtypes;
+  std::vector<std::string> missing, unexpected;
+  std::vector<std::string> mismatches;  // "name: [got] expected [want]"
+};
+
+std::string format_of(const std::string& path, Role role) {
+  auto ends = [&](const char* s) {
+    std::string x = s;
+    return path.size() >= x.size() && path.compare(path.size() - x.size(), x.size(), x) == 0;
+  };
+  if (role == Role::Tokenizer) return "tokenizer folder";
+  if (ends(".pth") || ends(".pt")) return "pth";
+  if (ends(".safetensors.index.json")) return "safetensors (sharded, index)";
+  if (ends(".safetensors")) return "safetensors";
+  return "safetensors folder";
+}
+
+ComponentReport inspect_component(const CheckpointInfo& info, const Component& c) {
+  ComponentReport r;
+  r.role = c.role;
+  r.path = c.path;
+  r.format = format_of(c.path, c.role);
+  if (c.role == Role::Tokenizer) return r;
+  std::unique_ptr<WeightStore> store;
+  try {
+    store = open_weights(info, c.role);
+  } catch (const Error& e) {
+    throw e.with_context(cat("reading ", role_name(c.role)));
+  }
+  r.has_tensors = true;
+  std::vector<std::string> names = store->names();
+  r.tensors = names.size();
+  for (const std::string& n : names) {
+    r.params += store->shape(n).numel();
+    r.dtypes[dtype_name(store->dtype(n))]++;
+  }
+  r.unexpected = store->unexpected();
+  if (role_is_dit(c.role)) {
+    std::map<std::string, Shape> want = dit_expected_shapes(info.dit);
+    for (const auto& [n, s] : want) {
+      if (!store->contains(n)) r.missing.push_back(n);
+      else if (!(store->shape(n) == s))
+        r.mismatches.push_back(cat(n, ": ", store->shape(n).str(), ", expected ", s.str()));
+    }
+    // Official names that are DiT-like but not tensors of this config (e.g. blocks.40.* of a 40-layer
+    // model, or a parameter-free norm's weight) are unexpected too.
+    for (const std::string& n : names)
+      if (!want.count(n)) r.unexpected.push_back(n);
+    std::sort(r.unexpected.begin(), r.unexpected.end());
+  }
+  return r;
+}
+
+std::string config_line(const DiTConfig& c) {
+  return cat("dim ", c.dim, ", ffn_dim ", c.ffn_dim, ", num_heads ", c.num_heads, ", num_layers ", c.num_layers,
+             ", in_dim ", c.in_dim, ", out_dim ", c.out_dim, ", freq_dim ", c.freq_dim, ", text_dim ", c.text_dim,
+             ", text_len ", c.text_len, ", eps ", c.eps, ", model_type ", c.model_type);
+}
+
+void print_list(const char* what, const std::vector<std::string>& v) {
+  constexpr size_t kShown = 20;  // the JSON output has the full lists
+  printf("    %s: %zu\n", what, v.size());
+  for (size_t i = 0; i < v.size() && i < kShown; ++i) printf("      %s\n", v[i].c_str());
+  if (v.size() > kShown) printf("      ... and %zu more (see --json)\n", v.size() - kShown);
+}
+
+void print_text(const CheckpointInfo& info, const std::vector<ComponentReport>& reports) {
+  printf("path:    %s\n", info.root.c_str());
+  printf("layout:  %s\n", layout_name(info.layout));
+  printf("task:    %s%s\n", task_name(info.task), info.task_certain ? "" : " (guessed)");
+  for (const std::string& n : info.notes) printf("note:    %s\n", n.c_str());
+  if (info.layout == Layout::ComfyUI)
+    printf("comfyui: prefix '%s', %s\n", info.dit_prefix.c_str(), info.fp8_scaled ? "fp8_scaled" : "not fp8_scaled");
+  printf("dit config (%s): %s\n", info.dit_config_from_file ? "config.json" : "inferred from shapes",
+         config_line(info.dit).c_str());
+  printf("dit parameters per expert (expected): %lld\n", static_cast<long long>(dit_param_count(info.dit)));
+  size_t problems = 0;
+  for (const ComponentReport& r : reports) {
+    printf("%s: %s\n", role_name(r.role), r.path.c_str());
+    printf("    format: %s\n", r.format.c_str());
+    if (!r.has_tensors) continue;
+    printf("    tensors: %zu, parameters: %lld\n", r.tensors, static_cast<long long>(r.params));
+    std::string d;
+    for (const auto& [k, v] : r.dtypes) d += cat(d.empty() ? "" : ", ", k, " ", v);
+    printf("    dtypes: %s\n", d.empty() ? "(none)" : d.c_str());
+    if (role_is_dit(r.role)) print_list("missing", r.missing);
+    print_list("unexpected", r.unexpected);
+    if (role_is_dit(r.role)) print_list("shape mismatches", r.mismatches);
+    problems += r.missing.size() + r.mismatches.size();
+  }
+  if (problems) printf("status: INCOMPLETE (%zu missing or mis-shaped DiT tensors)\n", problems);
+  else printf("status: ok\n");
+}
+
+void print_json(const CheckpointInfo& info, const std::vector<ComponentReport>& reports) {
+  json j;
+  j["path"] = info.root;
+  j["layout"] = layout_name(info.layout);
+  j["task"] = task_name(info.task);
+  j["task_certain"] = info.task_certain;
+  j["notes"] = info.notes;
+  j["dit_prefix"] = info.dit_prefix;
+  j["fp8_scaled"] = info.fp8_scaled;
+  j["vae_version"] = info.vae_version;
+  j["dit_config_source"] = info.dit_config_from_file ? "config.json" : "shapes";
+  j["dit_config"] = json::parse(dit_config_to_official_json(info.dit));
+  j["dit_param_count"] = dit_param_count(info.dit);
+  json comps = json::array();
+  bool ok = true;
+  for (const ComponentReport& r : reports) {
+    json c;
+    c["role"] = role_name(r.role);
+    c["path"] = r.path;
+    c["format"] = r.format;
+    if (r.has_tensors) {
+      c["tensors"] = r.tensors;
+      c["parameters"] = r.params;
+      c["dtypes"] = r.dtypes;
+      c["unexpected"] = r.unexpected;
+      if (role_is_dit(r.role)) {
+        c["missing"] = r.missing;
+        c["shape_mismatches"] = r.mismatches;
+        ok = ok && r.missing.empty() && r.mismatches.empty();
+      }
+    }
+    comps.push_back(c);
+  }
+  j["components"] = comps;
+  j["complete"] = ok;
+  printf("%s\n", j.dump(2).c_str());
+}
+
+}  // namespace
+
+int cmd_inspect(int argc, char** argv) {
+  Args args(argc, argv, {}, {"json", "help"});
+  if (args.flag("help")) {
+    printf(
+        "usage: wan inspect PATH [--json]\n\n"
+        "PATH: an official Wan2.2 folder, a diffusers folder, a diffusers transformer folder, an official\n"
+        "expert folder, or a ComfyUI .safetensors DiT file.\n"
+        "Prints the layout, task, DiT config and each component's tensors; DiT tensors are checked\n"
+        "against the official names and shapes (missing / unexpected / shape mismatches).\n"
+        "  --json   machine-readable output with the full lists\n");
+    return 0;
+  }
+  WAN_CHECK(args.positional().size() == 1, "inspect: expected one PATH, got ", args.positional().size(),
+            " (usage: wan inspect PATH [--json])");
+  CheckpointInfo info = detect_checkpoint(args.positional()[0]);
+  std::vector<ComponentReport> reports;
+  for (const Component& c : info.components) reports.push_back(inspect_component(info, c));
+  if (args.flag("json")) print_json(info, reports);
+  else print_text(info, reports);
+  return 0;
+}
+
+}  // namespace wan::cli
