@@ -1,0 +1,67 @@
+// Linear layers on the GPU through cuBLASLt: y[M, N] = act(x[M, K] · w[N, K]ᵀ + bias[N]), the PyTorch
+// Linear convention (w is [out_features, in_features], row-major everywhere).
+//
+// Numerics (spec §2.10, §9.9): bf16 x and w with fp32 accumulation (CUBLAS_COMPUTE_32F), bias added and
+// the activation applied to the fp32 accumulator, one rounding to the output type (bf16 or fp32). The
+// fp32-input variant (time embedding, time projection, head in the reference's fp32 autocast regions)
+// uses CUBLAS_COMPUTE_32F too, i.e. no TF32, like PyTorch's default. The bias has the output's dtype
+// (cuBLASLt's rule for non-fp8 GEMMs). Act::GeluTanh is cuBLASLt's GELU epilogue, which is the tanh
+// approximation 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))) (checked against both forms in
+// tests/gpu/test_gemm.cu). Note the reference rounds the FFN's first Linear to bf16 before its GELU;
+// the fused epilogue skips that rounding (strictly closer to the fp32 result).
+//
+// Invariants: GemmRunner owns the cuBLASLt handle and the plan cache, not the workspace: the caller
+// plans the workspace (kWorkspaceBytes is enough for every Hopper algorithm) and keeps it alive and
+// unused by other streams while the runner works. Plans (descriptors + the heuristic's best algorithm)
+// are cached per (M, N, K, dtypes, bias, activation, pointer alignments), so a shape's first call
+// queries the heuristic and every later call, including during CUDA-graph capture, only launches.
+// cublasLtMatmul is deterministic for a fixed plan. Not thread-safe: one runner per stream owner.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "core/dtype.h"
+
+namespace wan::cuda {
+
+enum class Act : uint8_t { None, GeluTanh };
+
+class GemmRunner {
+ public:
+  // 32 MiB: NVIDIA's recommended cuBLASLt workspace on Hopper (PyTorch uses the same).
+  static constexpr size_t kWorkspaceBytes = size_t{32} << 20;
+
+  // workspace: device memory of workspace_bytes owned by the caller (may be null with 0 bytes, which
+  // restricts the heuristic to algorithms without workspace). Creates the handle on the current device.
+  GemmRunner(void* workspace, size_t workspace_bytes);
+  ~GemmRunner();
+  GemmRunner(const GemmRunner&) = delete;
+  GemmRunner& operator=(const GemmRunner&) = delete;
+
+  // y bf16 [M, N] = act(x bf16 [M, K] · w bf16 [N, K]ᵀ + bias bf16 [N]); bias may be null.
+  void linear(const __nv_bfloat16* x, const __nv_bfloat16* w, const __nv_bfloat16* bias, __nv_bfloat16* y,
+              int64_t M, int64_t K, int64_t N, Act act, cudaStream_t stream);
+  // Same with an fp32 output and fp32 bias (no rounding of the accumulator to bf16).
+  void linear(const __nv_bfloat16* x, const __nv_bfloat16* w, const float* bias, float* y, int64_t M, int64_t K,
+              int64_t N, Act act, cudaStream_t stream);
+  // All fp32 (no TF32): the reference's fp32 regions. act must be Act::None.
+  void linear(const float* x, const float* w, const float* bias, float* y, int64_t M, int64_t K, int64_t N, Act act,
+              cudaStream_t stream);
+
+  // Untyped entry point behind the three above. in_type: BF16 or F32 (x and w); out_type: BF16 or F32
+  // (y and bias); F32 inputs need an F32 output. M == 0 or N == 0 is a no-op; K >= 1.
+  void run(const void* x, const void* w, const void* bias, void* y, int64_t M, int64_t K, int64_t N, DType in_type,
+           DType out_type, Act act, cudaStream_t stream);
+
+  size_t plan_count() const;  // cached plans (for tests and the memory/plan report)
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace wan::cuda
