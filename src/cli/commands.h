@@ -5,4 +5,7 @@ namespace wan::cli {
 int cmd_inspect(int argc, char** argv);          // src/cli/cmd_inspect.cpp
 int cmd_make_checkpoint(int argc, char** argv);  // src/cli/cmd_make_checkpoint.cpp
 int cmd_forward(int argc, char** argv);          // src/cli/cmd_forward.cpp (DiT forward on a checkpoint)
+int cmd_generate(int argc, char** argv);         // src/cli/cmd_generate.cpp (text -> video)
+int cmd_encode_prompt(int argc, char** argv);    // src/cli/cmd_encode_prompt.cpp (prompt -> embeddings file)
+int cmd_decode(int argc, char** argv);           // src/cli/cmd_decode.cpp (latents file -> video)
 }  // namespace wan::cli

@@ -16,6 +16,9 @@ struct Command {
   const char* help;
 };
 constexpr Command kCommands[] = {
+    {"generate", wan::cli::cmd_generate, "text to video (Wan 2.2 T2V-A14B) on the CPU"},
+    {"encode-prompt", wan::cli::cmd_encode_prompt, "encode a prompt into an embeddings file"},
+    {"decode", wan::cli::cmd_decode, "decode a latents file into a video with the VAE"},
     {"inspect", wan::cli::cmd_inspect, "show layout, task, components, config and tensors of a checkpoint"},
     {"make-checkpoint", wan::cli::cmd_make_checkpoint, "write a random-weight checkpoint in a real layout"},
     {"forward", wan::cli::cmd_forward, "run one DiT forward pass on the CPU on random inputs"},

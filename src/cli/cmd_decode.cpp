@@ -1,0 +1,120 @@
+// `wan decode`: a latents file ("latents" [z, T_lat, H_lat, W_lat], as `wan generate
+// --save-latents` writes it; see src/pipeline/files.h) through the checkpoint's VAE into a video.
+// Same rules as generate: inputs and the output path are checked before the VAE loads, Ctrl-C
+// stops between latent frames (exit 130), and no partial output is left behind.
+#include <chrono>
+#include <cstdio>
+#include <string>
+
+#include "cli/args.h"
+#include "cli/commands.h"
+#include "cli/progress.h"
+#include "ckpt/layout.h"
+#include "pipeline/files.h"
+#include "pipeline/models.h"
+#include "pipeline/pipeline.h"
+#include "video/video.h"
+
+namespace wan::cli {
+namespace {
+
+void print_help() {
+  printf(
+      "usage: wan decode --model DIR --latents FILE --output FILE [options]\n"
+      "  Decodes latents with the checkpoint's VAE (CPU, float32) and writes the video.\n"
+      "\n"
+      "  --model PATH          checkpoint with a VAE (official or diffusers)\n"
+      "  --latents FILE        safetensors with tensor \"latents\" [z, T_lat, H_lat, W_lat] (z = 16 for\n"
+      "                        the Wan 2.1 VAE); frames = 4 (T_lat - 1) + 1, size 8 W_lat x 8 H_lat\n"
+      "  --output FILE         .mp4 | .y4m | .png\n"
+      "  --fps N               frame rate (default: the task's, 16 for A14B, 24 for TI2V-5B)\n"
+      "  --timings-json FILE   also write the timings and peak memory as JSON\n"
+      "  --quiet               no progress and no summary\n");
+}
+
+}  // namespace
+
+int cmd_decode(int argc, char** argv) {
+  const auto t_start = std::chrono::steady_clock::now();
+  Args a(argc, argv, {"model", "latents", "output", "fps", "timings-json"}, {"quiet", "help"});
+  if (a.flag("help")) {
+    print_help();
+    return 0;
+  }
+  WAN_CHECK(a.positional().empty(), "unexpected argument '", a.positional().empty() ? "" : a.positional()[0], "'");
+  const bool quiet = a.flag("quiet");
+  const std::string model = a.require("model");
+  const std::string latents_file = a.require("latents");
+  const std::string output = a.require("output");
+  const std::string timings_json = a.get_or("timings-json", "");
+  check_output_path(output, "--output");
+  const VideoFormat format = video_format_from_path(output);
+  WAN_CHECK(format != VideoFormat::Mp4 || video_have_ffmpeg(), "--output ", output,
+            ": this build has no FFmpeg for .mp4; use .y4m or .png");
+  if (!timings_json.empty()) {
+    check_output_path(timings_json, "--timings-json");
+    WAN_CHECK(timings_json != output, "--timings-json and --output name the same file");
+  }
+  const long long fps_arg = a.get_int("fps", 0);
+  WAN_CHECK(!a.get("fps") || (fps_arg >= 1 && fps_arg <= 1000), "--fps ", fps_arg, ": must be in 1..1000");
+
+  Tensor latents;
+  WAN_WITH_CONTEXT("--latents", latents = read_latents(latents_file));
+  const CheckpointInfo info = detect_checkpoint(model);
+  WAN_CHECK(info.has(Role::Vae), info.root, ": checkpoint has no VAE");
+  const VaeConfig vae = vae_config_for(info);
+  WAN_CHECK(latents.dim(0) == vae.z_dim, "--latents ", latents_file, ": ", latents.dim(0), " channels but the VAE of ",
+            info.root, " has z_dim ", vae.z_dim);
+  const int fps = a.get("fps") ? static_cast<int>(fps_arg) : task_fps(info.task);
+
+  ProgressPrinter printer = ProgressPrinter::for_stderr(quiet);
+  InterruptGuard interrupt;
+  RunHooks hooks;
+  hooks.progress = [&](const ProgressEvent& e) { printer(e); };
+  hooks.cancel = &interrupt.flag();
+  RunReport rep;
+  Tensor video;
+  try {
+    video = decode_latents(info, vae, latents, hooks, &rep.timings);
+  } catch (const Cancelled&) {
+    printer.finish_line();
+    fprintf(stderr, "interrupted: nothing written\n");
+    return kExitInterrupted;
+  }
+
+  PendingOutputs pending;
+  const auto t_write = std::chrono::steady_clock::now();
+  const int F = static_cast<int>(video.dim(1)), H = static_cast<int>(video.dim(2)), W = static_cast<int>(video.dim(3));
+  write_video(output, video.f32(), F, H, W, fps);
+  if (format == VideoFormat::Png) {
+    for (const std::string& p : png_sequence_paths(output, F)) pending.add(p);
+  } else {
+    pending.add(output);
+  }
+  rep.write_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_write).count();
+  rep.command = "decode";
+  rep.task = task_name(info.task);
+  rep.width = W;
+  rep.height = H;
+  rep.frames = F;
+  rep.output = output;
+  rep.peak_rss_bytes = peak_rss_bytes();
+  rep.total_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+  if (!timings_json.empty()) {
+    write_text_file(timings_json, format_timings_json(rep));
+    pending.add(timings_json);
+  }
+  if (interrupt.interrupted()) {
+    pending.rollback();
+    fprintf(stderr, "interrupted: outputs removed\n");
+    return kExitInterrupted;
+  }
+  pending.commit();
+  if (!quiet) {
+    printf("wrote %s (%d frames, %dx%d, %d fps)\n", output.c_str(), F, W, H, fps);
+    printf("%s", format_summary(rep).c_str());
+  }
+  return 0;
+}
+
+}  // namespace wan::cli

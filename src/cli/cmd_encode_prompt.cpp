@@ -1,0 +1,87 @@
+// `wan encode-prompt`: one prompt through the checkpoint's tokenizer and UMT5 encoder into an
+// embeddings file ("prompt_embeds" [L, text_dim] f32, the format `wan generate --prompt-embeds`
+// reads; see src/pipeline/files.h). Lets prompts be encoded once (or on another machine) and the
+// text encoder be skipped by generate.
+#include <chrono>
+#include <cstdio>
+#include <string>
+
+#include "cli/args.h"
+#include "cli/commands.h"
+#include "cli/progress.h"
+#include "ckpt/layout.h"
+#include "pipeline/files.h"
+#include "pipeline/models.h"
+#include "pipeline/pipeline.h"
+
+namespace wan::cli {
+namespace {
+
+void print_help() {
+  printf(
+      "usage: wan encode-prompt --model DIR (--prompt TEXT | --default-negative) --output FILE.safetensors\n"
+      "  Encodes one prompt with the checkpoint's UMT5 text encoder (CPU, float32).\n"
+      "\n"
+      "  --model PATH          checkpoint with a text encoder and tokenizer (official or diffusers)\n"
+      "  --prompt TEXT         the text to encode (taken literally; \"\" encodes the empty prompt)\n"
+      "  --default-negative    encode the official default negative prompt instead\n"
+      "  --output FILE         embeddings file to write\n"
+      "  --quiet               print nothing but errors\n"
+      "\n"
+      "Output: safetensors with tensor \"prompt_embeds\" [L, text_dim] float32: the encoder output of the\n"
+      "L real tokens (EOS included, at most 512, no padding); metadata \"prompt\" holds the text.\n"
+      "Use it with `wan generate --prompt-embeds FILE` or `--negative-prompt-embeds FILE`.\n");
+}
+
+}  // namespace
+
+int cmd_encode_prompt(int argc, char** argv) {
+  const auto t0 = std::chrono::steady_clock::now();
+  Args a(argc, argv, {"model", "prompt", "output"}, {"default-negative", "quiet", "help"});
+  if (a.flag("help")) {
+    print_help();
+    return 0;
+  }
+  WAN_CHECK(a.positional().empty(), "unexpected argument '", a.positional().empty() ? "" : a.positional()[0], "'");
+  const bool quiet = a.flag("quiet");
+  const std::string model = a.require("model");
+  const std::string output = a.require("output");
+  auto prompt = a.get("prompt");
+  WAN_CHECK(prompt.has_value() != a.flag("default-negative"), "give exactly one of --prompt TEXT and --default-negative");
+  const std::string text = prompt ? *prompt : std::string(kDefaultNegativePrompt);
+  check_output_path(output, "--output");
+
+  const CheckpointInfo info = detect_checkpoint(model);
+  WAN_CHECK(info.has(Role::TextEncoder), info.root, ": checkpoint has no text encoder");
+  WAN_CHECK(info.has(Role::Tokenizer), info.root, ": checkpoint has no tokenizer");
+  t5_config_for(info);  // validates the encoder's tensors before the heavy load
+
+  ProgressPrinter printer = ProgressPrinter::for_stderr(quiet);
+  ProgressEvent e;
+  e.stage = Stage::LoadTextEncoder;
+  printer(e);
+  auto t1 = std::chrono::steady_clock::now();
+  TextEncoder te = load_text_encoder(info);
+  e.kind = ProgressEvent::End;
+  e.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+  printer(e);
+  t1 = std::chrono::steady_clock::now();
+  e.kind = ProgressEvent::Begin;
+  e.stage = Stage::EncodeText;
+  printer(e);
+  Tensor emb = encode_prompt(te, text);
+  e.kind = ProgressEvent::End;
+  e.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+  printer(e);
+
+  write_prompt_embeds(output, emb, {{"prompt", text}, {"model", info.root}});
+  if (!quiet) {
+    printf("wrote %s (prompt_embeds %s)\n", output.c_str(), emb.shape().str().c_str());
+    printf("total %.2f s, peak memory %.1f MiB\n",
+           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
+           static_cast<double>(peak_rss_bytes()) / (1024.0 * 1024.0));
+  }
+  return 0;
+}
+
+}  // namespace wan::cli

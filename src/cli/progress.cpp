@@ -1,0 +1,166 @@
+// Progress bar / plain progress lines and the timing report (see progress.h).
+#include "cli/progress.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstring>
+
+#include <nlohmann/json.hpp>
+
+namespace wan::cli {
+
+std::string format_duration(double s) {
+  if (!std::isfinite(s) || s < 0) s = 0;
+  long t = std::lround(s);
+  char buf[32];
+  if (t >= 3600) snprintf(buf, sizeof buf, "%ld:%02ld:%02ld", t / 3600, (t / 60) % 60, t % 60);
+  else snprintf(buf, sizeof buf, "%ld:%02ld", t / 60, t % 60);
+  return buf;
+}
+
+ProgressPrinter ProgressPrinter::for_stderr(bool quiet) { return ProgressPrinter(stderr, isatty(2) == 1, quiet); }
+
+void ProgressPrinter::finish_line() {
+  if (bar_open_) {
+    fputc('\n', out_);
+    fflush(out_);
+    bar_open_ = false;
+  }
+}
+
+void ProgressPrinter::operator()(const ProgressEvent& e) {
+  if (quiet_) return;
+  const char* name = stage_name(e.stage);
+  const bool counted = e.stage == Stage::Denoise || e.stage == Stage::Decode;
+  const char* unit = e.stage == Stage::Denoise ? "step" : "chunk";
+  switch (e.kind) {
+    case ProgressEvent::Begin:
+      finish_line();
+      if (!counted) fprintf(out_, "%s ...\n", name);
+      last_line_s_ = -1e9;
+      break;
+    case ProgressEvent::Advance: {
+      if (!counted) break;
+      const double per = e.done > 0 ? e.seconds / e.done : 0;
+      const double eta = per * (e.total - e.done);
+      if (tty_) {
+        constexpr int kWidth = 30;
+        int fill = e.total > 0 ? static_cast<int>(static_cast<int64_t>(kWidth) * e.done / e.total) : 0;
+        std::string bar(static_cast<size_t>(fill), '=');
+        if (fill < kWidth) bar += '>';
+        bar.resize(kWidth, ' ');
+        fprintf(out_, "\r%-10s [%s] %s %d/%d  %.2f s/%s  ETA %s  %s\033[K", name, bar.c_str(), unit, e.done, e.total,
+                per, unit, format_duration(eta).c_str(), e.detail.c_str());
+        bar_open_ = true;
+      } else if (e.done == 1 || e.done == e.total || e.seconds - last_line_s_ >= 1.0) {
+        fprintf(out_, "%s: %s %d/%d  %.2f s/%s  ETA %s%s%s\n", name, unit, e.done, e.total, per, unit,
+                format_duration(eta).c_str(), e.detail.empty() ? "" : "  ", e.detail.c_str());
+        last_line_s_ = e.seconds;
+      }
+      fflush(out_);
+      break;
+    }
+    case ProgressEvent::End:
+      finish_line();
+      fprintf(out_, "%s done in %.2f s\n", name, e.seconds);
+      fflush(out_);
+      break;
+  }
+}
+
+namespace {
+std::atomic<bool> g_interrupted{false};
+struct sigaction g_old_action;
+
+extern "C" void on_sigint(int) {
+  if (g_interrupted.exchange(true)) {
+    // Second Ctrl-C: the default action (terminate) right away.
+    signal(SIGINT, SIG_DFL);
+    raise(SIGINT);
+    return;
+  }
+  static const char kMsg[] = "\ninterrupted: stopping at the next step (Ctrl-C again to abort at once)\n";
+  ssize_t ignored = write(2, kMsg, sizeof kMsg - 1);
+  (void)ignored;
+}
+}  // namespace
+
+InterruptGuard::InterruptGuard() {
+  g_interrupted.store(false);
+  struct sigaction sa;
+  std::memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_sigint;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, &g_old_action);
+}
+
+InterruptGuard::~InterruptGuard() { sigaction(SIGINT, &g_old_action, nullptr); }
+
+const std::atomic<bool>& InterruptGuard::flag() const { return g_interrupted; }
+
+std::string format_summary(const RunReport& r) {
+  const Timings& t = r.timings;
+  char buf[1024];
+  std::string s = "timings:\n";
+  auto line = [&](const char* what, double sec, const std::string& extra = "") {
+    snprintf(buf, sizeof buf, "  %-14s %9.2f s%s\n", what, sec, extra.c_str());
+    s += buf;
+  };
+  char parts[160];
+  snprintf(parts, sizeof parts, "  (text encoder %.2f s, DiT %.2f s, VAE %.2f s)", t.load_text_encoder, t.load_dit,
+           t.load_vae);
+  line("load", t.load(), parts);
+  line("text encoding", t.text_encode);
+  char per[64];
+  snprintf(per, sizeof per, "  (%zu steps, %.3f s/step)", t.step_seconds.size(), t.mean_step());
+  line("denoising", t.denoise, per);
+  line("VAE decode", t.vae_decode);
+  line("writing", r.write_s);
+  line("total", r.total_s);
+  snprintf(buf, sizeof buf, "peak memory      %.1f MiB (max resident set)\n",
+           static_cast<double>(r.peak_rss_bytes) / (1024.0 * 1024.0));
+  s += buf;
+  return s;
+}
+
+std::string format_timings_json(const RunReport& r) {
+  nlohmann::ordered_json j;
+  auto put_str = [&](const char* k, const std::string& v) {
+    if (!v.empty()) j[k] = v;
+  };
+  put_str("command", r.command);
+  put_str("task", r.task);
+  put_str("device", r.device);
+  if (r.width > 0) {
+    j["width"] = r.width;
+    j["height"] = r.height;
+  }
+  if (r.frames > 0) j["frames"] = r.frames;
+  if (r.steps > 0) j["steps"] = r.steps;
+  put_str("sampler", r.sampler);
+  put_str("schedule", r.schedule);
+  if (r.has_seed) j["seed"] = r.seed;
+  put_str("output", r.output);
+  const Timings& t = r.timings;
+  nlohmann::ordered_json tj;
+  tj["load_s"] = t.load();
+  tj["load_text_encoder_s"] = t.load_text_encoder;
+  tj["load_dit_s"] = t.load_dit;
+  tj["load_vae_s"] = t.load_vae;
+  tj["text_encode_s"] = t.text_encode;
+  tj["denoise_s"] = t.denoise;
+  tj["steps"] = t.step_seconds.size();
+  tj["mean_step_s"] = t.mean_step();
+  tj["step_s"] = t.step_seconds;
+  tj["vae_decode_s"] = t.vae_decode;
+  tj["write_s"] = r.write_s;
+  tj["total_s"] = r.total_s;
+  j["timings"] = tj;
+  j["peak_rss_bytes"] = r.peak_rss_bytes;
+  j["peak_rss_mib"] = static_cast<double>(r.peak_rss_bytes) / (1024.0 * 1024.0);
+  return j.dump(2) + "\n";
+}
+
+}  // namespace wan::cli

@@ -1,0 +1,218 @@
+// Model components of a checkpoint for the pipeline (see models.h).
+#include "pipeline/models.h"
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+
+namespace wan {
+
+const char* const kDefaultNegativePrompt =
+    "色调艳丽，过曝，静态，细节模糊不清，字幕，风格，作品，画作，画面，静止，整体发灰，最差质量，低质量，JPEG压缩残留，丑陋的，"
+    "残缺的，多余的手指，画得不好的手部，画得不好的脸部，畸形的，毁容的，形态畸形的肢体，手指融合，静止不动的画面，杂乱的背景，三条腿，"
+    "背景人很多，倒着走";
+
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+// The JSON object in `path`, or nullopt when the file does not exist.
+std::optional<json> read_json_if_exists(const fs::path& path) {
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec)) return std::nullopt;
+  std::ifstream f(path);
+  WAN_CHECK(f.good(), path.string(), ": cannot read");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  json j;
+  try {
+    j = json::parse(ss.str());
+  } catch (const std::exception& e) {
+    WAN_THROW(path.string(), ": invalid JSON: ", e.what());
+  }
+  WAN_CHECK(j.is_object(), path.string(), ": not a JSON object");
+  return j;
+}
+
+// The config.json inside a component folder (nullopt for a file component or no config).
+std::optional<json> component_config(const CheckpointInfo& info, Role role) {
+  const Component* c = info.find(role);
+  if (!c) return std::nullopt;
+  std::error_code ec;
+  if (!fs::is_directory(c->path, ec)) return std::nullopt;
+  return read_json_if_exists(fs::path(c->path) / "config.json");
+}
+
+template <class T>
+T json_get(const json& j, const char* key, const std::string& file) {
+  auto it = j.find(key);
+  WAN_CHECK(it != j.end() && !it->is_null(), file, ": key \"", key, "\" is missing");
+  try {
+    return it->get<T>();
+  } catch (const std::exception&) {
+    WAN_THROW(file, ": key \"", key, "\" has the wrong type (", it->dump(), ")");
+  }
+}
+
+std::optional<double> json_number(const json& j, const char* key, const std::string& file) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return std::nullopt;
+  WAN_CHECK(it->is_number(), file, ": key \"", key, "\" is not a number (", it->dump(), ")");
+  return it->get<double>();
+}
+
+Shape store_shape(const WeightStore& s, const std::string& name, const std::string& what) {
+  WAN_CHECK(s.contains(name), what, ": tensor ", name, " not found");
+  return s.shape(name);
+}
+
+}  // namespace
+
+VaeConfig vae_config_for(const CheckpointInfo& info) {
+  WAN_CHECK(info.has(Role::Vae), info.root, ": checkpoint has no VAE");
+  VaeConfig c = vae_preset(info.vae_version == 22 ? "wan2.2" : "wan2.1");
+  const std::string where = info.find(Role::Vae)->path;
+  if (auto j = component_config(info, Role::Vae)) {
+    const std::string file = (fs::path(where) / "config.json").string();
+    c.base_dim = json_get<int>(*j, "base_dim", file);
+    c.dec_dim = c.base_dim;
+    if (j->contains("decoder_base_dim") && !(*j)["decoder_base_dim"].is_null())
+      c.dec_dim = json_get<int>(*j, "decoder_base_dim", file);
+    c.z_dim = json_get<int>(*j, "z_dim", file);
+    c.dim_mult = json_get<std::vector<int>>(*j, "dim_mult", file);
+    c.num_res_blocks = json_get<int>(*j, "num_res_blocks", file);
+    c.temporal_downsample = json_get<std::vector<bool>>(*j, "temperal_downsample", file);
+    c.patch = 1;
+    if (j->contains("patch_size") && !(*j)["patch_size"].is_null()) c.patch = json_get<int>(*j, "patch_size", file);
+    bool residual = j->contains("is_residual") && (*j)["is_residual"].is_boolean() && (*j)["is_residual"].get<bool>();
+    WAN_CHECK(residual == (c.version == 22), file, ": is_residual ", residual ? "true" : "false", " does not fit the ",
+              c.version == 22 ? "Wan 2.2" : "Wan 2.1", " VAE of a ", task_name(info.task), " model");
+    c.latents_mean = json_get<std::vector<float>>(*j, "latents_mean", file);
+    c.latents_std = json_get<std::vector<float>>(*j, "latents_std", file);
+    WAN_CHECK(static_cast<int>(c.latents_mean.size()) == c.z_dim && static_cast<int>(c.latents_std.size()) == c.z_dim,
+              file, ": latents_mean / latents_std need z_dim = ", c.z_dim, " entries");
+    for (float s : c.latents_std) WAN_CHECK(s > 0.0f, file, ": latents_std has a non-positive entry");
+  } else {
+    // Official .pth: structure of the release, widths from the shapes.
+    auto store = open_weights(info, Role::Vae);
+    const std::string what = cat("VAE (", where, ")");
+    c.base_dim = static_cast<int>(store_shape(*store, "encoder.conv1.weight", what)[0]);
+    c.z_dim = static_cast<int>(store_shape(*store, "conv2.weight", what)[0]);
+    c.dec_dim = static_cast<int>(store_shape(*store, "decoder.conv1.weight", what)[0]) / c.dim_mult.back();
+    WAN_CHECK(static_cast<int>(c.latents_mean.size()) == c.z_dim, what, ": z_dim ", c.z_dim,
+              " differs from the released VAE's ", c.latents_mean.size(), " (no latent mean/std table for it)");
+  }
+  WAN_WITH_CONTEXT(where, vae_validate(c));
+  return c;
+}
+
+T5Config t5_config_for(const CheckpointInfo& info) {
+  WAN_CHECK(info.has(Role::TextEncoder), info.root, ": checkpoint has no text encoder");
+  const std::string where = info.find(Role::TextEncoder)->path;
+  const std::string what = cat("text encoder (", where, ")");
+  auto store = open_weights(info, Role::TextEncoder);
+  T5Config c = t5_preset("umt5-xxl");
+  Shape emb = store_shape(*store, "token_embedding.weight", what);
+  WAN_CHECK(emb.ndim == 2, what, ": token_embedding.weight has shape ", emb.str());
+  c.vocab = static_cast<int>(emb[0]);
+  c.dim = static_cast<int>(emb[1]);
+  c.dim_attn = static_cast<int>(store_shape(*store, "blocks.0.attn.q.weight", what)[0]);
+  c.dim_ffn = static_cast<int>(store_shape(*store, "blocks.0.ffn.gate.0.weight", what)[0]);
+  Shape pos = store_shape(*store, "blocks.0.pos_embedding.embedding.weight", what);
+  WAN_CHECK(pos.ndim == 2, what, ": blocks.0.pos_embedding.embedding.weight has shape ", pos.str());
+  c.num_buckets = static_cast<int>(pos[0]);
+  c.num_heads = static_cast<int>(pos[1]);
+  std::set<int> blocks;
+  for (const std::string& n : store->names()) {
+    if (n.rfind("blocks.", 0) != 0) continue;
+    size_t dot = n.find('.', 7);
+    if (dot != std::string::npos) blocks.insert(std::stoi(n.substr(7, dot - 7)));
+  }
+  c.num_layers = static_cast<int>(blocks.size());
+  WAN_CHECK(c.num_layers > 0 && *blocks.rbegin() == c.num_layers - 1, what, ": blocks are not numbered 0..",
+            c.num_layers - 1);
+  if (auto j = component_config(info, Role::TextEncoder)) {
+    const std::string file = (fs::path(where) / "config.json").string();
+    if (auto d = json_number(*j, "relative_attention_max_distance", file)) c.max_distance = static_cast<int>(*d);
+    if (auto e = json_number(*j, "layer_norm_epsilon", file)) c.eps = static_cast<float>(*e);
+  }
+  return c;
+}
+
+std::optional<double> diffusers_flow_shift(const CheckpointInfo& info) {
+  if (info.layout != Layout::Diffusers) return std::nullopt;
+  fs::path p = fs::path(info.root) / "scheduler" / "scheduler_config.json";
+  auto j = read_json_if_exists(p);
+  if (!j) return std::nullopt;
+  auto s = json_number(*j, "flow_shift", p.string());
+  if (s) WAN_CHECK(*s > 0.0, p.string(), ": flow_shift ", *s, " must be positive");
+  return s;
+}
+
+std::optional<double> diffusers_boundary_ratio(const CheckpointInfo& info) {
+  if (info.layout != Layout::Diffusers) return std::nullopt;
+  fs::path p = fs::path(info.root) / "model_index.json";
+  auto j = read_json_if_exists(p);
+  if (!j) return std::nullopt;
+  auto b = json_number(*j, "boundary_ratio", p.string());
+  if (b) WAN_CHECK(*b > 0.0 && *b <= 1.0, p.string(), ": boundary_ratio ", *b, " is outside (0, 1]");
+  return b;
+}
+
+int64_t dit_f32_bytes(const DiTConfig& c) { return dit_param_count(c) * 4; }
+
+int64_t t5_f32_bytes(const T5Config& c) {
+  const int64_t D = c.dim, A = c.dim_attn, F = c.dim_ffn;
+  const int64_t block = 2 * D + 4 * A * D + static_cast<int64_t>(c.num_buckets) * c.num_heads + 3 * F * D;
+  return (static_cast<int64_t>(c.vocab) * D + D + block * c.num_layers) * 4;
+}
+
+DiTWeights load_dit(const CheckpointInfo& info, Role role) {
+  std::unique_ptr<WeightStore> store;
+  DiTWeights w;
+  WAN_WITH_CONTEXT(cat("loading ", role_name(role)), {
+    store = open_weights(info, role);
+    w = load_dit_weights(info.dit, [&](const std::string& n) { return store->get_f32(n); });
+  });
+  return w;
+}
+
+VaeWeights load_vae(const CheckpointInfo& info, const VaeConfig& cfg) {
+  std::unique_ptr<WeightStore> store;
+  VaeWeights w;
+  WAN_WITH_CONTEXT("loading the VAE", {
+    store = open_weights(info, Role::Vae);
+    w = load_vae_weights(cfg, [&](const std::string& n) { return store->get_f32(n); });
+  });
+  return w;
+}
+
+TextEncoder load_text_encoder(const CheckpointInfo& info) {
+  WAN_CHECK(info.has(Role::TextEncoder), info.root, ": checkpoint has no text encoder");
+  WAN_CHECK(info.has(Role::Tokenizer), info.root, ": checkpoint has no tokenizer");
+  TextEncoder te;
+  te.cfg = t5_config_for(info);
+  WAN_WITH_CONTEXT("loading the tokenizer", te.tokenizer = text::Tokenizer::load(info.find(Role::Tokenizer)->path));
+  std::unique_ptr<WeightStore> store;
+  WAN_WITH_CONTEXT("loading the text encoder", {
+    store = open_weights(info, Role::TextEncoder);
+    te.weights = load_t5_weights(te.cfg, [&](const std::string& n) { return store->get_f32(n); });
+  });
+  WAN_CHECK(te.tokenizer.vocab_size() <= te.cfg.vocab, info.root, ": the tokenizer has ", te.tokenizer.vocab_size(),
+            " ids but the text encoder's embedding only ", te.cfg.vocab, " rows");
+  return te;
+}
+
+Tensor encode_prompt(const TextEncoder& te, const std::string& prompt) {
+  text::Encoding enc = te.tokenizer.encode(prompt);
+  WAN_ASSERT(enc.length >= 1, "tokenizer returned no tokens");
+  return t5_encode(te.cfg, te.weights, enc.ids.data(), enc.length);
+}
+
+}  // namespace wan

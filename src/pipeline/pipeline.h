@@ -1,0 +1,142 @@
+// The Wan 2.2 generation pipeline on the CPU (spec §1, §7.5, §7.6, §9): plan (resolve defaults and
+// validate every input without heavy work), then run (encode the prompts, sample with the two
+// experts, decode with the VAE). Front ends (the `wan` CLI, later a server) are thin layers over
+// this API; progress and cancellation go through RunHooks.
+//
+// T2V-A14B run (spec §7.5.1, CFG as one batch-2 forward):
+//   1. prompt / negative prompt -> UMT5 embeddings (or given embeddings); an empty negative prompt
+//      means the official default one (kDefaultNegativePrompt).
+//   2. x = init latents, or philox_normal(seed, i) for element i of [16, T_lat, H/8, W/8]
+//      (C-order index, the whole tensor is one stream keyed by the seed).
+//   3. per step i: expert and guide scale from ExpertSchedule (t_i >= boundary*1000: high-noise
+//      expert with guide_high, else low-noise with guide_low); the DiT runs once on the batch
+//      (x, x) with timesteps (t_i, t_i) and contexts (prompt, negative); v = cfg_combine; the sampler
+//      steps x (its multistep history spans the expert switch). A guide scale of exactly 1 runs the
+//      conditional half alone (the guided velocity is then the conditional one).
+//   4. VAE decode (clamped to [-1, 1]) -> video [3, F, H, W].
+// Invariants: plan_generate() throws wan::Error (BadInput) for every invalid input before anything
+// heavy happens; run_generate() writes no files; cancellation is checked between steps, stages and
+// VAE chunks and surfaces as wan::Cancelled; everything that draws random numbers uses the seed.
+#pragma once
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ckpt/layout.h"
+#include "config/config.h"
+#include "core/tensor.h"
+#include "sampler/sampler.h"
+#include "vae/vae.h"
+
+namespace wan {
+
+// Thrown when RunHooks::cancel becomes true; not a wan::Error (it is not a failure).
+struct Cancelled : std::exception {
+  const char* what() const noexcept override { return "cancelled"; }
+};
+
+// ---- what the user asked for (unset = the task's default) ----
+struct GenerateOptions {
+  std::string model;                       // checkpoint folder or file
+  std::optional<Task> task;                // default: the checkpoint's task
+  std::optional<std::string> prompt;
+  std::optional<std::string> negative_prompt;  // empty or unset: the official default
+  std::string prompt_embeds_file;          // "prompt_embeds" file instead of --prompt
+  std::string negative_embeds_file;        // same format, instead of --negative-prompt
+  std::string init_latents_file;           // "latents" file instead of the seeded noise
+  std::optional<int> width, height, frames;
+  std::optional<int> steps;
+  std::optional<double> shift;             // default: sample_shift (official) / flow_shift (diffusers)
+  std::optional<float> guide_low, guide_high;
+  SolverKind solver = SolverKind::UniPC;
+  ScheduleKind schedule = ScheduleKind::Official;
+  std::optional<uint64_t> seed;            // unset: a random seed (reported in the plan)
+  std::string device = "cpu";              // "cpu" | "cuda" | "cuda:<i>"
+};
+
+// Parses "1280x720" or "1280*720" (width first); throws wan::Error otherwise.
+void parse_size(const std::string& s, int* width, int* height);
+// Parses "G" (both experts) or "G_low,G_high"; throws wan::Error otherwise.
+void parse_guide_scale(const std::string& s, float* low, float* high);
+
+// ---- resolved and validated ----
+struct GeneratePlan {
+  CheckpointInfo ckpt;
+  Task task = Task::T2V_A14B;
+  int width = 0, height = 0, frames = 0;
+  Shape latent_shape;                      // [z, T_lat, H_lat, W_lat]
+  int64_t seq_len = 0;                     // DiT tokens per sample
+  SamplerConfig sampler;
+  SigmaSchedule schedule;
+  double boundary = 0;                     // 0: single model
+  float guide_low = 0, guide_high = 0;
+  ExpertSchedule experts;
+  uint64_t seed = 0;
+  bool seed_random = false;                // seed was drawn because none was given
+  int fps = 16;
+  // Text: either embeddings from files (defined tensors) or prompts to encode.
+  std::string prompt, negative_prompt;     // negative resolved to the default when empty
+  Tensor prompt_embeds, negative_embeds;   // [L, text_dim] when given as files
+  bool needs_text_encoder = false;
+  T5Config t5;                             // when needs_text_encoder
+  Tensor init_latents;                     // latent_shape, when given
+  VaeConfig vae;
+  int64_t weights_peak_bytes = 0;          // largest set of f32 weights held at once
+  std::string describe() const;            // multi-line human summary (task, sizes, schedule, memory)
+};
+
+GeneratePlan plan_generate(const GenerateOptions& o);
+
+// ---- running ----
+enum class Stage { LoadTextEncoder, EncodeText, LoadDiT, Denoise, LoadVae, Decode };
+const char* stage_name(Stage s);  // "load text encoder", "encode text", ...
+
+struct ProgressEvent {
+  enum Kind { Begin, Advance, End } kind = Begin;
+  Stage stage = Stage::Denoise;
+  int done = 0, total = 0;   // Advance: units done so far (steps, VAE chunks)
+  double seconds = 0;        // seconds since the stage began
+  std::string detail;        // Advance of Denoise: "t=999 high" (timestep and expert)
+};
+using ProgressFn = std::function<void(const ProgressEvent&)>;
+
+struct RunHooks {
+  ProgressFn progress;                        // may be empty
+  const std::atomic<bool>* cancel = nullptr;  // polled between units of work
+};
+
+struct Timings {
+  double load_text_encoder = 0, text_encode = 0, load_dit = 0, denoise = 0, load_vae = 0, vae_decode = 0;
+  std::vector<double> step_seconds;
+  double load() const { return load_text_encoder + load_dit + load_vae; }
+  double mean_step() const;
+};
+
+struct GenerateResult {
+  Tensor latents;  // [z, T_lat, H_lat, W_lat] final (normalised) latents
+  Tensor video;    // [3, F, H, W] in [-1, 1]; undefined when decode was not requested
+  Timings timings;
+};
+
+// decode = false stops after sampling (latents only).
+GenerateResult run_generate(const GeneratePlan& plan, const RunHooks& hooks, bool decode = true);
+
+// Latents -> video [3, F, H, W] in [-1, 1] with the checkpoint's VAE (load + decode, reported as
+// the LoadVae and Decode stages; seconds added to timings when given). latents must have z_dim
+// channels.
+Tensor decode_latents(const CheckpointInfo& ckpt, const VaeConfig& vae, const Tensor& latents, const RunHooks& hooks,
+                      Timings* timings = nullptr);
+
+// Frames per second of a task's videos (16 for the A14B tasks, 24 for TI2V-5B; spec §1.2).
+int task_fps(Task t);
+
+// Initial latents of a seed: dst[i] = philox_normal(seed, i).
+Tensor seeded_latents(const Shape& shape, uint64_t seed);
+
+// Peak resident memory of this process so far (getrusage maxrss), bytes.
+int64_t peak_rss_bytes();
+
+}  // namespace wan
