@@ -1,0 +1,556 @@
+// The GPU DiT: memory plan, creation (fit check, allocation, weights), the forward as a sequence of
+// cuBLASLt GEMMs, cuDNN attentions and the fused kernels of dit_kernels.h, and its CUDA graphs.
+//
+// Arena (one allocation, offsets from plan(); rows = B·L tokens, D = dim, F = ffn_dim):
+//   resid  f32  [rows, D]   the residual stream (fp32 from the patch embedding on, spec §9.4)
+//   h      bf16 [rows, D]   norm outputs feeding GEMMs; also the o/FFN-down GEMM outputs before their add
+//   att    bf16 [rows, D]   attention outputs; the FFN-down output
+//   big    bf16             [rows, 3D] qkv | [rows, D] q | [rows, D] k during attention; the FFN hidden
+//                           [rows, F] afterwards; the patch rows before block 0 and the fp32 head input
+//                           after the last block (live ranges never overlap, so these are views)
+// plus the text context ([B, text_len, ·] bf16), time embedding vectors (fp32), RoPE table, inputs,
+// output, head rows and the cuBLASLt / cuDNN workspaces.
+// Numerics per step follow spec §2.7/§2.10; where the reference rounds, the kernels round (see
+// dit_kernels.h); the one documented deviation is the fused GELU epilogue of the FFN and text MLP,
+// which skips the reference's bf16 rounding of the pre-activation.
+#include "cuda/dit_gpu.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <set>
+#include <tuple>
+
+#include "core/dtype.h"
+#include "core/error.h"
+#include "cuda/attention_cudnn.h"
+#include "cuda/check.h"
+#include "cuda/dit_gpu_weights.h"
+#include "cuda/dit_kernels.h"
+#include "cuda/gemm.h"
+
+namespace wan::cuda {
+
+using dit_gpu_detail::WeightTable;
+
+namespace {
+
+constexpr size_t kAlign = 256;
+// Kept free beyond the plan: cuBLASLt/cuDNN handles and their lazily loaded kernels, graph
+// executables, the CUDA context's growth.
+constexpr size_t kReserveBytes = size_t{512} << 20;
+constexpr int kRopeMaxPos = 1024;  // positions per axis of the reference's RoPE table (spec §2.6)
+constexpr double kMiB = 1024.0 * 1024.0;
+
+size_t align_up(size_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
+
+// Everything derived from (config, shape).
+struct Geometry {
+  int64_t B, C, Co, T, H, W;
+  int pt, ph, pw;
+  int64_t f, gh, gw, L, rows;  // grid after patching, tokens per sample, B·L
+  int64_t K, OP;               // patch features (C·P), head features (Co·P)
+  int64_t D, F, NH, TL, TD, FQ;
+};
+
+Geometry geometry(const DiTConfig& c, const DiTShape& s) {
+  Geometry g{};
+  g.B = s.batch, g.C = c.in_dim, g.Co = c.out_dim, g.T = s.frames, g.H = s.height, g.W = s.width;
+  g.pt = c.patch[0], g.ph = c.patch[1], g.pw = c.patch[2];
+  WAN_CHECK(g.B >= 1 && g.T >= 1 && g.H >= 1 && g.W >= 1, "DiT GPU: bad shape batch ", g.B, ", latent [", g.T, ", ",
+            g.H, ", ", g.W, "]");
+  WAN_CHECK(g.T % g.pt == 0 && g.H % g.ph == 0 && g.W % g.pw == 0, "DiT GPU: latent [", g.T, ", ", g.H, ", ", g.W,
+            "] is not a multiple of the patch (", g.pt, ", ", g.ph, ", ", g.pw, ")");
+  g.f = g.T / g.pt, g.gh = g.H / g.ph, g.gw = g.W / g.pw;
+  WAN_CHECK(g.f <= kRopeMaxPos && g.gh <= kRopeMaxPos && g.gw <= kRopeMaxPos, "DiT GPU: grid (", g.f, ", ", g.gh,
+            ", ", g.gw, ") exceeds the ", kRopeMaxPos, " RoPE positions per axis");
+  g.L = g.f * g.gh * g.gw;
+  g.rows = g.B * g.L;
+  const int64_t P = static_cast<int64_t>(g.pt) * g.ph * g.pw;
+  g.K = g.C * P, g.OP = g.Co * P;
+  g.D = c.dim, g.F = c.ffn_dim, g.NH = c.num_heads, g.TL = c.text_len, g.TD = c.text_dim, g.FQ = c.freq_dim;
+  return g;
+}
+
+class PlanBuilder {
+ public:
+  explicit PlanBuilder(MemoryPlan& p) : p_(p) {}
+  size_t add(const std::string& name, size_t bytes) {
+    const size_t at = p_.arena_bytes;
+    p_.buffers.push_back({name, at, bytes, false});
+    p_.arena_bytes = align_up(at + bytes);
+    return at;
+  }
+  void view(const std::string& name, size_t base, size_t rel, size_t bytes) {
+    WAN_ASSERT(rel % 16 == 0, "arena view ", name, " unaligned");
+    p_.buffers.push_back({name, base + rel, bytes, true});
+  }
+
+ private:
+  MemoryPlan& p_;
+};
+
+AttentionShape self_attn_shape(const Geometry& g) {
+  AttentionShape s;
+  s.B = g.B, s.Lq = g.L, s.Lk = g.L, s.H = g.NH, s.D = 128;
+  s.v_ld = 3 * g.D;  // v is the last third of the fused qkv rows
+  return s;
+}
+AttentionShape cross_attn_shape(const Geometry& g) {
+  AttentionShape s;
+  s.B = g.B, s.Lq = g.L, s.Lk = g.TL, s.H = g.NH, s.D = 128;
+  s.v_ld = 2 * g.D;  // v is the second half of the fused context kv rows
+  return s;
+}
+
+std::string gib(size_t b) {
+  char s[32];
+  std::snprintf(s, sizeof s, "%.2f", static_cast<double>(b) / (kMiB * 1024.0));
+  return s;
+}
+
+// Throws when the plan of (shape, experts) does not fit `free_bytes`, naming the frames that would.
+void check_fit(const DiTConfig& cfg, const DiTShape& shape, int experts, size_t attn_ws, size_t free_bytes,
+               int device) {
+  const MemoryPlan p = DiTGpu::plan(cfg, shape, experts, attn_ws);
+  if (p.total_bytes() <= free_bytes) return;
+  const int64_t pt = cfg.patch[0];
+  auto fits = [&](int64_t frames) {
+    DiTShape s = shape;
+    s.frames = frames;
+    return DiTGpu::plan(cfg, s, experts, attn_ws).total_bytes() <= free_bytes;
+  };
+  // Largest multiple of pt below the request that fits (the plan grows with the frames).
+  int64_t lo = 0, hi = shape.frames / pt;  // fits(lo·pt) unknown for lo = 0 (means none), !fits(hi·pt)
+  while (hi - lo > 1) {
+    const int64_t mid = (lo + hi) / 2;
+    (fits(mid * pt) ? lo : hi) = mid;
+  }
+  const int64_t T = lo * pt;
+  std::string what_fits;
+  if (T >= 1)
+    what_fits = cat("; at this size (latent ", shape.height, "x", shape.width, ", batch ", shape.batch, ") at most ",
+                    T, " latent frames fit (", 4 * (T - 1) + 1, " video frames at the Wan VAE's temporal stride 4)");
+  else
+    what_fits = cat("; not even one latent frame fits at latent ", shape.height, "x", shape.width, ", batch ",
+                    shape.batch, " (the weights alone take ",
+                    gib(p.weight_bytes * static_cast<size_t>(experts)), " GiB)");
+  WAN_THROW("DiT GPU memory plan does not fit device ", device, ": ", experts, " expert(s) x ", gib(p.weight_bytes),
+            " GiB weights + ", gib(p.arena_bytes), " GiB activations (batch ", shape.batch, ", latent ", shape.frames,
+            "x", shape.height, "x", shape.width, ") + ", gib(p.reserve_bytes), " GiB reserve = ", gib(p.total_bytes()),
+            " GiB, but only ", gib(free_bytes), " GiB is free", what_fits);
+}
+
+// Device pointers of one expert's weights, resolved once from the table.
+struct BlockPtrs {
+  const float* mod;                      // [6D] f32
+  const bf16 *qkv_w, *qkv_b;             // [3D, D], [3D]
+  const bf16 *o_w, *o_b, *nq, *nk;       // [D, D], [D], [D], [D]
+  const float *n3w, *n3b;                // [D] f32
+  const bf16 *cq_w, *cq_b;               // [D, D], [D]
+  const bf16 *ckv_w, *ckv_b;             // [2D, D], [2D]
+  const bf16 *co_w, *co_b, *cnq, *cnk;   // [D, D], [D], [D], [D]
+  const bf16 *f0_w, *f0_b, *f2_w, *f2_b; // [F, D], [F], [D, F], [D]
+};
+struct ExpertPtrs {
+  const bf16 *pe_w, *pe_b;                                    // [D, K], [D]
+  const bf16 *te0_w, *te0_b, *te2_w, *te2_b;                  // [D, TD], [D], [D, D], [D]
+  const float *tm0_w, *tm0_b, *tm2_w, *tm2_b, *tp_w, *tp_b;   // [D, FQ], [D], [D, D], [D], [6D, D], [6D]
+  std::vector<BlockPtrs> blocks;
+  const float *hmod, *head_w, *head_b;                        // [2D], [OP, D], [OP]
+};
+
+ExpertPtrs resolve(const WeightTable& t, const void* base, int layers) {
+  auto at = [&](const std::string& n) { return static_cast<const char*>(base) + t.at(n).offset; };
+  auto b = [&](const std::string& n) { return reinterpret_cast<const bf16*>(at(n)); };
+  auto f = [&](const std::string& n) { return reinterpret_cast<const float*>(at(n)); };
+  ExpertPtrs e;
+  e.pe_w = b("patch_embedding.weight"), e.pe_b = b("patch_embedding.bias");
+  e.te0_w = b("text_embedding.0.weight"), e.te0_b = b("text_embedding.0.bias");
+  e.te2_w = b("text_embedding.2.weight"), e.te2_b = b("text_embedding.2.bias");
+  e.tm0_w = f("time_embedding.0.weight"), e.tm0_b = f("time_embedding.0.bias");
+  e.tm2_w = f("time_embedding.2.weight"), e.tm2_b = f("time_embedding.2.bias");
+  e.tp_w = f("time_projection.1.weight"), e.tp_b = f("time_projection.1.bias");
+  for (int i = 0; i < layers; ++i) {
+    const std::string p = cat("blocks.", i, ".");
+    BlockPtrs k;
+    k.mod = f(p + "modulation");
+    k.qkv_w = b(p + "self_attn.q.weight"), k.qkv_b = b(p + "self_attn.q.bias");
+    k.o_w = b(p + "self_attn.o.weight"), k.o_b = b(p + "self_attn.o.bias");
+    k.nq = b(p + "self_attn.norm_q.weight"), k.nk = b(p + "self_attn.norm_k.weight");
+    k.n3w = f(p + "norm3.weight"), k.n3b = f(p + "norm3.bias");
+    k.cq_w = b(p + "cross_attn.q.weight"), k.cq_b = b(p + "cross_attn.q.bias");
+    k.ckv_w = b(p + "cross_attn.k.weight"), k.ckv_b = b(p + "cross_attn.k.bias");
+    k.co_w = b(p + "cross_attn.o.weight"), k.co_b = b(p + "cross_attn.o.bias");
+    k.cnq = b(p + "cross_attn.norm_q.weight"), k.cnk = b(p + "cross_attn.norm_k.weight");
+    k.f0_w = b(p + "ffn.0.weight"), k.f0_b = b(p + "ffn.0.bias");
+    k.f2_w = b(p + "ffn.2.weight"), k.f2_b = b(p + "ffn.2.bias");
+    // The fused GEMMs rely on the table's placement (dit_gpu_weights.h).
+    WAN_ASSERT(b(p + "self_attn.v.weight") == k.qkv_w + 2 * t.at(p + "self_attn.q.weight").shape.numel() &&
+                   b(p + "self_attn.v.bias") == k.qkv_b + 2 * t.at(p + "self_attn.q.bias").shape.numel() &&
+                   b(p + "cross_attn.v.weight") == k.ckv_w + t.at(p + "cross_attn.k.weight").shape.numel() &&
+                   b(p + "cross_attn.v.bias") == k.ckv_b + t.at(p + "cross_attn.k.bias").shape.numel(),
+               "fused q|k|v / k|v weights are not contiguous");
+    e.blocks.push_back(k);
+  }
+  e.hmod = f("head.modulation"), e.head_w = f("head.head.weight"), e.head_b = f("head.head.bias");
+  return e;
+}
+
+}  // namespace
+
+// ---- MemoryPlan ----
+
+const MemoryPlan::Buffer& MemoryPlan::get(const std::string& name) const {
+  for (const Buffer& b : buffers)
+    if (b.name == name) return b;
+  WAN_THROW("memory plan: no buffer named '", name, "'");
+}
+
+std::string MemoryPlan::str() const {
+  std::string s = cat("DiT GPU memory plan (batch ", shape.batch, ", latent ", shape.frames, "x", shape.height, "x",
+                      shape.width, ", ", experts, " expert(s)):\n");
+  char line[160];
+  for (const Buffer& b : buffers) {
+    std::snprintf(line, sizeof line, "  %-22s %s offset %10.2f MiB  size %10.2f MiB\n", b.name.c_str(),
+                  b.view ? "view " : "     ", b.offset / kMiB, b.bytes / kMiB);
+    s += line;
+  }
+  std::snprintf(line, sizeof line,
+                "  arena %.2f MiB + weights %d x %.2f MiB + reserve %.2f MiB = %.2f MiB (%.2f GiB)\n",
+                arena_bytes / kMiB, experts, weight_bytes / kMiB, reserve_bytes / kMiB, total_bytes() / kMiB,
+                total_bytes() / kMiB / 1024.0);
+  s += line;
+  return s;
+}
+
+MemoryPlan DiTGpu::plan(const DiTConfig& cfg, const DiTShape& shape, int experts, size_t attn_workspace) {
+  WAN_CHECK(experts >= 1, "DiT GPU: at least one expert");
+  const WeightTable wt = dit_gpu_detail::build_weight_table(cfg);  // also checks the config
+  const Geometry g = geometry(cfg, shape);
+  MemoryPlan p;
+  p.shape = shape;
+  p.experts = experts;
+  p.weight_bytes = wt.bytes;
+  p.reserve_bytes = kReserveBytes;
+  PlanBuilder a(p);
+  const size_t f4 = 4, b2 = 2;
+  const size_t rows = static_cast<size_t>(g.rows), D = static_cast<size_t>(g.D);
+  const size_t ctx_rows = static_cast<size_t>(g.B * g.TL);
+  a.add("x_in", static_cast<size_t>(g.B * g.C * g.T * g.H * g.W) * f4);
+  a.add("t", static_cast<size_t>(g.B) * f4);
+  a.add("ctx_f32", ctx_rows * g.TD * f4);
+  a.add("ctx_in", ctx_rows * g.TD * b2);
+  a.add("ctx_hidden", ctx_rows * D * b2);
+  a.add("ctx", ctx_rows * D * b2);
+  a.add("ckv", ctx_rows * 2 * D * b2);
+  a.add("ck", ctx_rows * D * b2);
+  a.add("sinus", static_cast<size_t>(g.B * g.FQ) * f4);
+  a.add("temb", static_cast<size_t>(g.B) * D * f4);
+  a.add("e", static_cast<size_t>(g.B) * D * f4);
+  a.add("e_silu", static_cast<size_t>(g.B) * D * f4);
+  a.add("e0", static_cast<size_t>(g.B) * 6 * D * f4);
+  a.add("rope", static_cast<size_t>(kRopeMaxPos) * 128 * f4);  // [max_pos][64 pairs][cos, sin]
+  a.add("resid", rows * D * f4);
+  a.add("h", rows * D * b2);
+  a.add("att", rows * D * b2);
+  const size_t big_bytes = std::max({rows * 5 * D * b2, rows * static_cast<size_t>(g.F) * b2, rows * D * f4,
+                                     rows * static_cast<size_t>(g.K) * b2});
+  const size_t big = a.add("big", big_bytes);
+  a.view("big.qkv", big, 0, rows * 3 * D * b2);
+  a.view("big.q", big, rows * 3 * D * b2, rows * D * b2);
+  a.view("big.k", big, rows * 4 * D * b2, rows * D * b2);
+  a.view("big.ffn", big, 0, rows * static_cast<size_t>(g.F) * b2);
+  a.view("big.patch_rows", big, 0, rows * static_cast<size_t>(g.K) * b2);
+  a.view("big.head_in", big, 0, rows * D * f4);
+  a.add("head_out", rows * static_cast<size_t>(g.OP) * f4);
+  a.add("out", static_cast<size_t>(g.B * g.Co * g.T * g.H * g.W) * f4);
+  a.add("cublaslt_workspace", GemmRunner::kWorkspaceBytes);
+  a.add("cudnn_workspace", attn_workspace);
+  return p;
+}
+
+// ---- DiTGpu ----
+
+struct DiTGpu::Impl {
+  DiTConfig cfg;
+  DiTShape max_shape;
+  Geometry max_geo{};
+  Options opt;
+  MemoryPlan plan;
+  WeightTable table;
+  std::vector<void*> weights;  // one allocation per expert
+  std::vector<ExpertPtrs> ptrs;
+  char* arena = nullptr;
+  size_t attn_ws_bytes = 0;
+  cudaStream_t stream = nullptr;
+  cudaEvent_t ev_in = nullptr, ev_out = nullptr;
+  std::unique_ptr<CudnnAttention> attn;
+  std::unique_ptr<GemmRunner> gemm;
+  using Key = std::tuple<int, int64_t, int64_t, int64_t, int64_t>;  // expert, B, T, H, W
+  std::map<Key, cudaGraphExec_t> graphs;
+  std::set<Key> warmed;
+
+  // arena buffers
+  float *x_in, *t, *ctx_f32, *sinus, *temb, *e, *e_silu, *e0, *rope, *resid, *head_out, *out;
+  bf16 *ctx_in, *ctx_hidden, *ctx, *ckv, *ck, *h, *att, *big;
+  void *gemm_ws, *attn_ws;
+
+  ~Impl() {
+    // No throws from here: let queued work finish, then release in reverse order of creation,
+    // ignoring errors.
+    if (stream) cudaStreamSynchronize(stream);
+    for (auto& [k, g] : graphs) cudaGraphExecDestroy(g);
+    gemm.reset();
+    attn.reset();
+    for (void* w : weights) cudaFree(w);
+    if (arena) cudaFree(arena);
+    if (ev_in) cudaEventDestroy(ev_in);
+    if (ev_out) cudaEventDestroy(ev_out);
+    if (stream) cudaStreamDestroy(stream);
+  }
+
+  template <typename T>
+  T* buf(const std::string& name) const {
+    return reinterpret_cast<T*>(arena + plan.get(name).offset);
+  }
+  void bind_buffers() {
+    x_in = buf<float>("x_in"), t = buf<float>("t"), ctx_f32 = buf<float>("ctx_f32");
+    ctx_in = buf<bf16>("ctx_in"), ctx_hidden = buf<bf16>("ctx_hidden"), ctx = buf<bf16>("ctx");
+    ckv = buf<bf16>("ckv"), ck = buf<bf16>("ck");
+    sinus = buf<float>("sinus"), temb = buf<float>("temb"), e = buf<float>("e"), e_silu = buf<float>("e_silu");
+    e0 = buf<float>("e0"), rope = buf<float>("rope"), resid = buf<float>("resid");
+    h = buf<bf16>("h"), att = buf<bf16>("att"), big = buf<bf16>("big");
+    head_out = buf<float>("head_out"), out = buf<float>("out");
+    gemm_ws = buf<void>("cublaslt_workspace"), attn_ws = buf<void>("cudnn_workspace");
+  }
+
+  void stage_inputs(const Geometry& g, const DiTInputs& in, cudaStream_t s);
+  void run_body(const ExpertPtrs& w, const Geometry& g, cudaStream_t s);
+  void block(const BlockPtrs& w, const Geometry& g, const RopeArgs& rope_args, cudaStream_t s);
+};
+
+void DiTGpu::Impl::stage_inputs(const Geometry& g, const DiTInputs& in, cudaStream_t s) {
+  CUDA_CHECK(cudaMemcpyAsync(x_in, in.x, static_cast<size_t>(g.B * g.C * g.T * g.H * g.W) * 4, cudaMemcpyDefault, s));
+  CUDA_CHECK(cudaMemcpyAsync(t, in.t, static_cast<size_t>(g.B) * 4, cudaMemcpyDefault, s));
+  // Each prompt zero-padded to text_len before the text MLP (spec §2.5).
+  const bool f32 = in.context_dtype == DType::F32;
+  const size_t es = f32 ? 4 : 2, row = static_cast<size_t>(g.TD) * es;
+  char* dst = f32 ? reinterpret_cast<char*>(ctx_f32) : reinterpret_cast<char*>(ctx_in);
+  const char* src = static_cast<const char*>(in.context);
+  for (int64_t b = 0; b < g.B; ++b) {
+    const size_t n = static_cast<size_t>(in.ctx_lens[b]);
+    char* d = dst + static_cast<size_t>(b * g.TL) * row;
+    if (n > 0) CUDA_CHECK(cudaMemcpyAsync(d, src + static_cast<size_t>(b * in.ctx_rows) * row, n * row, cudaMemcpyDefault, s));
+    if (n < static_cast<size_t>(g.TL)) CUDA_CHECK(cudaMemsetAsync(d + n * row, 0, (g.TL - n) * row, s));
+  }
+  if (f32) convert_f32_to_bf16(ctx_f32, ctx_in, g.B * g.TL * g.TD, s);
+}
+
+void DiTGpu::Impl::block(const BlockPtrs& w, const Geometry& g, const RopeArgs& rope_args, cudaStream_t s) {
+  const int64_t D = g.D, rows = g.rows, L = g.L, crow = g.B * g.TL;
+  const float eps = cfg.eps;
+  // m = modulation + e0 (fp32) folded into the consumers: chunk k of sample b is mod[k] + e0[b, k]
+  auto chunk = [&](int k) { return ModVec{w.mod + k * D, e0 + k * D, 6 * D, L}; };
+  bf16* qkv = big;                 // [rows, 3D]
+  bf16* q = big + rows * 3 * D;    // [rows, D]
+  bf16* k = big + rows * 4 * D;    // [rows, D]
+  bf16* ffn = big;                 // [rows, F]
+
+  // self-attention
+  layernorm_modulate(resid, h, rows, D, chunk(0), chunk(1), eps, s);
+  gemm->linear(h, w.qkv_w, w.qkv_b, qkv, rows, D, 3 * D, Act::None, s);
+  const RmsNormJob jq{qkv, 3 * D, w.nq, q, rows}, jk{qkv + D, 3 * D, w.nk, k, rows};
+  qk_rmsnorm_rope(jq, &jk, D, eps, &rope_args, s);
+  const AttentionShape ss = self_attn_shape(g);
+  AttentionArgs sa;
+  sa.q = q, sa.k = k, sa.v = qkv + 2 * D, sa.o = att;
+  attn->run(ss, sa, attn_ws, attn_ws_bytes, s);
+  gemm->linear(att, w.o_w, w.o_b, h, rows, D, D, Act::None, s);
+  gated_residual_add(resid, h, rows, D, chunk(2), s);
+
+  // cross-attention: affine pre-norm, no modulation or gate, all text_len keys
+  layernorm_affine(resid, w.n3w, w.n3b, h, rows, D, eps, s);
+  gemm->linear(h, w.cq_w, w.cq_b, q, rows, D, D, Act::None, s);
+  gemm->linear(ctx, w.ckv_w, w.ckv_b, ckv, crow, D, 2 * D, Act::None, s);
+  const RmsNormJob cq{q, D, w.cnq, q, rows}, cjk{ckv, 2 * D, w.cnk, ck, crow};
+  qk_rmsnorm_rope(cq, &cjk, D, eps, nullptr, s);
+  const AttentionShape cs = cross_attn_shape(g);
+  AttentionArgs ca;
+  ca.q = q, ca.k = ck, ca.v = ckv + D, ca.o = att;
+  attn->run(cs, ca, attn_ws, attn_ws_bytes, s);
+  gemm->linear(att, w.co_w, w.co_b, h, rows, D, D, Act::None, s);
+  residual_add(resid, h, rows * D, s);
+
+  // feed-forward
+  layernorm_modulate(resid, h, rows, D, chunk(3), chunk(4), eps, s);
+  gemm->linear(h, w.f0_w, w.f0_b, ffn, rows, D, g.F, Act::GeluTanh, s);
+  gemm->linear(ffn, w.f2_w, w.f2_b, att, rows, g.F, D, Act::None, s);
+  gated_residual_add(resid, att, rows, D, chunk(5), s);
+}
+
+void DiTGpu::Impl::run_body(const ExpertPtrs& w, const Geometry& g, cudaStream_t s) {
+  const int64_t D = g.D, rows = g.rows;
+  // patch embedding: bf16 GEMM output (the reference's autocast Conv3d), then the fp32 residual
+  bf16* patch_rows = big;  // [rows, K]
+  patchify_bf16(x_in, patch_rows, g.B, g.C, g.T, g.H, g.W, g.pt, g.ph, g.pw, g.L, s);
+  gemm->linear(patch_rows, w.pe_w, w.pe_b, h, rows, g.K, D, Act::None, s);
+  convert_bf16_to_f32(h, resid, rows * D, s);
+
+  // time embedding and projection, fp32: e [B, D], e0 [B, 6D]
+  timestep_embedding(t, g.B, g.FQ, sinus, s);
+  gemm->linear(sinus, w.tm0_w, w.tm0_b, temb, g.B, g.FQ, D, Act::None, s);
+  silu(temb, temb, g.B * D, s);
+  gemm->linear(temb, w.tm2_w, w.tm2_b, e, g.B, D, D, Act::None, s);
+  silu(e, e_silu, g.B * D, s);
+  gemm->linear(e_silu, w.tp_w, w.tp_b, e0, g.B, D, 6 * D, Act::None, s);
+
+  // text embedding, bf16: ctx [B, text_len, D], once per forward for every block's cross k/v
+  gemm->linear(ctx_in, w.te0_w, w.te0_b, ctx_hidden, g.B * g.TL, g.TD, D, Act::GeluTanh, s);
+  gemm->linear(ctx_hidden, w.te2_w, w.te2_b, ctx, g.B * g.TL, D, D, Act::None, s);
+
+  RopeArgs ra;
+  ra.table = rope, ra.max_pos = kRopeMaxPos, ra.head_dim = 128, ra.seq = g.L, ra.f = g.f, ra.h = g.gh, ra.w = g.gw;
+  for (const BlockPtrs& b : w.blocks) block(b, g, ra, s);
+
+  // head (fp32 region): LN(x)·(1 + scale) + shift with (shift, scale) = head.modulation + e, fp32 Linear
+  float* head_in = reinterpret_cast<float*>(big);  // [rows, D]
+  const ModVec shift{w.hmod, e, D, g.L}, scale{w.hmod + D, e, D, g.L};
+  layernorm_modulate(resid, head_in, rows, D, shift, scale, cfg.eps, s);
+  gemm->linear(head_in, w.head_w, w.head_b, head_out, rows, D, g.OP, Act::None, s);
+  unpatchify(head_out, out, g.B, g.L, g.Co, g.f, g.gh, g.gw, g.pt, g.ph, g.pw, s);
+}
+
+DiTGpu::DiTGpu(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+DiTGpu::DiTGpu(DiTGpu&&) noexcept = default;
+DiTGpu& DiTGpu::operator=(DiTGpu&&) noexcept = default;
+DiTGpu::~DiTGpu() = default;
+
+DiTGpu DiTGpu::create(const DiTConfig& cfg, const std::vector<DiTWeightSource>& experts, const DiTShape& max_shape,
+                      const Options& opt) {
+  WAN_CHECK(!experts.empty(), "DiT GPU: no expert weights given");
+  const int n = static_cast<int>(experts.size());
+  // Everything checkable on the host first: config, shape, the plan without cuDNN's workspace.
+  MemoryPlan p = plan(cfg, max_shape, n, 0);
+  CUDA_CHECK(cudaSetDevice(opt.device));
+  size_t free_bytes = 0, total_bytes = 0;
+  CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  check_fit(cfg, max_shape, n, 0, free_bytes, opt.device);
+
+  auto im = std::make_unique<Impl>();
+  im->cfg = cfg;
+  im->max_shape = max_shape;
+  im->max_geo = geometry(cfg, max_shape);
+  im->opt = opt;
+  im->table = dit_gpu_detail::build_weight_table(cfg);
+  // cuDNN's workspace for the largest attentions (builds their plans), then the exact plan.
+  im->attn = std::make_unique<CudnnAttention>();
+  im->attn_ws_bytes = std::max(im->attn->workspace_size(self_attn_shape(im->max_geo)),
+                               im->attn->workspace_size(cross_attn_shape(im->max_geo)));
+  CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  check_fit(cfg, max_shape, n, im->attn_ws_bytes, free_bytes, opt.device);
+  p = plan(cfg, max_shape, n, im->attn_ws_bytes);
+  im->plan = p;
+  if (opt.verbose) std::fprintf(stderr, "%s", p.str().c_str());
+
+  CUDA_CHECK(cudaStreamCreateWithFlags(&im->stream, cudaStreamNonBlocking));
+  CUDA_CHECK(cudaEventCreateWithFlags(&im->ev_in, cudaEventDisableTiming));
+  CUDA_CHECK(cudaEventCreateWithFlags(&im->ev_out, cudaEventDisableTiming));
+  CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&im->arena), p.arena_bytes));
+  im->bind_buffers();
+  im->gemm = std::make_unique<GemmRunner>(im->gemm_ws, GemmRunner::kWorkspaceBytes);
+  const std::vector<float> rope = rope_table_f32(128, kRopeMaxPos);
+  WAN_ASSERT(rope.size() * 4 == p.get("rope").bytes, "rope table size");
+  CUDA_CHECK(cudaMemcpy(im->rope, rope.data(), rope.size() * 4, cudaMemcpyHostToDevice));
+
+  for (int i = 0; i < n; ++i) {
+    void* w = nullptr;
+    CUDA_CHECK(cudaMalloc(&w, im->table.bytes));
+    im->weights.push_back(w);
+    if (experts[i].random) {
+      const size_t scratch = p.get("big").bytes / 4;  // free until the first forward
+      WAN_ASSERT(dit_gpu_detail::max_small_floats(im->table) <= scratch, "random weight scratch");
+      dit_gpu_detail::draw_random_weights(im->table, w, experts[i].seed, reinterpret_cast<float*>(im->big), scratch,
+                                          im->stream);
+    } else {
+      WAN_WITH_CONTEXT(cat("DiT expert ", i), dit_gpu_detail::upload_weights(im->table, w, experts[i].get));
+    }
+    im->ptrs.push_back(resolve(im->table, w, cfg.num_layers));
+  }
+  CUDA_CHECK(cudaStreamSynchronize(im->stream));
+  return DiTGpu(std::move(im));
+}
+
+void DiTGpu::forward(int expert, const DiTShape& shape, const DiTInputs& in, float* out, cudaStream_t stream) {
+  Impl& m = *impl_;
+  WAN_CHECK(expert >= 0 && expert < static_cast<int>(m.ptrs.size()), "DiT GPU forward: expert ", expert, " of ",
+            m.ptrs.size());
+  const Geometry g = geometry(m.cfg, shape);
+  WAN_CHECK(g.B <= m.max_geo.B && g.rows <= m.max_geo.rows, "DiT GPU forward: batch ", g.B, " x ", g.L,
+            " tokens exceeds the planned batch ", m.max_geo.B, " x ", m.max_geo.L, " tokens");
+  WAN_CHECK(in.x && in.t && in.context && in.ctx_lens && out, "DiT GPU forward: null input or output");
+  WAN_CHECK(in.context_dtype == DType::F32 || in.context_dtype == DType::BF16,
+            "DiT GPU forward: context must be f32 or bf16, got ", dtype_name(in.context_dtype));
+  WAN_CHECK(in.ctx_rows >= 1 && in.ctx_rows <= g.TL, "DiT GPU forward: context has ", in.ctx_rows,
+            " rows per sample, expected 1..", g.TL);
+  for (int64_t b = 0; b < g.B; ++b)
+    WAN_CHECK(in.ctx_lens[b] >= 0 && in.ctx_lens[b] <= in.ctx_rows, "DiT GPU forward: context length ",
+              in.ctx_lens[b], " of sample ", b, " outside [0, ", in.ctx_rows, "]");
+  // A shape smaller than the planned one may pick other cuDNN engines: their workspace must fit too.
+  for (const AttentionShape& a : {self_attn_shape(g), cross_attn_shape(g)})
+    WAN_CHECK(m.attn->workspace_size(a) <= m.attn_ws_bytes, "DiT GPU forward: cuDNN wants ",
+              m.attn->workspace_size(a), " B of workspace for this shape, the plan has ", m.attn_ws_bytes);
+
+  CUDA_CHECK(cudaSetDevice(m.opt.device));
+  cudaStream_t s = m.stream;
+  CUDA_CHECK(cudaEventRecord(m.ev_in, stream));
+  CUDA_CHECK(cudaStreamWaitEvent(s, m.ev_in, 0));
+  m.stage_inputs(g, in, s);
+  const Impl::Key key{expert, shape.batch, shape.frames, shape.height, shape.width};
+  const ExpertPtrs& w = m.ptrs[static_cast<size_t>(expert)];
+  if (m.opt.use_graphs && m.warmed.count(key)) {
+    auto it = m.graphs.find(key);
+    if (it == m.graphs.end()) {
+      cudaGraph_t graph = nullptr;
+      CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+      try {
+        m.run_body(w, g, s);
+      } catch (...) {
+        cudaGraph_t broken = nullptr;
+        cudaStreamEndCapture(s, &broken);
+        if (broken) cudaGraphDestroy(broken);
+        throw;
+      }
+      CUDA_CHECK(cudaStreamEndCapture(s, &graph));
+      cudaGraphExec_t exec = nullptr;
+      const cudaError_t st = cudaGraphInstantiate(&exec, graph, 0);
+      cudaGraphDestroy(graph);
+      CUDA_CHECK(st);
+      it = m.graphs.emplace(key, exec).first;
+    }
+    CUDA_CHECK(cudaGraphLaunch(it->second, s));
+  } else {
+    m.run_body(w, g, s);  // the warm-up: builds every GEMM and attention plan before any capture
+    m.warmed.insert(key);
+  }
+  CUDA_CHECK(cudaMemcpyAsync(out, m.out, static_cast<size_t>(g.B * g.Co * g.T * g.H * g.W) * 4, cudaMemcpyDefault, s));
+  CUDA_CHECK(cudaEventRecord(m.ev_out, s));
+  CUDA_CHECK(cudaStreamWaitEvent(stream, m.ev_out, 0));
+}
+
+const MemoryPlan& DiTGpu::memory_plan() const { return impl_->plan; }
+const DiTConfig& DiTGpu::config() const { return impl_->cfg; }
+int DiTGpu::experts() const { return static_cast<int>(impl_->weights.size()); }
+void DiTGpu::set_use_graphs(bool on) { impl_->opt.use_graphs = on; }
+size_t DiTGpu::graphs_captured() const { return impl_->graphs.size(); }
+
+Tensor DiTGpu::download_weight(int expert, const std::string& official_name) const {
+  const Impl& m = *impl_;
+  WAN_CHECK(expert >= 0 && expert < static_cast<int>(m.weights.size()), "DiT GPU: expert ", expert, " of ",
+            m.weights.size());
+  CUDA_CHECK(cudaSetDevice(m.opt.device));
+  CUDA_CHECK(cudaStreamSynchronize(m.stream));
+  return dit_gpu_detail::download_weight(m.table, m.weights[static_cast<size_t>(expert)], official_name);
+}
+
+}  // namespace wan::cuda

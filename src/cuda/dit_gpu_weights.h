@@ -1,0 +1,54 @@
+// Internal to the GPU DiT (dit_gpu.cpp): the layout of one expert's weight allocation and the three
+// ways to fill or read it (host upload, random draw on the GPU, download for CPU references).
+//
+// Layout: every official tensor (spec §3.2) is one contiguous range of the allocation, in the dtype the
+// forward consumes it in (bf16: GEMM weights/biases and the q/k RMSNorm weights; fp32: modulation
+// tables, norm3, time MLP/projection, head). Fused GEMMs are made by placement, not by copies: the
+// self-attention q, k, v weights are consecutive ([3D, D] rows q|k|v) as are their biases ([3D]), and
+// the cross-attention k, v weights and biases ([2D, D], [2D]), so one GEMM computes all three (two).
+// Invariants: every range starts 16-byte aligned (256 for a new group); shapes are the official ones
+// (patch embedding [D, C, pt, ph, pw] is the flattened [D, C·pt·ph·pw] the GEMM reads).
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "config/config.h"
+#include "core/tensor.h"
+#include "cuda/dit_gpu.h"
+
+namespace wan::cuda::dit_gpu_detail {
+
+struct WeightEntry {
+  std::string name;  // official name
+  DType dtype = DType::BF16;
+  Shape shape;
+  size_t offset = 0, bytes = 0;
+  float scale = 0.0f, offset_value = 0.0f;  // random init: normal·scale + offset_value
+};
+
+struct WeightTable {
+  std::vector<WeightEntry> entries;
+  std::unordered_map<std::string, size_t> index;
+  size_t bytes = 0;  // the whole allocation
+  const WeightEntry& at(const std::string& name) const;  // throws wan::Error naming the tensor
+};
+
+// Checks the parts of cfg this engine relies on (head_dim 128, widths multiples of 8, ...).
+void check_config(const DiTConfig& cfg);
+WeightTable build_weight_table(const DiTConfig& cfg);
+
+// Fills dev (table.bytes) from the callback, converting each tensor on the host; errors name the tensor.
+void upload_weights(const WeightTable& table, void* dev, const DiTWeightGetter& get);
+// Draws every tensor on the GPU (see random_weight_seed); scratch holds at least max_small_floats()
+// floats (staging of the bf16 tensors that have an offset).
+void draw_random_weights(const WeightTable& table, void* dev, uint64_t seed, float* scratch, size_t scratch_floats,
+                         cudaStream_t stream);
+size_t max_small_floats(const WeightTable& table);
+Tensor download_weight(const WeightTable& table, const void* dev, const std::string& name);
+
+}  // namespace wan::cuda::dit_gpu_detail
