@@ -38,7 +38,9 @@ void print_help() {
       "  --sampler NAME            unipc | dpm++ | euler (default unipc)\n"
       "  --schedule NAME           official | diffusers sigma grid (default official)\n"
       "  --seed N                  noise seed (default or negative: random, printed)\n"
-      "  --device DEV              cpu | cuda[:i] (default cpu; the CUDA path is not built yet)\n"
+      "  --device DEV              cpu | cuda[:i] (default cpu). cuda runs the DiT on the GPU in bf16 (both experts\n"
+      "                            resident, CUDA graphs); the text encoder and the VAE still run on the CPU\n"
+      "  --verbose                 print the GPU memory plan\n"
       "  --output FILE             .mp4 | .y4m | .png (PNG: one file per frame, name_00000.png, ...)\n"
       "                            (default output.mp4, or output.y4m in a build without FFmpeg)\n"
       "  --prompt-embeds FILE      prompt embeddings instead of --prompt (see below)\n"
@@ -72,7 +74,7 @@ int cmd_generate(int argc, char** argv) {
          {"model", "prompt", "negative-prompt", "task", "size", "frames", "steps", "shift", "guide-scale", "sampler",
           "schedule", "seed", "device", "output", "prompt-embeds", "negative-prompt-embeds", "init-latents",
           "save-latents", "timings-json"},
-         {"quiet", "help"});
+         {"quiet", "help", "verbose"});
   if (a.flag("help")) {
     print_help();
     return 0;
@@ -108,6 +110,7 @@ int cmd_generate(int argc, char** argv) {
     if (s >= 0) o.seed = static_cast<uint64_t>(s);
   }
   o.device = a.get_or("device", "cpu");
+  o.verbose = a.flag("verbose");
   o.prompt_embeds_file = a.get_or("prompt-embeds", "");
   o.negative_embeds_file = a.get_or("negative-prompt-embeds", "");
   o.init_latents_file = a.get_or("init-latents", "");

@@ -1,6 +1,8 @@
 // Planning and running the Wan 2.2 pipeline on the CPU (see pipeline.h for the flow and invariants).
 #include "pipeline/pipeline.h"
 
+#include "pipeline/denoiser.h"
+
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -103,17 +105,6 @@ Tensor context_batch(const std::vector<const Tensor*>& embeds, std::vector<int64
   return ctx;
 }
 
-// The DiT input for a batch of `batch` copies of the latent. T2V: x itself. (I2V will concatenate its
-// conditioning y [20, T, H, W] along channels here; TI2V-i2v replaces frame 0 before this.)
-Tensor dit_input(const Tensor& x, int batch) {
-  std::vector<int64_t> d = x.shape().vec();
-  d.insert(d.begin(), batch);
-  Tensor in = Tensor::f32(Shape(d));
-  for (int b = 0; b < batch; ++b)
-    std::memcpy(in.f32() + b * x.numel(), x.f32(), static_cast<size_t>(x.nbytes()));
-  return in;
-}
-
 bool uses_expert(const ExpertSchedule& es, Expert e) {
   for (const ExpertStep& s : es.steps)
     if (s.expert == e) return true;
@@ -177,17 +168,22 @@ int64_t peak_rss_bytes() {
   return static_cast<int64_t>(ru.ru_maxrss) * 1024;  // Linux reports kilobytes
 }
 
+static DenoiserSpec denoiser_spec(const GeneratePlan& p) {
+  DenoiserSpec spec;
+  spec.device = p.device;
+  spec.use_high = uses_expert(p.experts, Expert::High);
+  spec.use_low = uses_expert(p.experts, Expert::Low);
+  spec.latent_shape = p.latent_shape;
+  spec.verbose = p.verbose;
+  return spec;
+}
+
 GeneratePlan plan_generate(const GenerateOptions& o) {
   GeneratePlan p;
   // Device first: the cheapest check, and the CUDA path must not silently fall back to the CPU.
-  if (o.device.rfind("cuda", 0) == 0) {
-    const std::string rest = o.device.substr(4);
-    WAN_CHECK(rest.empty() || (rest[0] == ':' && rest.size() > 1 &&
-                               rest.find_first_not_of("0123456789", 1) == std::string::npos),
-              "--device '", o.device, "' is not cpu, cuda or cuda:<index>");
-    WAN_THROW("--device ", o.device, ": the CUDA path is not built yet (use --device cpu)");
-  }
-  WAN_CHECK(o.device == "cpu", "--device '", o.device, "' is not cpu, cuda or cuda:<index>");
+  p.device = o.device;
+  p.verbose = o.verbose;
+  const bool on_gpu = parse_device(o.device) >= 0;
 
   WAN_CHECK(!o.model.empty(), "missing --model (a checkpoint folder or file)");
   p.ckpt = detect_checkpoint(o.model);
@@ -285,6 +281,7 @@ GeneratePlan plan_generate(const GenerateOptions& o) {
   // Memory plan: the text encoder is released before the DiT loads, the DiT before the VAE.
   int experts_used = (uses_expert(p.experts, Expert::High) ? 1 : 0) + (uses_expert(p.experts, Expert::Low) ? 1 : 0);
   p.weights_peak_bytes = std::max(experts_used * dit_f32_bytes(dit), p.needs_text_encoder ? t5_f32_bytes(p.t5) : 0);
+  if (on_gpu) check_gpu_denoiser(p.ckpt, denoiser_spec(p));
   const int64_t phys = physical_memory_bytes();
   WAN_CHECK(phys == 0 || p.weights_peak_bytes < phys, "the float32 CPU path needs ", human_bytes(p.weights_peak_bytes),
             " for weights alone but this machine has ", human_bytes(phys), " of memory");
@@ -294,6 +291,7 @@ GeneratePlan plan_generate(const GenerateOptions& o) {
 std::string GeneratePlan::describe() const {
   std::ostringstream os;
   os << "model    " << ckpt.root << " (" << layout_name(ckpt.layout) << ", " << task_name(task) << ")\n";
+  os << "device   " << (device == "cpu" ? "cpu (float32 reference)" : cat(device, " (DiT in bf16; text encoder and VAE on the CPU)")) << "\n";
   os << "video    " << width << "x" << height << ", " << frames << " frames at " << fps << " fps; latents "
      << latent_shape.str() << ", " << seq_len << " tokens\n";
   os << "sampler  " << solver_name(sampler.solver) << ", " << sampler.steps << " steps, " << schedule_name(sampler.schedule)
@@ -377,17 +375,12 @@ GenerateResult run_generate(const GeneratePlan& p, const RunHooks& hooks, bool d
   Tensor x = p.init_latents.defined() ? p.init_latents.clone() : seeded_latents(p.latent_shape, p.seed);
 
   {
-    // 3. Experts actually used by the schedule.
-    DiTWeights high, low;
-    const bool use_high = uses_expert(p.experts, Expert::High), use_low = uses_expert(p.experts, Expert::Low);
+    // 3. Experts actually used by the schedule, on the CPU or uploaded to the GPU.
+    std::unique_ptr<Denoiser> dit_model;
     {
-      StageTimer st(hooks, Stage::LoadDiT, (use_high ? 1 : 0) + (use_low ? 1 : 0));
-      const bool single = p.ckpt.has(Role::DiT) && !p.ckpt.has(Role::DiTHigh);
-      if (use_high) high = load_dit(p.ckpt, single ? Role::DiT : Role::DiTHigh);
-      if (use_low) {
-        check_cancel(hooks);
-        low = load_dit(p.ckpt, Role::DiTLow);
-      }
+      const DenoiserSpec spec = denoiser_spec(p);
+      StageTimer st(hooks, Stage::LoadDiT, (spec.use_high ? 1 : 0) + (spec.use_low ? 1 : 0));
+      dit_model = make_denoiser(p.ckpt, spec);
       tm.load_dit = st.end();
     }
 
@@ -398,23 +391,19 @@ GenerateResult run_generate(const GeneratePlan& p, const RunHooks& hooks, bool d
     const Tensor ctx_cfg = context_batch({&cond, &uncond}, &lens_cfg);
     const Tensor ctx_cond = context_batch({&cond}, &lens_cond);
     const size_t n = static_cast<size_t>(x.numel());
-    std::vector<float> v(n);
+    std::vector<float> v(n), out(2 * n);
     StageTimer st(hooks, Stage::Denoise, sampler.steps());
     for (int i = 0; i < sampler.steps(); ++i) {
       check_cancel(hooks);
       const auto t0 = Clock::now();
       const ExpertStep& es = p.experts.steps[static_cast<size_t>(i)];
-      const DiTWeights& w = es.expert == Expert::High ? high : low;
       const float t = static_cast<float>(sampler.timestep());
       // A guide scale of 1 makes the guided velocity the conditional one: skip the other half.
       const bool cfg = es.guide != 1.0f;
       const int batch = cfg ? 2 : 1;
-      Tensor tt = Tensor::f32(Shape{batch});
-      for (int b = 0; b < batch; ++b) tt.f32()[b] = t;
-      Tensor out = dit_forward(dit, w, dit_input(x, batch), tt, cfg ? ctx_cfg : ctx_cond, cfg ? lens_cfg : lens_cond);
-      WAN_ASSERT(static_cast<size_t>(out.numel()) == n * static_cast<size_t>(batch), "DiT output ", out.shape().str());
-      if (cfg) cfg_combine(out.f32(), out.f32() + n, es.guide, v.data(), n);
-      else std::memcpy(v.data(), out.f32(), n * 4);
+      dit_model->forward(es.expert, x, batch, t, cfg ? ctx_cfg : ctx_cond, cfg ? lens_cfg : lens_cond, out.data());
+      if (cfg) cfg_combine(out.data(), out.data() + n, es.guide, v.data(), n);
+      else std::memcpy(v.data(), out.data(), n * 4);
       sampler.step(v.data(), x.f32(), n);
       tm.step_seconds.push_back(seconds_since(t0));
       st.advance(i + 1, cat("t=", static_cast<int64_t>(t), es.expert == Expert::High ? " high" : " low"));

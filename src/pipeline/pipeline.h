@@ -54,7 +54,8 @@ struct GenerateOptions {
   SolverKind solver = SolverKind::UniPC;
   ScheduleKind schedule = ScheduleKind::Official;
   std::optional<uint64_t> seed;            // unset: a random seed (reported in the plan)
-  std::string device = "cpu";              // "cpu" | "cuda" | "cuda:<i>"
+  std::string device = "cpu";              // "cpu" | "cuda" | "cuda:<i>" (the DiT; text encoder and VAE stay on the CPU for now)
+  bool verbose = false;                    // print the GPU memory plan
 };
 
 // Parses "1280x720" or "1280*720" (width first); throws wan::Error otherwise.
@@ -85,6 +86,8 @@ struct GeneratePlan {
   Tensor init_latents;                     // latent_shape, when given
   VaeConfig vae;
   int64_t weights_peak_bytes = 0;          // largest set of f32 weights held at once
+  std::string device = "cpu";              // where the DiT runs: "cpu" | "cuda[:i]"
+  bool verbose = false;                    // print the GPU memory plan
   std::string describe() const;            // multi-line human summary (task, sizes, schedule, memory)
 };
 

@@ -1,0 +1,74 @@
+// CPU denoiser and the device-independent parts of the factory.
+#include "pipeline/denoiser.h"
+
+#include "dit/dit.h"
+#include "pipeline/models.h"
+
+namespace wan {
+
+#ifdef WAN_HAVE_CUDA
+std::unique_ptr<Denoiser> make_gpu_denoiser(const CheckpointInfo& ckpt, const DenoiserSpec& spec, int device);
+void check_gpu_denoiser_impl(const CheckpointInfo& ckpt, const DenoiserSpec& spec, int device);
+#endif
+
+namespace {
+
+class CpuDenoiser : public Denoiser {
+ public:
+  CpuDenoiser(const CheckpointInfo& ckpt, const DenoiserSpec& spec) : cfg_(ckpt.dit) {
+    const bool single = ckpt.has(Role::DiT) && !ckpt.has(Role::DiTHigh);
+    if (spec.use_high) high_ = load_dit(ckpt, single ? Role::DiT : Role::DiTHigh);
+    if (spec.use_low) low_ = load_dit(ckpt, Role::DiTLow);
+  }
+  void forward(Expert e, const Tensor& x, int batch, float t, const Tensor& ctx, const std::vector<int64_t>& lens,
+               float* out) override {
+    const int64_t n = x.numel();
+    Tensor xb = Tensor::empty(DType::F32, Shape{batch, x.dim(0), x.dim(1), x.dim(2), x.dim(3)});
+    for (int b = 0; b < batch; ++b) std::memcpy(xb.f32() + b * n, x.f32(), static_cast<size_t>(n) * 4);
+    Tensor tt = Tensor::f32(Shape{batch});
+    for (int b = 0; b < batch; ++b) tt.f32()[b] = t;
+    Tensor y = dit_forward(cfg_, e == Expert::High ? high_ : low_, xb, tt, ctx, lens);
+    WAN_ASSERT(y.numel() == n * batch, "DiT output ", y.shape().str());
+    std::memcpy(out, y.f32(), static_cast<size_t>(y.numel()) * 4);
+  }
+
+ private:
+  DiTConfig cfg_;
+  DiTWeights high_, low_;
+};
+
+}  // namespace
+
+int parse_device(const std::string& device) {
+  if (device == "cpu") return -1;
+  if (device.rfind("cuda", 0) == 0) {
+    const std::string rest = device.substr(4);
+    if (rest.empty()) return 0;
+    if (rest[0] == ':' && rest.size() > 1 && rest.size() < 6 &&
+        rest.find_first_not_of("0123456789", 1) == std::string::npos)
+      return std::stoi(rest.substr(1));
+  }
+  WAN_THROW("--device '", device, "' is not cpu, cuda or cuda:<index>");
+}
+
+void check_gpu_denoiser(const CheckpointInfo& ckpt, const DenoiserSpec& spec) {
+  const int device = parse_device(spec.device);
+  WAN_ASSERT(device >= 0, "check_gpu_denoiser on the CPU");
+#ifdef WAN_HAVE_CUDA
+  check_gpu_denoiser_impl(ckpt, spec, device);
+#else
+  WAN_THROW("--device ", spec.device, ": this build of wan has no CUDA support (configure with a CUDA toolkit)");
+#endif
+}
+
+std::unique_ptr<Denoiser> make_denoiser(const CheckpointInfo& ckpt, const DenoiserSpec& spec) {
+  const int device = parse_device(spec.device);
+  if (device < 0) return std::make_unique<CpuDenoiser>(ckpt, spec);
+#ifdef WAN_HAVE_CUDA
+  return make_gpu_denoiser(ckpt, spec, device);
+#else
+  WAN_THROW("--device ", spec.device, ": this build of wan has no CUDA support (configure with a CUDA toolkit)");
+#endif
+}
+
+}  // namespace wan
