@@ -22,6 +22,7 @@ constexpr Command kCommands[] = {
     {"inspect", wan::cli::cmd_inspect, "show layout, task, components, config and tensors of a checkpoint"},
     {"make-checkpoint", wan::cli::cmd_make_checkpoint, "write a random-weight checkpoint in a real layout"},
     {"forward", wan::cli::cmd_forward, "run one DiT forward pass on the CPU on random inputs"},
+    {"bench", wan::cli::cmd_bench, "time DiT denoising steps on the GPU with random weights (s/step, breakdown)"},
 };
 
 void usage(FILE* f) {
