@@ -1,0 +1,657 @@
+// The GPU Wan 2.1 VAE decoder (src/cuda/vae_gpu.h) against the CPU fp32 reference vae_decode
+// (src/vae), in both convolution modes (cuDNN 3-D, folded 2-D):
+//   - its kernels on fresh random inputs (fused add + RMS norm + SiLU, up-sampling, folded staging);
+//   - the committed tiny fixture (tests/fixtures/vae/wan21, 3 latent frames: exercises the first
+//     chunk, the "Rep" time_conv and the cached one) and random weights at the real widths (base 96,
+//     latent 8x8, 3 latent frames), with the arena and the output poisoned with NaN bytes;
+//   - determinism (two decodes and two decoder objects give bit-identical video);
+//   - a timing case at the real widths (480p, 720p, 21 latent frames) that prints seconds, the plan and
+//     the peak memory (cudaMemGetInfo), and re-checks sampled outputs of every convolution at full size.
+// Precision rule (issue 4): relative L2 error against the fp32 CPU decode at most twice that of the
+// same decoder computed plainly in bf16 on the CPU (bf16 weights, every op's output rounded to bf16,
+// `decode_bf16_plain` below); the kernels: bf16 outputs within twice the error of rounding the fp32
+// reference to bf16, the data-movement kernels bit-exact.
+// Links wan_vae (the CPU reference), which the GPU tests get through wan_pipeline.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "ckpt/names.h"
+#include "core/dtype.h"
+#include "core/philox.h"
+#include "cuda/check.h"
+#include "cuda/rng.h"
+#include "cuda/vae_gpu.h"
+#include "cuda/vae_gpu_kernels.h"
+#include "st/safetensors.h"
+#include "vae/vae.h"
+#include "vae/vae_ops.h"
+
+namespace wan::vae_gpu_test {
+namespace {
+
+using cuda::VaeConvMode;
+using cuda::VaeDecoderGpu;
+using cuda::VaeGpuOptions;
+
+#define REQUIRE_GPU() \
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device"
+
+const char* mode_name(VaeConvMode m) { return m == VaeConvMode::Conv3d ? "conv3d" : "folded2d"; }
+
+template <typename T>
+struct DevBuf {
+  T* p = nullptr;
+  size_t n = 0;
+  explicit DevBuf(size_t count) : n(count) { CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T))); }
+  ~DevBuf() { cudaFree(p); }
+  DevBuf(const DevBuf&) = delete;
+  DevBuf& operator=(const DevBuf&) = delete;
+  void upload(const T* h) { CUDA_CHECK(cudaMemcpy(p, h, n * sizeof(T), cudaMemcpyHostToDevice)); }
+  std::vector<T> download() const {
+    std::vector<T> h(n);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    CUDA_CHECK(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
+    return h;
+  }
+  void poison() { CUDA_CHECK(cudaMemset(p, 0xFF, n * sizeof(T))); }  // NaN in bf16 and fp32
+};
+cuda::bf16* bfp(DevBuf<uint16_t>& b) { return reinterpret_cast<cuda::bf16*>(b.p); }
+
+std::vector<float> randn(uint64_t seed, size_t n, float scale, float offset = 0.0f) {
+  std::vector<float> v(n);
+  philox_normal_fill(seed, 0, v.data(), n);
+  for (float& x : v) x = x * scale + offset;
+  return v;
+}
+float rb(float x) { return bf16_to_f32(f32_to_bf16(x)); }
+std::vector<uint16_t> to_bf16(const std::vector<float>& v) {
+  std::vector<uint16_t> o(v.size());
+  for (size_t i = 0; i < v.size(); ++i) o[i] = f32_to_bf16(v[i]);
+  return o;
+}
+std::vector<float> from_bf16(const std::vector<uint16_t>& v) {
+  std::vector<float> o(v.size());
+  for (size_t i = 0; i < v.size(); ++i) o[i] = bf16_to_f32(v[i]);
+  return o;
+}
+
+struct Err {
+  double max_abs = 0, rel_l2 = 0;
+  size_t nonfinite = 0;
+};
+Err error_vs(const float* out, const float* ref, size_t n) {
+  Err e;
+  double num = 0, den = 0;
+  for (size_t i = 0; i < n; ++i) {
+    if (!std::isfinite(out[i])) {
+      ++e.nonfinite;
+      continue;
+    }
+    const double d = static_cast<double>(out[i]) - ref[i];
+    e.max_abs = std::max(e.max_abs, std::fabs(d));
+    num += d * d;
+    den += static_cast<double>(ref[i]) * ref[i];
+  }
+  e.rel_l2 = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+  return e;
+}
+Err error_vs(const Tensor& out, const Tensor& ref) {
+  EXPECT_EQ(out.shape().str(), ref.shape().str());
+  return error_vs(out.f32(), ref.f32(), static_cast<size_t>(std::min(out.numel(), ref.numel())));
+}
+
+// ---------------------------------------------------------------------------------------------
+// The same decoder done plainly in bf16 on the CPU: bf16 parameters, every op's output rounded to bf16
+// (the precision baseline). Mirrors vae.cpp's decoder (its cache helpers are reused).
+
+void round_inplace(Tensor& t) {
+  float* p = t.f32();
+  for (int64_t i = 0; i < t.numel(); ++i) p[i] = rb(p[i]);
+}
+Tensor rt(Tensor t) {
+  round_inplace(t);
+  return t;
+}
+Tensor rounded_copy(const Tensor& t) { return t.defined() ? rt(t.to_f32().clone()) : t; }
+void round_conv(VaeConv& c) {
+  c.weight = rounded_copy(c.weight);
+  c.bias = rounded_copy(c.bias);
+}
+void round_res(VaeResBlock& b) {
+  b.norm1 = rounded_copy(b.norm1);
+  b.norm2 = rounded_copy(b.norm2);
+  round_conv(b.conv1);
+  round_conv(b.conv2);
+  round_conv(b.shortcut);
+}
+VaeWeights rounded_decoder(const VaeWeights& w) {
+  VaeWeights r;
+  r.conv2 = w.conv2;  // the latent conv2 runs in fp32 on the GPU too
+  r.decoder = w.decoder;
+  VaeCoder& d = r.decoder;
+  round_conv(d.conv1);
+  round_res(d.middle0);
+  round_res(d.middle2);
+  d.middle1.norm = rounded_copy(d.middle1.norm);
+  round_conv(d.middle1.to_qkv);
+  round_conv(d.middle1.proj);
+  for (VaeStage& st : d.stages) {
+    for (VaeResBlock& b : st.res) round_res(b);
+    round_conv(st.resample.resample);
+    round_conv(st.resample.time_conv);
+  }
+  d.head_norm = rounded_copy(d.head_norm);
+  round_conv(d.head_conv);
+  return r;
+}
+
+// The reference's per-conv history (vae.cpp keeps its own copy private): the last 2 input frames.
+struct Slot {
+  bool seen = false;  // upsample3d "Rep"
+  Tensor frames;      // [n <= 2, C, H, W]
+};
+struct Caches {
+  std::vector<Slot> slots;
+  size_t i = 0;
+  void start_chunk() { i = 0; }
+  Slot& next() {
+    if (i == slots.size()) slots.emplace_back();
+    return slots[i++];
+  }
+};
+Tensor causal_conv(const Tensor& x, const VaeConv& c, int pad_hw, Slot& s) {
+  const int64_t hist = c.weight.dim(2) - 1, cached = s.frames.defined() ? s.frames.dim(0) : 0;
+  std::vector<const float*> f;
+  for (int64_t i = cached; i < hist; ++i) f.push_back(nullptr);
+  for (int64_t i = 0; i < cached; ++i) f.push_back(vae::frame_ptr(s.frames, i));
+  for (int64_t i = 0; i < x.dim(0); ++i) f.push_back(vae::frame_ptr(x, i));
+  Tensor y = vae::conv3d(f, x.dim(1), x.dim(2), x.dim(3), c.weight, c.bias, vae::ConvGeom::same(pad_hw));
+  const Tensor all = vae::cat_frames(s.frames, x);
+  s.frames = vae::slice_frames(all, std::max<int64_t>(0, all.dim(0) - hist), all.dim(0));
+  return y;
+}
+Tensor pointwise_conv(const Tensor& x, const VaeConv& c) {
+  return vae::conv3d(vae::frame_list(x), x.dim(1), x.dim(2), x.dim(3), c.weight, c.bias, vae::ConvGeom{});
+}
+
+Tensor res_bf16(const VaeResBlock& b, const Tensor& x, Caches& cc) {
+  const Tensor h = b.shortcut.present() ? rt(pointwise_conv(x, b.shortcut)) : x;
+  Tensor a = rt(vae::rms_norm(x, b.norm1, true));
+  a = rt(causal_conv(a, b.conv1, 1, cc.next()));
+  a = rt(vae::rms_norm(a, b.norm2, true));
+  a = rt(causal_conv(a, b.conv2, 1, cc.next()));
+  vae::add_inplace(a, h);
+  return rt(a);
+}
+
+Tensor decode_bf16_plain(const VaeConfig& c, const VaeWeights& w32, const Tensor& latents, bool clamp) {
+  const VaeWeights w = rounded_decoder(w32);
+  const VaeCoder& d = w.decoder;
+  Tensor z = vae::to_frames(latents);
+  const int64_t T = z.dim(0), C = z.dim(1), hw = z.dim(2) * z.dim(3);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t ch = 0; ch < C; ++ch)
+      for (int64_t i = 0; i < hw; ++i) {
+        float& v = z.f32()[(t * C + ch) * hw + i];
+        v = v / (1.0f / c.latents_std[ch]) + c.latents_mean[ch];
+      }
+  const Tensor x0 = rt(pointwise_conv(z, w.conv2));
+  Caches cc;
+  Tensor video;
+  for (int64_t t = 0; t < T; ++t) {
+    cc.start_chunk();
+    Tensor x = rt(causal_conv(vae::slice_frames(x0, t, t + 1), d.conv1, 1, cc.next()));
+    x = res_bf16(d.middle0, x, cc);
+    x = rt(vae::attention_block(x, d.middle1.norm, d.middle1.to_qkv.weight, d.middle1.to_qkv.bias,
+                                d.middle1.proj.weight, d.middle1.proj.bias));
+    x = res_bf16(d.middle2, x, cc);
+    for (const VaeStage& st : d.stages) {
+      for (const VaeResBlock& b : st.res) x = res_bf16(b, x, cc);
+      const VaeResample& r = st.resample;
+      if (r.mode == VaeResampleMode::Upsample3d) {
+        Slot& s = cc.next();
+        if (!s.seen) {
+          s.seen = true;
+        } else {
+          const int64_t Tx = x.dim(0), Cx = x.dim(1), H = x.dim(2), W = x.dim(3);
+          x = rt(causal_conv(x, r.time_conv, 0, s)).reshape(Shape{2 * Tx, Cx, H, W});
+        }
+      }
+      if (r.mode != VaeResampleMode::None)
+        x = rt(vae::conv2d_frames(vae::upsample_nearest2x(x), r.resample.weight, r.resample.bias, vae::ConvGeom::same(1)));
+    }
+    x = rt(causal_conv(rt(vae::rms_norm(x, d.head_norm, true)), d.head_conv, 1, cc.next()));
+    video = vae::cat_frames(video, x);
+  }
+  if (clamp) vae::clamp_inplace(video, -1.0f, 1.0f);
+  return vae::from_frames(video);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Models.
+
+VaeConfig fixture_config() {
+  std::ifstream in(std::string(WAN_FIXTURES) + "/vae/wan21/config.json");
+  EXPECT_TRUE(in.good()) << "missing fixture tests/fixtures/vae/wan21";
+  const nlohmann::json j = nlohmann::json::parse(in);
+  VaeConfig c = vae_preset("wan2.1");
+  c.base_dim = j.at("base_dim").get<int>();
+  c.dec_dim = c.base_dim;
+  c.z_dim = j.at("z_dim").get<int>();
+  c.dim_mult = j.at("dim_mult").get<std::vector<int>>();
+  c.num_res_blocks = j.at("num_res_blocks").get<int>();
+  c.temporal_downsample = j.at("temperal_downsample").get<std::vector<bool>>();
+  return c;
+}
+
+struct Model {
+  VaeConfig config;
+  VaeWeights weights;
+  Tensor latents;  // [16, T, h, w]
+};
+
+Model fixture_model() {
+  Model m;
+  m.config = fixture_config();
+  const std::string dir = std::string(WAN_FIXTURES) + "/vae/wan21/";
+  const SafetensorsSet st = SafetensorsSet::open(dir + "diffusion_pytorch_model.safetensors");
+  m.weights = load_vae_weights(m.config, [&](const std::string& official) {
+    const std::string dn = vae_official_to_diffusers(official, 21);
+    WAN_CHECK(!dn.empty(), "no diffusers name for ", official);
+    return st.get(dn);
+  });
+  m.latents = SafetensorsSet::open(dir + "cases.safetensors").get("latents").to_f32();
+  return m;
+}
+
+// Random weights at the configuration's real sizes: conv weights N(0, 1/(3·fan_in)) (PyTorch's default
+// uniform init has that variance), biases N(0, 0.02²), norm gammas 1 + N(0, 0.1²).
+VaeWeights random_weights(const VaeConfig& c, uint64_t seed) {
+  const auto specs = vae_tensor_specs(c);
+  return load_vae_weights(c, [&](const std::string& name) {
+    Shape shape;
+    for (const auto& [n, s] : specs)
+      if (n == name) shape = s;
+    Tensor t = Tensor::f32(shape);
+    uint64_t h = seed;
+    for (char ch : name) h = (h ^ static_cast<uint8_t>(ch)) * 0x100000001B3ull;
+    philox_normal_fill(h, 0, t.f32(), static_cast<size_t>(t.numel()));
+    float scale = 0.02f, offset = 0.0f;
+    if (name.size() > 6 && name.compare(name.size() - 6, 6, "weight") == 0) {
+      scale = 1.0f / std::sqrt(3.0f * static_cast<float>(t.numel() / shape[0]));
+    } else if (name.size() > 5 && name.compare(name.size() - 5, 5, "gamma") == 0) {
+      scale = 0.1f;
+      offset = 1.0f;
+    }
+    for (int64_t i = 0; i < t.numel(); ++i) t.f32()[i] = t.f32()[i] * scale + offset;
+    return t;
+  });
+}
+
+const Model& real_width_model() {
+  static const Model m = [] {
+    Model r;
+    r.config = vae_preset("wan2.1");
+    r.weights = random_weights(r.config, 4242);
+    return r;
+  }();
+  return m;
+}
+
+Tensor random_latents(int64_t T, int64_t h, int64_t w, uint64_t seed) {
+  Tensor z = Tensor::f32({16, T, h, w});
+  philox_normal_fill(seed, 0, z.f32(), static_cast<size_t>(z.numel()));
+  return z;
+}
+
+// GPU decode through the device API into a NaN-poisoned output (every element must be written).
+Tensor gpu_decode(VaeDecoderGpu& dec, const Tensor& latents, bool clamp) {
+  const int64_t T = latents.dim(1), F = dec.frames_out(T), H = 8 * latents.dim(2), W = 8 * latents.dim(3);
+  DevBuf<float> z(static_cast<size_t>(latents.numel())), v(static_cast<size_t>(3 * F * H * W));
+  z.upload(latents.f32());
+  v.poison();
+  dec.decode(z.p, T, v.p, clamp, nullptr);
+  Tensor out = Tensor::f32({3, F, H, W});
+  const std::vector<float> h = v.download();
+  std::memcpy(out.f32(), h.data(), h.size() * sizeof(float));
+  return out;
+}
+
+// GPU vs fp32 CPU vs plain-bf16 CPU on one model, both conv modes, clamped and not.
+void check_model(const Model& m, const char* what, bool self_check) {
+  for (bool clamp : {false, true}) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const Tensor ref = vae_decode(m.config, m.weights, m.latents, clamp);
+    const auto t1 = std::chrono::steady_clock::now();
+    const Tensor base = decode_bf16_plain(m.config, m.weights, m.latents, clamp);
+    const Err eb = error_vs(base, ref);
+    double ref_max = 0;
+    for (int64_t i = 0; i < ref.numel(); ++i) ref_max = std::max(ref_max, static_cast<double>(std::fabs(ref.f32()[i])));
+    std::printf("[ %s ] clamp %d: CPU fp32 decode %s in %.2f s, max |ref| %.3f; plain bf16: rel L2 %.3e, max abs %.3e\n",
+                what, clamp, ref.shape().str().c_str(), std::chrono::duration<double>(t1 - t0).count(), ref_max,
+                eb.rel_l2, eb.max_abs);
+    EXPECT_GT(eb.rel_l2, 0.0);
+    for (VaeConvMode mode : {VaeConvMode::Conv3d, VaeConvMode::Folded2d}) {
+      VaeGpuOptions o;
+      o.conv_mode = mode;
+      o.poison = true;
+      o.self_check = self_check;
+      auto dec = VaeDecoderGpu::create(m.config, m.weights, {m.latents.dim(2), m.latents.dim(3)}, o);
+      const Tensor out = gpu_decode(*dec, m.latents, clamp);
+      const Err e = error_vs(out, ref);
+      std::printf("[ %s ] clamp %d %-8s: GPU rel L2 %.3e (%.2fx plain bf16), max abs %.3e%s\n", what, clamp,
+                  mode_name(mode), e.rel_l2, e.rel_l2 / eb.rel_l2, e.max_abs,
+                  self_check ? (" conv self-check max " + std::to_string(dec->self_check_max_err())).c_str() : "");
+      EXPECT_EQ(e.nonfinite, 0u) << what << " " << mode_name(mode) << ": unwritten or non-finite video";
+      EXPECT_LE(e.rel_l2, 2.0 * eb.rel_l2) << what << " " << mode_name(mode);
+      if (clamp)
+        for (int64_t i = 0; i < out.numel(); ++i) ASSERT_LE(std::fabs(out.f32()[i]), 1.0f);
+      if (self_check) {
+        EXPECT_GT(dec->conv_calls_checked(), 0);
+        EXPECT_EQ(dec->self_check_nonfinite(), 0);
+        EXPECT_LE(dec->self_check_max_err(), 1.0f / 128);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Kernels.
+
+TEST(VaeGpuKernels, FuseAddNormSiluMatchesCpu) {
+  REQUIRE_GPU();
+  for (int64_t C : {16, 96, 192, 384}) {
+    SCOPED_TRACE("C " + std::to_string(C));
+    const int64_t T = 2, H = 5, W = 7, HW = H * W, n = T * HW * C;
+    const std::vector<float> a = randn(11 + C, n, 1.0f), r = randn(12 + C, n, 1.0f);
+    const std::vector<float> ab = randn(13 + C, C, 0.3f), rbias = randn(14 + C, C, 0.3f), g = randn(15 + C, C, 0.2f, 1.0f);
+    const std::vector<uint16_t> a16 = to_bf16(a), r16 = to_bf16(r);
+    DevBuf<uint16_t> da(n), dr(n), dx(n), dy(n), dfold(T * HW * 3 * C);
+    DevBuf<float> dab(C), drb(C), dg(C);
+    da.upload(a16.data());
+    dr.upload(r16.data());
+    dab.upload(ab.data());
+    drb.upload(rbias.data());
+    dg.upload(g.data());
+    // v exactly as the kernel: (a + ab) + (r + rb), fp32 adds.
+    std::vector<float> v(n);
+    for (int64_t i = 0; i < n; ++i)
+      v[i] = (bf16_to_f32(a16[i]) + ab[i % C]) + (bf16_to_f32(r16[i]) + rbias[i % C]);
+    // CPU reference norm on [T, C, H, W] frame-major.
+    Tensor vt = Tensor::f32({T, C, H, W}), gt = Tensor::f32({C});
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t p = 0; p < HW; ++p)
+        for (int64_t c = 0; c < C; ++c) vt.f32()[(t * C + c) * HW + p] = v[(t * HW + p) * C + c];
+    std::memcpy(gt.f32(), g.data(), C * sizeof(float));
+    for (cuda::NormMode mode : {cuda::NormMode::Rms, cuda::NormMode::RmsSilu}) {
+      const Tensor ref = vae::rms_norm(vt, gt, mode == cuda::NormMode::RmsSilu);
+      dx.poison();
+      dy.poison();
+      cuda::vae_fuse(bfp(da), dab.p, bfp(dr), drb.p, bfp(dx), cuda::StageDst{bfp(dy)}, mode, dg.p, T, HW, C, nullptr);
+      const std::vector<float> x = from_bf16(dx.download()), y = from_bf16(dy.download());
+      std::vector<float> ref_nhwc(n), base(n);
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t p = 0; p < HW; ++p)
+          for (int64_t c = 0; c < C; ++c) ref_nhwc[(t * HW + p) * C + c] = ref.f32()[(t * C + c) * HW + p];
+      for (int64_t i = 0; i < n; ++i) {
+        ASSERT_EQ(f32_to_bf16(x[i]), f32_to_bf16(v[i])) << "x_out " << i;  // bit-exact residual sum
+        base[i] = rb(ref_nhwc[i]);
+      }
+      const Err e = error_vs(y.data(), ref_nhwc.data(), n), eb = error_vs(base.data(), ref_nhwc.data(), n);
+      EXPECT_EQ(e.nonfinite, 0u);
+      EXPECT_LE(e.max_abs, 2 * eb.max_abs + 1e-6);
+      EXPECT_LE(e.rel_l2, 2 * eb.rel_l2 + 1e-7);
+    }
+    // Folded staging: stream frame 2 + t goes to rows t - dt, blocks dt (copy mode, in place over r).
+    dfold.poison();
+    dr.upload(r16.data());
+    cuda::vae_fuse(bfp(da), nullptr, bfp(dr), nullptr, bfp(dr), cuda::StageDst{bfp(dfold), cuda::StageDst::Folded,
+                   static_cast<int32_t>(T), 2}, cuda::NormMode::Copy, nullptr, T, HW, C, nullptr);
+    const std::vector<uint16_t> fold = dfold.download(), xr = dr.download();
+    for (int64_t i = 0; i < n; ++i)
+      ASSERT_EQ(xr[i], f32_to_bf16(bf16_to_f32(a16[i]) + bf16_to_f32(r16[i]))) << "in-place x_out " << i;
+    // Row t block dt holds stream frame t + dt: frames 2, 3 are the chunk; 0, 1 (cache) stay unwritten.
+    for (int64_t t = 0; t < T; ++t)
+      for (int dt = 0; dt < 3; ++dt) {
+        const int64_t s = t + dt;
+        if (s < 2) continue;
+        for (int64_t p = 0; p < HW; ++p)
+          for (int64_t c = 0; c < C; ++c)
+            ASSERT_EQ(fold[(t * HW + p) * 3 * C + dt * C + c], xr[((s - 2) * HW + p) * C + c]);
+      }
+  }
+}
+
+TEST(VaeGpuKernels, UpsampleAndFoldedCopiesAreExact) {
+  REQUIRE_GPU();
+  const int64_t T = 2, H = 3, W = 5, C = 24;
+  const std::vector<uint16_t> in = to_bf16(randn(21, T * H * W * 2 * C, 1.0f));
+  const std::vector<float> bias = randn(22, 2 * C, 0.5f);
+  DevBuf<uint16_t> din(in.size()), dout(in.size() * 4);
+  DevBuf<float> db(bias.size());
+  din.upload(in.data());
+  db.upload(bias.data());
+  for (int split : {1, 2}) {
+    const int64_t Cc = split == 2 ? C : 2 * C;  // channels per output frame
+    for (bool with_bias : {false, true}) {
+      dout.poison();
+      cuda::vae_upsample2x(bfp(din), with_bias ? db.p : nullptr, bfp(dout), T, H, W, Cc, split, nullptr);
+      const std::vector<uint16_t> o = dout.download();
+      for (int64_t f = 0; f < T * split; ++f)
+        for (int64_t y = 0; y < 2 * H; ++y)
+          for (int64_t x = 0; x < 2 * W; ++x)
+            for (int64_t c = 0; c < Cc; ++c) {
+              const int64_t t = f / split, j = f % split, ic = j * Cc + c;
+              const uint16_t src = in[((t * H + y / 2) * W + x / 2) * 2 * C + ic];
+              const uint16_t want = with_bias ? f32_to_bf16(bf16_to_f32(src) + bias[ic]) : src;
+              ASSERT_EQ(o[((f * 2 * H + y) * 2 * W + x) * Cc + c], want) << f << " " << y << " " << x << " " << c;
+            }
+    }
+  }
+  // Folded put/get: all T + 2 stream frames in, then read back.
+  for (int64_t Tf : {1, 2, 4}) {
+    const int64_t HW = 6, Cf = 16, n = (Tf + 2) * HW * Cf;
+    const std::vector<uint16_t> frames = to_bf16(randn(30 + Tf, n, 1.0f));
+    DevBuf<uint16_t> dfr(n), dfold(Tf * HW * 3 * Cf), dback(n);
+    dfr.upload(frames.data());
+    dfold.poison();
+    dback.poison();
+    cuda::vae_folded_put(bfp(dfr), Tf + 2, 0, bfp(dfold), Tf, HW, Cf, nullptr);
+    cuda::vae_folded_get(bfp(dfold), 0, Tf + 2, bfp(dback), Tf, HW, Cf, nullptr);
+    const std::vector<uint16_t> fold = dfold.download(), back = dback.download();
+    EXPECT_EQ(back, frames) << "T " << Tf;
+    for (int64_t t = 0; t < Tf; ++t)
+      for (int dt = 0; dt < 3; ++dt)
+        for (int64_t i = 0; i < HW * Cf; ++i)
+          ASSERT_EQ(fold[(t * HW + i / Cf) * 3 * Cf + dt * Cf + i % Cf], frames[(t + dt) * HW * Cf + i]);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Whole decoder.
+
+TEST(VaeGpuDecode, TinyFixtureMatchesCpu) {
+  REQUIRE_GPU();
+  const Model m = fixture_model();
+  ASSERT_EQ(m.latents.dim(1), 3);
+  check_model(m, "fixture wan21 tiny", true);
+}
+
+TEST(VaeGpuDecode, RealWidthsRandomWeightsMatchesCpu) {
+  REQUIRE_GPU();
+  Model m = real_width_model();
+  m.latents = random_latents(3, 8, 8, 777);  // 9 frames of 64x64
+  check_model(m, "real widths 64x64", true);
+}
+
+TEST(VaeGpuDecode, Deterministic) {
+  REQUIRE_GPU();
+  Model m = real_width_model();
+  m.latents = random_latents(3, 8, 12, 778);
+  for (VaeConvMode mode : {VaeConvMode::Conv3d, VaeConvMode::Folded2d}) {
+    VaeGpuOptions o;
+    o.conv_mode = mode;
+    auto a = VaeDecoderGpu::create(m.config, m.weights, {8, 12}, o);
+    const Tensor x1 = gpu_decode(*a, m.latents, true);
+    const Tensor x2 = gpu_decode(*a, m.latents, true);
+    a.reset();
+    auto b = VaeDecoderGpu::create(m.config, m.weights, {8, 12}, o);
+    const Tensor x3 = gpu_decode(*b, m.latents, true);
+    ASSERT_EQ(x1.nbytes(), x3.nbytes());
+    EXPECT_EQ(std::memcmp(x1.f32(), x2.f32(), x1.nbytes()), 0) << mode_name(mode) << ": two decodes differ";
+    EXPECT_EQ(std::memcmp(x1.f32(), x3.f32(), x1.nbytes()), 0) << mode_name(mode) << ": two decoders differ";
+    // Fewer latent frames give the leading frames of the longer decode (causality), bit for bit.
+    Tensor z2 = Tensor::f32({16, 2, 8, 12});
+    for (int64_t c = 0; c < 16; ++c)
+      std::memcpy(z2.f32() + c * 2 * 96, m.latents.f32() + c * 3 * 96, 2 * 96 * sizeof(float));
+    auto c2 = VaeDecoderGpu::create(m.config, m.weights, {8, 12}, o);
+    const Tensor y = gpu_decode(*c2, z2, true);
+    const int64_t fr = 5 * 64 * 96;
+    for (int64_t ch = 0; ch < 3; ++ch)
+      EXPECT_EQ(std::memcmp(y.f32() + ch * fr, x1.f32() + ch * 9 * 64 * 96, fr * sizeof(float)), 0)
+          << mode_name(mode) << ": a prefix of the latents does not decode to a prefix of the video";
+  }
+}
+
+TEST(VaeGpuDecode, RejectsUnsupportedInputs) {
+  REQUIRE_GPU();
+  const Model m = fixture_model();
+  VaeConfig v22 = m.config;
+  v22.version = 22;
+  EXPECT_THROW(VaeDecoderGpu::create(v22, m.weights, {5, 7}), Error);
+  auto dec = VaeDecoderGpu::create(m.config, m.weights, {5, 7});
+  EXPECT_THROW(dec->decode(Tensor::f32({16, 2, 5, 8})), Error);  // planned for 5x7
+  EXPECT_THROW(dec->decode(Tensor::f32({8, 2, 5, 7})), Error);   // channels
+  VaeWeights broken = m.weights;
+  broken.decoder.middle0.conv2.weight = Tensor::f32({32, 32, 3, 3, 2});
+  try {
+    VaeDecoderGpu::create(m.config, broken, {5, 7});
+    FAIL() << "a wrong shape must be rejected";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("decoder.middle.0.residual.6"), std::string::npos) << e.what();
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Timing at the real sizes (prints; asserts only that the video is finite and the convs self-check).
+// WAN_VAE_BENCH_ALL=1 also times the other conv mode and cuDNN's timed algorithm search.
+
+namespace {
+struct Timing {
+  double plan_s = 0, decode_s = 0;
+  size_t weights = 0, arena = 0, peak_used = 0;
+};
+
+// Best of `reps` timed decodes (after a warm-up) with `o`; with `detail`, one more decoder with the
+// per-op profile and the conv self-check.
+Timing time_decode(const Model& m, int64_t h, int64_t w, int64_t T, VaeGpuOptions o, const char* what, int reps,
+                   bool detail) {
+  Timing r;
+  o.profile = false;
+  o.self_check = false;
+  CUDA_CHECK(cudaDeviceSynchronize());
+  size_t free0 = 0, total = 0;
+  CUDA_CHECK(cudaMemGetInfo(&free0, &total));
+  const Tensor z = random_latents(T, h, w, 99);
+  const int64_t F = 1 + 4 * (T - 1);
+  DevBuf<float> dz(static_cast<size_t>(z.numel())), dv(static_cast<size_t>(3 * F * 64 * h * w));
+  dz.upload(z.f32());
+  auto t0 = std::chrono::steady_clock::now();
+  auto dec = VaeDecoderGpu::create(m.config, m.weights, {h, w}, o);
+  r.plan_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  r.weights = dec->weight_bytes();
+  r.arena = dec->arena_bytes();
+  cudaStream_t st;
+  CUDA_CHECK(cudaStreamCreate(&st));
+  dec->decode(dz.p, T, dv.p, true, st);  // warm-up (lazy module loads)
+  CUDA_CHECK(cudaStreamSynchronize(st));
+  double best = 1e30;
+  for (int i = 0; i < reps; ++i) {
+    t0 = std::chrono::steady_clock::now();
+    dec->decode(dz.p, T, dv.p, true, st);
+    CUDA_CHECK(cudaStreamSynchronize(st));
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  r.decode_s = best;
+  size_t free1 = 0;
+  CUDA_CHECK(cudaMemGetInfo(&free1, &total));
+  r.peak_used = free0 - free1;  // nothing is freed before this point: the peak
+  const std::vector<float> v = dv.download();
+  size_t bad = 0;
+  for (float x : v) bad += !std::isfinite(x) || std::fabs(x) > 1.0f;
+  EXPECT_EQ(bad, 0u) << what;
+  std::printf("[ %s ] %s%s: %lldx%lld latents x %lld -> %lld frames %lldx%lld: decode %.3f s (best of %d), plan %.2f s; "
+              "weights %.1f MiB, arena %.1f MiB, peak device memory in use %.2f GiB (incl. latents + video %.2f GiB)\n",
+              what, mode_name(o.conv_mode), o.find_algorithms ? "+find" : "", (long long)h, (long long)w,
+              (long long)T, (long long)F, (long long)(8 * h), (long long)(8 * w), r.decode_s, reps, r.plan_s,
+              r.weights / 1048576.0, r.arena / 1048576.0, r.peak_used / 1073741824.0,
+              (dz.n + dv.n) * 4.0 / 1073741824.0);
+  std::fflush(stdout);
+  if (o.find_algorithms) std::printf("cuDNN algorithm timings:\n%s", dec->find_report().c_str());
+  if (detail) {
+    // One more decode with per-op events and the conv self-check (sampled outputs vs direct fp32).
+    dec.reset();
+    VaeGpuOptions p = o;
+    p.profile = true;
+    p.self_check = true;
+    auto dp = VaeDecoderGpu::create(m.config, m.weights, {h, w}, p);
+    std::printf("%s", dp->plan_str().c_str());
+    dp->decode(dz.p, T, dv.p, true, st);
+    std::printf("profile (with events and self-check kernels):\n%s", dp->profile_report().c_str());
+    std::printf("conv self-check: %lld calls, max rel err %.3e, non-finite %lld\n",
+                (long long)dp->conv_calls_checked(), dp->self_check_max_err(), (long long)dp->self_check_nonfinite());
+    std::fflush(stdout);
+    EXPECT_LE(dp->self_check_max_err(), 1.0f / 128) << what;
+    EXPECT_EQ(dp->self_check_nonfinite(), 0) << what;
+  }
+  CUDA_CHECK(cudaStreamDestroy(st));
+  return r;
+}
+}  // namespace
+
+TEST(VaeGpuTiming, RealWidths480pAnd720p) {
+  REQUIRE_GPU();
+  const Model& m = real_width_model();
+  const bool all = std::getenv("WAN_VAE_BENCH_ALL") != nullptr;
+  cudaDeviceProp prop;
+  CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  std::printf("device: %s, %d SMs, %.1f GiB\n", prop.name, prop.multiProcessorCount,
+              prop.totalGlobalMem / 1073741824.0);
+  VaeGpuOptions o;  // the default mode
+  std::vector<VaeGpuOptions> modes{o};
+  if (all) {
+    VaeGpuOptions other = o;
+    other.conv_mode = o.conv_mode == VaeConvMode::Conv3d ? VaeConvMode::Folded2d : VaeConvMode::Conv3d;
+    modes.push_back(other);
+  }
+  for (const VaeGpuOptions& mo : modes) {
+    const Timing t480 = time_decode(m, 60, 104, 21, mo, "480p", 2, true);
+    const Timing t720 = time_decode(m, 90, 160, 21, mo, "720p", 2, true);
+    std::printf("[ summary %s ] 480p %.3f s, 720p %.3f s (ANCHORS.md, another run: official fp32 720p 7.63 s, "
+                "peak 19.4 GiB; target <= 0.5x of the same-run official time), peak %.2f / %.2f GiB\n",
+                mode_name(mo.conv_mode), t480.decode_s, t720.decode_s, t480.peak_used / 1073741824.0,
+                t720.peak_used / 1073741824.0);
+  }
+  if (all) {
+    for (VaeConvMode mode : {VaeConvMode::Conv3d, VaeConvMode::Folded2d}) {
+      VaeGpuOptions f;
+      f.conv_mode = mode;
+      f.find_algorithms = true;
+      time_decode(m, 90, 160, 21, f, "720p", 1, false);
+    }
+  }
+}
+
+}  // namespace wan::vae_gpu_test
