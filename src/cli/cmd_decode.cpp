@@ -28,6 +28,7 @@ void print_help() {
       "                        the Wan 2.1 VAE); frames = 4 (T_lat - 1) + 1, size 8 W_lat x 8 H_lat\n"
       "  --output FILE         .mp4 | .y4m | .png\n"
       "  --fps N               frame rate (default: the task's, 16 for A14B, 24 for TI2V-5B)\n"
+      "  --device DEV          cpu | cuda[:i] (default cpu; cuda decodes the Wan 2.1 VAE in bf16)\n"
       "  --timings-json FILE   also write the timings and peak memory as JSON\n"
       "  --quiet               no progress and no summary\n");
 }
@@ -36,7 +37,7 @@ void print_help() {
 
 int cmd_decode(int argc, char** argv) {
   const auto t_start = std::chrono::steady_clock::now();
-  Args a(argc, argv, {"model", "latents", "output", "fps", "timings-json"}, {"quiet", "help"});
+  Args a(argc, argv, {"model", "latents", "output", "fps", "timings-json", "device"}, {"quiet", "help"});
   if (a.flag("help")) {
     print_help();
     return 0;
@@ -75,7 +76,7 @@ int cmd_decode(int argc, char** argv) {
   RunReport rep;
   Tensor video;
   try {
-    video = decode_latents(info, vae, latents, hooks, &rep.timings);
+    video = decode_latents(info, vae, latents, hooks, &rep.timings, a.get_or("device", "cpu"));
   } catch (const Cancelled&) {
     printer.finish_line();
     fprintf(stderr, "interrupted: nothing written\n");

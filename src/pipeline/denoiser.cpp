@@ -9,6 +9,8 @@ namespace wan {
 #ifdef WAN_HAVE_CUDA
 std::unique_ptr<Denoiser> make_gpu_denoiser(const CheckpointInfo& ckpt, const DenoiserSpec& spec, int device);
 void check_gpu_denoiser_impl(const CheckpointInfo& ckpt, const DenoiserSpec& spec, int device);
+void check_gpu_vae_impl(const VaeConfig& vae, const std::string& device);
+Tensor gpu_vae_decode_impl(const VaeConfig& vae, const VaeWeights& w, const Tensor& latents, int device);
 #endif
 
 namespace {
@@ -58,6 +60,26 @@ void check_gpu_denoiser(const CheckpointInfo& ckpt, const DenoiserSpec& spec) {
   check_gpu_denoiser_impl(ckpt, spec, device);
 #else
   WAN_THROW("--device ", spec.device, ": this build of wan has no CUDA support (configure with a CUDA toolkit)");
+#endif
+}
+
+void check_gpu_vae(const VaeConfig& vae, const std::string& device) {
+#ifdef WAN_HAVE_CUDA
+  check_gpu_vae_impl(vae, device);
+#else
+  (void)vae;
+  WAN_THROW("--device ", device, ": this build of wan has no CUDA support (configure with a CUDA toolkit)");
+#endif
+}
+
+Tensor gpu_vae_decode(const VaeConfig& vae, const VaeWeights& w, const Tensor& latents, int device) {
+#ifdef WAN_HAVE_CUDA
+  return gpu_vae_decode_impl(vae, w, latents, device);
+#else
+  (void)vae;
+  (void)w;
+  (void)latents;
+  WAN_THROW("device ", device, ": this build of wan has no CUDA support");
 #endif
 }
 

@@ -11,6 +11,7 @@
 #include "ckpt/layout.h"
 #include "core/tensor.h"
 #include "sampler/sampler.h"
+#include "vae/vae.h"
 
 namespace wan {
 
@@ -37,5 +38,11 @@ int parse_device(const std::string& device);
 // Throws one clear wan::Error unless the CUDA path can run `spec` on this machine: built with CUDA, the
 // device exists, and the planned memory (experts + arena) fits its free memory. Cheap (no allocation).
 void check_gpu_denoiser(const CheckpointInfo& ckpt, const DenoiserSpec& spec);
+
+// The VAE decode on the GPU (Wan 2.1 VAE, bf16, wan::cuda::VaeDecoderGpu).
+// check_gpu_vae: throws one clear wan::Error unless this build and VAE can decode on `device`.
+void check_gpu_vae(const VaeConfig& vae, const std::string& device);
+// latents [z, T, h, w] f32 (host) -> video [3, F, H, W] f32 in [-1, 1] (host).
+Tensor gpu_vae_decode(const VaeConfig& vae, const VaeWeights& w, const Tensor& latents, int device);
 
 }  // namespace wan

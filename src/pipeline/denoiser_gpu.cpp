@@ -6,6 +6,7 @@
 #include "cuda/check.h"
 #include "cuda/dit_gpu.h"
 #include "cuda/rng.h"
+#include "cuda/vae_gpu.h"
 #include "pipeline/denoiser.h"
 
 namespace wan {
@@ -91,6 +92,21 @@ void check_gpu_denoiser_impl(const CheckpointInfo& ckpt, const DenoiserSpec& spe
 std::unique_ptr<Denoiser> make_gpu_denoiser(const CheckpointInfo& ckpt, const DenoiserSpec& spec, int device) {
   check_gpu_denoiser_impl(ckpt, spec, device);
   return std::make_unique<GpuDenoiser>(ckpt, spec, device);
+}
+
+void check_gpu_vae_impl(const VaeConfig& vae, const std::string& device) {
+  const int index = parse_device(device);
+  const int n = cuda::device_count();
+  WAN_CHECK(n > 0, "--device ", device, ": no CUDA device is available on this machine");
+  WAN_CHECK(index < n, "--device ", device, ": this machine has ", n, " CUDA device(s)");
+  WAN_CHECK(vae.version == 21, "--device ", device, ": the GPU VAE decoder supports the Wan 2.1 VAE only (this ",
+            "checkpoint has the Wan ", vae.version / 10, ".", vae.version % 10, " VAE)");
+}
+
+Tensor gpu_vae_decode_impl(const VaeConfig& vae, const VaeWeights& w, const Tensor& latents, int device) {
+  CUDA_CHECK(cudaSetDevice(device));
+  auto dec = cuda::VaeDecoderGpu::create(vae, w, cuda::VaeGpuShape{latents.dim(2), latents.dim(3)});
+  return dec->decode(latents, /*clamp=*/true);
 }
 
 }  // namespace wan

@@ -281,7 +281,10 @@ GeneratePlan plan_generate(const GenerateOptions& o) {
   // Memory plan: the text encoder is released before the DiT loads, the DiT before the VAE.
   int experts_used = (uses_expert(p.experts, Expert::High) ? 1 : 0) + (uses_expert(p.experts, Expert::Low) ? 1 : 0);
   p.weights_peak_bytes = std::max(experts_used * dit_f32_bytes(dit), p.needs_text_encoder ? t5_f32_bytes(p.t5) : 0);
-  if (on_gpu) check_gpu_denoiser(p.ckpt, denoiser_spec(p));
+  if (on_gpu) {
+    check_gpu_denoiser(p.ckpt, denoiser_spec(p));
+    check_gpu_vae(p.vae, p.device);
+  }
   const int64_t phys = physical_memory_bytes();
   WAN_CHECK(phys == 0 || p.weights_peak_bytes < phys, "the float32 CPU path needs ", human_bytes(p.weights_peak_bytes),
             " for weights alone but this machine has ", human_bytes(phys), " of memory");
@@ -291,7 +294,7 @@ GeneratePlan plan_generate(const GenerateOptions& o) {
 std::string GeneratePlan::describe() const {
   std::ostringstream os;
   os << "model    " << ckpt.root << " (" << layout_name(ckpt.layout) << ", " << task_name(task) << ")\n";
-  os << "device   " << (device == "cpu" ? "cpu (float32 reference)" : cat(device, " (DiT in bf16; text encoder and VAE on the CPU)")) << "\n";
+  os << "device   " << (device == "cpu" ? "cpu (float32 reference)" : cat(device, " (DiT and VAE decode in bf16; text encoder on the CPU)")) << "\n";
   os << "video    " << width << "x" << height << ", " << frames << " frames at " << fps << " fps; latents "
      << latent_shape.str() << ", " << seq_len << " tokens\n";
   os << "sampler  " << solver_name(sampler.solver) << ", " << sampler.steps << " steps, " << schedule_name(sampler.schedule)
@@ -320,9 +323,11 @@ std::string GeneratePlan::describe() const {
 }
 
 Tensor decode_latents(const CheckpointInfo& ckpt, const VaeConfig& vae, const Tensor& latents, const RunHooks& hooks,
-                      Timings* timings) {
+                      Timings* timings, const std::string& device) {
   WAN_CHECK(latents.ndim() == 4 && latents.dim(0) == vae.z_dim, "latents of shape ", latents.shape().str(),
             " do not fit the VAE (", vae.z_dim, " channels)");
+  const int gpu = parse_device(device);
+  if (gpu >= 0) check_gpu_vae(vae, device);
   VaeWeights w;
   {
     StageTimer st(hooks, Stage::LoadVae);
@@ -331,6 +336,15 @@ Tensor decode_latents(const CheckpointInfo& ckpt, const VaeConfig& vae, const Te
     if (timings) timings->load_vae += s;
   }
   const int chunks = static_cast<int>(latents.dim(1));  // the decoder runs one latent frame at a time
+  if (gpu >= 0) {
+    check_cancel(hooks);
+    StageTimer st(hooks, Stage::Decode, chunks);
+    Tensor video = gpu_vae_decode(vae, w, latents, gpu);
+    st.advance(chunks);
+    double s = st.end();
+    if (timings) timings->vae_decode += s;
+    return video;
+  }
   StageTimer st(hooks, Stage::Decode, chunks);
   Tensor video = vae_decode(vae, w, latents, /*clamp=*/true, [&](int done, int) {
     st.advance(done);
@@ -411,7 +425,7 @@ GenerateResult run_generate(const GeneratePlan& p, const RunHooks& hooks, bool d
     tm.denoise = st.end();
   }
   r.latents = x;
-  if (decode) r.video = decode_latents(p.ckpt, p.vae, x, hooks, &tm);
+  if (decode) r.video = decode_latents(p.ckpt, p.vae, x, hooks, &tm, p.device);
   return r;
 }
 

@@ -129,9 +129,9 @@ GenerateResult run_generate(const GeneratePlan& plan, const RunHooks& hooks, boo
 
 // Latents -> video [3, F, H, W] in [-1, 1] with the checkpoint's VAE (load + decode, reported as
 // the LoadVae and Decode stages; seconds added to timings when given). latents must have z_dim
-// channels.
+// channels. device "cuda[:i]" decodes on the GPU in bf16 (Wan 2.1 VAE only).
 Tensor decode_latents(const CheckpointInfo& ckpt, const VaeConfig& vae, const Tensor& latents, const RunHooks& hooks,
-                      Timings* timings = nullptr);
+                      Timings* timings = nullptr, const std::string& device = "cpu");
 
 // Frames per second of a task's videos (16 for the A14B tasks, 24 for TI2V-5B; spec §1.2).
 int task_fps(Task t);
