@@ -101,6 +101,10 @@ void check_gpu_vae_impl(const VaeConfig& vae, const std::string& device) {
   WAN_CHECK(index < n, "--device ", device, ": this machine has ", n, " CUDA device(s)");
   WAN_CHECK(vae.version == 21, "--device ", device, ": the GPU VAE decoder supports the Wan 2.1 VAE only (this ",
             "checkpoint has the Wan ", vae.version / 10, ".", vae.version % 10, " VAE)");
+  // The decoder's narrowest convolution has base_dim / 2 input channels; its kernels need multiples of 8.
+  WAN_CHECK(vae.base_dim % 16 == 0 && vae.dec_dim % 16 == 0, "--device ", device,
+            ": the GPU VAE decoder needs channel widths that are multiples of 8 (this VAE's base width is ",
+            vae.dec_dim, "; the released Wan 2.1 VAE has 96)");
 }
 
 Tensor gpu_vae_decode_impl(const VaeConfig& vae, const VaeWeights& w, const Tensor& latents, int device) {

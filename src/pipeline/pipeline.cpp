@@ -283,7 +283,7 @@ GeneratePlan plan_generate(const GenerateOptions& o) {
   p.weights_peak_bytes = std::max(experts_used * dit_f32_bytes(dit), p.needs_text_encoder ? t5_f32_bytes(p.t5) : 0);
   if (on_gpu) {
     check_gpu_denoiser(p.ckpt, denoiser_spec(p));
-    check_gpu_vae(p.vae, p.device);
+    if (o.decode) check_gpu_vae(p.vae, p.device);
   }
   const int64_t phys = physical_memory_bytes();
   WAN_CHECK(phys == 0 || p.weights_peak_bytes < phys, "the float32 CPU path needs ", human_bytes(p.weights_peak_bytes),

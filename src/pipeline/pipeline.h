@@ -56,6 +56,7 @@ struct GenerateOptions {
   std::optional<uint64_t> seed;            // unset: a random seed (reported in the plan)
   std::string device = "cpu";              // "cpu" | "cuda" | "cuda:<i>" (the DiT; text encoder and VAE stay on the CPU for now)
   bool verbose = false;                    // print the GPU memory plan
+  bool decode = true;                      // false: latents only (the VAE is not checked for the device)
 };
 
 // Parses "1280x720" or "1280*720" (width first); throws wan::Error otherwise.
