@@ -1,5 +1,6 @@
 // `wan make-checkpoint --config NAME --layout official|diffusers --out DIR [--layers N]
-//  [--dtype fp32|bf16] [--seed N] [--force]`: writes a random-weight checkpoint (see gen/make_checkpoint.h).
+//  [--dtype fp32|bf16] [--seed N] [--force] [--dit-only]`: writes a random-weight checkpoint
+//  (see gen/make_checkpoint.h).
 #include <cstdio>
 #include <string>
 
@@ -16,20 +17,21 @@ void usage() {
   std::printf(
       "usage: wan make-checkpoint --config %s\n"
       "                           --layout official|diffusers --out DIR\n"
-      "                           [--layers N] [--dtype fp32|bf16] [--seed N] [--force]\n\n"
+      "                           [--layers N] [--dtype fp32|bf16] [--seed N] [--force] [--dit-only]\n\n"
       "Writes every component of the task (DiT expert(s), UMT5 text encoder, VAE, tokenizer, configs)\n"
       "with deterministic random weights in the real tensor names and shapes.\n"
       "  --layers N   DiT depth override (the text encoder and VAE keep theirs)\n"
       "  --dtype      DiT weight dtype (default fp32); the text encoder is bf16 and the VAE fp32 as released\n"
       "  --seed N     weight seed (default 0); the same arguments give byte-identical files\n"
-      "  --force      replace DIR if it exists and is not empty\n",
+      "  --force      replace DIR if it exists and is not empty\n"
+      "  --dit-only   write only the (high-noise) DiT and its config (transformer/ or high_noise_model/)\n",
       names.c_str());
 }
 
 }  // namespace
 
 int cmd_make_checkpoint(int argc, char** argv) {
-  Args a(argc, argv, {"config", "layout", "out", "layers", "dtype", "seed"}, {"force", "help"});
+  Args a(argc, argv, {"config", "layout", "out", "layers", "dtype", "seed"}, {"force", "help", "dit-only"});
   if (a.flag("help")) {
     usage();
     return 0;
@@ -59,6 +61,7 @@ int cmd_make_checkpoint(int argc, char** argv) {
   WAN_CHECK(seed >= 0, "--seed ", seed, ": expected a non-negative integer");
   o.seed = static_cast<uint64_t>(seed);
   o.force = a.flag("force");
+  o.dit_only = a.flag("dit-only");
 
   const gen::MakeCheckpointResult r = gen::make_checkpoint(o);
   std::printf("wrote %s: %zu files, %.1f MB (%s layout, %s, seed %llu)\n", r.root.c_str(), r.files.size(),

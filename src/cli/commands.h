@@ -9,4 +9,5 @@ int cmd_generate(int argc, char** argv);         // src/cli/cmd_generate.cpp (te
 int cmd_encode_prompt(int argc, char** argv);    // src/cli/cmd_encode_prompt.cpp (prompt -> embeddings file)
 int cmd_decode(int argc, char** argv);           // src/cli/cmd_decode.cpp (latents file -> video)
 int cmd_bench(int argc, char** argv);            // src/cli/cmd_bench.cpp (GPU DiT step timing, random weights)
+int cmd_bench_vae(int argc, char** argv);        // src/cli/cmd_bench_vae.cpp (GPU VAE decode timing, random weights)
 }  // namespace wan::cli

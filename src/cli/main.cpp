@@ -23,6 +23,7 @@ constexpr Command kCommands[] = {
     {"make-checkpoint", wan::cli::cmd_make_checkpoint, "write a random-weight checkpoint in a real layout"},
     {"forward", wan::cli::cmd_forward, "run one DiT forward pass on the CPU on random inputs"},
     {"bench", wan::cli::cmd_bench, "time DiT denoising steps on the GPU with random weights (s/step, breakdown)"},
+    {"bench-vae", wan::cli::cmd_bench_vae, "time the GPU VAE decode with random weights (s, peak memory)"},
 };
 
 void usage(FILE* f) {

@@ -125,6 +125,7 @@ void write_all(const fs::path& root, const GenPlan& plan, const MakeCheckpointOp
     LOG_INFO("make-checkpoint: high-noise expert (", plan.dit.num_layers, " layers)");
     write_dit(root / (official ? "high_noise_model" : "transformer"), plan.dit, o.layout, o.dtype,
               dit_seed(o.seed, plan.task, true), o.max_shard_bytes);
+    if (o.dit_only) return;
     LOG_INFO("make-checkpoint: low-noise expert");
     write_dit(root / (official ? "low_noise_model" : "transformer_2"), plan.dit, o.layout, o.dtype,
               dit_seed(o.seed, plan.task, false), o.max_shard_bytes);
@@ -132,6 +133,7 @@ void write_all(const fs::path& root, const GenPlan& plan, const MakeCheckpointOp
     LOG_INFO("make-checkpoint: DiT (", plan.dit.num_layers, " layers)");
     write_dit(official ? root : root / "transformer", plan.dit, o.layout, o.dtype, dit_seed(o.seed, plan.task, true),
               o.max_shard_bytes);
+    if (o.dit_only) return;
   }
   LOG_INFO("make-checkpoint: text encoder");
   write_t5(root, plan.t5, o.layout, component_seed(o.seed, "t5"), o.max_shard_bytes);

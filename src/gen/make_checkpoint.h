@@ -41,6 +41,7 @@ struct MakeCheckpointOptions {
   uint64_t seed = 0;
   std::string out;                           // output folder
   bool force = false;                        // replace a non-empty <out>
+  bool dit_only = false;                     // only the (high-noise) DiT + config (not a whole checkpoint)
   uint64_t max_shard_bytes = 5000000000ull;  // "5GB" as Hugging Face counts it
 };
 
