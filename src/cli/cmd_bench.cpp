@@ -34,6 +34,7 @@
 #include "core/error.h"
 
 #ifdef WAN_HAVE_CUDA
+#include "cuda/check.h"
 #include "cuda/dit_bench.h"
 #include "cuda/rng.h"
 #endif
@@ -58,6 +59,7 @@ void print_help() {
       "  --no-breakdown       skip the per-op breakdown (it needs an activation arena of its own)\n"
       "  --breakdown-reps N   repetitions of the isolated op sequence (default 3; median)\n"
       "  --device N           CUDA device (default 0)\n"
+      "  --attention K        auto (default: the engine's own kernel on sm_90, cuDNN elsewhere) | own | cudnn\n"
       "  --json FILE          write the results as JSON (commit from $WAN_COMMIT)\n"
       "  --verbose            print the memory plan\n");
 }
@@ -132,7 +134,7 @@ Flops anchors_flops(const DiTConfig& c, int64_t batch, int64_t tokens, int layer
 int cmd_bench(int argc, char** argv) {
   const Args args(argc, argv,
                   {"task", "size", "frames", "layers", "steps", "warmup", "batch", "seed", "breakdown-reps", "device",
-                   "json"},
+                   "json", "attention"},
                   {"help", "no-graphs", "no-breakdown", "verbose"});
   if (args.flag("help")) {
     print_help();
@@ -154,16 +156,22 @@ int cmd_bench(int argc, char** argv) {
   const bool graphs = !args.flag("no-graphs"), breakdown = !args.flag("no-breakdown");
   const bool verbose = args.flag("verbose");
   const std::string json_path = args.get_or("json", "");
+  const std::string attention_name = args.get_or("attention", "auto");
+  WAN_CHECK(attention_name == "auto" || attention_name == "cudnn" || attention_name == "own", "--attention: expected "
+            "auto, cudnn or own, got '", attention_name, "'");
 
 #ifndef WAN_HAVE_CUDA
   (void)geo, (void)layer_counts, (void)steps, (void)warmup, (void)batch, (void)seed, (void)reps, (void)device;
-  (void)graphs, (void)breakdown, (void)verbose, (void)json_path;
+  (void)graphs, (void)breakdown, (void)verbose, (void)json_path, (void)attention_name;
   WAN_THROW("wan bench: this wan was built without CUDA; rebuild with a CUDA toolkit (WAN_ENABLE_CUDA=ON)");
 #else
   using namespace wan::cuda;
   WAN_CHECK(device_count() > 0, "wan bench: no CUDA device is visible");
   const int dev = static_cast<int>(device);
   const BenchDevice bd = bench_device(dev);
+  CUDA_CHECK(cudaSetDevice(dev));
+  const DiTGpu::Attention attention = DiTGpu::resolve_attention(DiTGpu::parse_attention(attention_name));
+  const char* attention_used = attention == DiTGpu::Attention::Own ? "own" : "cudnn";
   const DiTShape shape{batch, geo.T, geo.H, geo.W};
   const int target_layers = full.num_layers;
   const char* commit = std::getenv("WAN_COMMIT");
@@ -185,6 +193,7 @@ int cmd_bench(int argc, char** argv) {
   J["tokens_per_sample"] = geo.tokens;
   J["batch"] = batch;
   J["graphs"] = graphs;
+  J["attention"] = attention_used;
   J["config"] = {{"dim", full.dim}, {"ffn_dim", full.ffn_dim}, {"heads", full.num_heads}, {"layers", target_layers},
                  {"text_len", full.text_len}};
 
@@ -192,6 +201,7 @@ int cmd_bench(int argc, char** argv) {
          "dim %d, ffn %d, random weights (seed %lld)\n",
          task.c_str(), (long long)geo.width, (long long)geo.height, (long long)geo.frames, (long long)geo.T,
          (long long)geo.H, (long long)geo.W, (long long)geo.tokens, batch, full.dim, full.ffn_dim, seed);
+  printf("attention: %s\n", attention_used);
   printf("device %d: %s, %d SMs, %.1f GiB; driver %d, runtime %d, cuDNN %d, cuBLASLt %d\n", dev, bd.name.c_str(),
          bd.sm_count, bd.total_bytes / kGiB, bd.driver_version, bd.runtime_version, bd.cudnn_version,
          bd.cublaslt_version);
@@ -202,7 +212,7 @@ int cmd_bench(int argc, char** argv) {
   if (breakdown) {
     DiTConfig one = full;
     one.num_layers = 1;
-    iso = time_ops_isolated(one, shape, static_cast<int>(reps), static_cast<uint64_t>(seed) + 17, dev);
+    iso = time_ops_isolated(one, shape, static_cast<int>(reps), static_cast<uint64_t>(seed) + 17, dev, attention);
     if (!iso.graph_error.empty()) printf("graph-captured breakdown unavailable: %s\n", iso.graph_error.c_str());
   }
   // The step runs as a graph replay: the graph-captured breakdown is the one to compare with it.
@@ -215,7 +225,7 @@ int cmd_bench(int argc, char** argv) {
     DiTConfig c = full;
     c.num_layers = n;
     const ForwardTiming r = time_forward(c, shape, static_cast<int>(warmup), static_cast<int>(steps), graphs,
-                                         static_cast<uint64_t>(seed), dev, verbose);
+                                         static_cast<uint64_t>(seed), dev, verbose, attention);
     printf("layers %2d: median %10.2f ms/step (mean %.2f, min %.2f; %lld timed after %lld warm-up, %s)  "
            "create %.1f s, warm-up %.1f s\n",
            n, r.median_ms, r.mean_ms, r.min_ms, steps, warmup, graphs ? "graph replay" : "eager", r.create_s,

@@ -12,6 +12,7 @@
 
 #include "core/error.h"
 #include "cuda/attention_cudnn.h"
+#include "cuda/attention_own.h"
 #include "cuda/check.h"
 #include "cuda/dit_kernels.h"
 #include "cuda/gemm.h"
@@ -140,10 +141,11 @@ BenchDevice bench_device(int device) {
   return d;
 }
 
-IsolatedTimings time_ops_isolated(const DiTConfig& cfg, const DiTShape& shape, int reps, uint64_t seed,
-                                  int device) {
+IsolatedTimings time_ops_isolated(const DiTConfig& cfg, const DiTShape& shape, int reps, uint64_t seed, int device,
+                                  DiTGpu::Attention attention) {
   WAN_CHECK(reps >= 1, "bench: breakdown reps must be >= 1");
   CUDA_CHECK(cudaSetDevice(device));
+  const bool own = DiTGpu::resolve_attention(attention) == DiTGpu::Attention::Own;
   // Geometry, as DiTGpu computes it (dit_gpu.cpp): rows = B·L tokens, crow = B·text_len context rows.
   const int64_t B = shape.batch, C = cfg.in_dim, Co = cfg.out_dim, T = shape.frames, H = shape.height,
                 W = shape.width;
@@ -163,7 +165,7 @@ IsolatedTimings time_ops_isolated(const DiTConfig& cfg, const DiTShape& shape, i
   ss.B = B, ss.Lq = L, ss.Lk = L, ss.H = cfg.num_heads, ss.D = 128, ss.v_ld = 3 * D;
   AttentionShape cs;  // cross: all text_len keys; v the second half of the fused k|v rows
   cs.B = B, cs.Lq = L, cs.Lk = TL, cs.H = cfg.num_heads, cs.D = 128, cs.v_ld = 2 * D;
-  const size_t attn_ws = std::max(attn.workspace_size(ss), attn.workspace_size(cs));
+  const size_t attn_ws = own ? 0 : std::max(attn.workspace_size(ss), attn.workspace_size(cs));
 
   // activations (names as in dit_gpu.cpp's arena) and one block's weights + the non-block weights
   float *x_src, *x_in, *t, *sinus, *temb, *e, *e_silu, *e0, *resid, *head_out, *out, *out_dst, *rope;
@@ -264,11 +266,13 @@ IsolatedTimings time_ops_isolated(const DiTConfig& cfg, const DiTShape& shape, i
       const RmsNormJob jq{qkv, 3 * D, nq, q, rows}, jk{qkv + D, 3 * D, nk, k, rows};
       qk_rmsnorm_rope(jq, &jk, D, eps, &ra, st);
     });
-    add("self-attention (cuDNN)", A, true, 4.0 * B * static_cast<double>(L) * L * Dd, [&](cudaStream_t st) {
-      AttentionArgs a;
-      a.q = q, a.k = k, a.v = qkv + 2 * D, a.o = att;
-      attn.run(ss, a, attn_ws_ptr, attn_ws, st);
-    });
+    add(own ? "self-attention (own)" : "self-attention (cuDNN)", A, true, 4.0 * B * static_cast<double>(L) * L * Dd,
+        [&](cudaStream_t st) {
+          AttentionArgs a;
+          a.q = q, a.k = k, a.v = qkv + 2 * D, a.o = att;
+          if (own) OwnAttention::run(ss, a, st);
+          else attn.run(ss, a, attn_ws_ptr, attn_ws, st);
+        });
     add("self o GEMM", G, true, fl_rows * Dd * Dd,
         [&](cudaStream_t st) { gemm.linear(att, o_w, o_b, h, rows, D, D, Act::None, st); });
     add("gated residual add (attn)", O, true, 0,
@@ -283,11 +287,13 @@ IsolatedTimings time_ops_isolated(const DiTConfig& cfg, const DiTShape& shape, i
       const RmsNormJob cq{q, D, cnq, q, rows}, cjk{ckv, 2 * D, cnk, ck, crow};
       qk_rmsnorm_rope(cq, &cjk, D, eps, nullptr, st);
     });
-    add("cross-attention (cuDNN)", A, true, 4.0 * B * static_cast<double>(L) * TL * Dd, [&](cudaStream_t st) {
-      AttentionArgs a;
-      a.q = q, a.k = ck, a.v = ckv + D, a.o = att;
-      attn.run(cs, a, attn_ws_ptr, attn_ws, st);
-    });
+    add(own ? "cross-attention (own)" : "cross-attention (cuDNN)", A, true,
+        4.0 * B * static_cast<double>(L) * TL * Dd, [&](cudaStream_t st) {
+          AttentionArgs a;
+          a.q = q, a.k = ck, a.v = ckv + D, a.o = att;
+          if (own) OwnAttention::run(cs, a, st);
+          else attn.run(cs, a, attn_ws_ptr, attn_ws, st);
+        });
     add("cross o GEMM", G, true, fl_rows * Dd * Dd,
         [&](cudaStream_t st) { gemm.linear(att, co_w, co_b, h, rows, D, D, Act::None, st); });
     add("residual add (cross)", O, true, 0, [&](cudaStream_t st) { residual_add(resid, h, rows * D, st); });
@@ -351,7 +357,7 @@ IsolatedTimings time_ops_isolated(const DiTConfig& cfg, const DiTShape& shape, i
         br.ops.push_back({ops[i].name, ops[i].kind, ops[i].per_block, median(ms[i]), ops[i].flops});
       return br;
     };
-    result.self_attention_engine = attn.describe(ss);
+    result.self_attention_engine = own ? "own (sm_90a TMA + wgmma, warp-specialised)" : attn.describe(ss);
     pass(false);  // warm-up: builds every GEMM and attention plan (never inside a capture)
     CUDA_CHECK(cudaStreamSynchronize(s));
     result.eager = collect("eager", [&] { pass(false); });
@@ -391,7 +397,7 @@ IsolatedTimings time_ops_isolated(const DiTConfig& cfg, const DiTShape& shape, i
 }
 
 ForwardTiming time_forward(const DiTConfig& cfg, const DiTShape& shape, int warmup, int steps, bool graphs,
-                           uint64_t seed, int device, bool verbose) {
+                           uint64_t seed, int device, bool verbose, DiTGpu::Attention attention) {
   WAN_CHECK(warmup >= 1, "bench: --warmup must be >= 1 (the first forward builds the plans)");
   WAN_CHECK(steps >= 1, "bench: --steps must be >= 1");
   CUDA_CHECK(cudaSetDevice(device));
@@ -406,6 +412,7 @@ ForwardTiming time_forward(const DiTConfig& cfg, const DiTShape& shape, int warm
   opt.device = device;
   opt.use_graphs = graphs;
   opt.verbose = verbose;
+  opt.attention = attention;
   DiTGpu gpu = DiTGpu::create(cfg, {DiTWeightSource::random_weights(seed)}, shape, opt);
   r.plan = gpu.memory_plan();
 

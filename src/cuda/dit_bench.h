@@ -58,11 +58,13 @@ struct IsolatedTimings {
   OpBreakdown graph;        // empty ops when the capture failed (graph_error says why)
   OpBreakdown eager;
   std::string graph_error;
-  std::string self_attention_engine;  // cuDNN's engine for the self-attention (CudnnAttention::describe)
+  std::string self_attention_engine;  // "own (sm_90a ...)" or cuDNN's engine (CudnnAttention::describe)
 };
 // Times the op sequence eagerly and as one captured CUDA graph with event-record nodes between the ops
 // (the way the step runs). Needs about the activation arena of the shape plus one block's weights free.
-IsolatedTimings time_ops_isolated(const DiTConfig& cfg, const DiTShape& shape, int reps, uint64_t seed, int device);
+// `attention` picks the kernel timed for the attention ops (resolved as DiTGpu::resolve_attention).
+IsolatedTimings time_ops_isolated(const DiTConfig& cfg, const DiTShape& shape, int reps, uint64_t seed, int device,
+                                  DiTGpu::Attention attention = DiTGpu::Attention::Auto);
 
 struct ForwardTiming {
   int layers = 0;
@@ -78,6 +80,7 @@ struct ForwardTiming {
 // cfg.num_layers blocks; `warmup` untimed forwards first (>= 1: the first forward is the eager one
 // that builds the cuBLASLt/cuDNN plans; with graphs the second captures), then `steps` timed ones.
 ForwardTiming time_forward(const DiTConfig& cfg, const DiTShape& shape, int warmup, int steps, bool graphs,
-                           uint64_t seed, int device, bool verbose);
+                           uint64_t seed, int device, bool verbose,
+                           DiTGpu::Attention attention = DiTGpu::Attention::Auto);
 
 }  // namespace wan::cuda

@@ -24,6 +24,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "cuda/attention_cudnn.h"
+#include "cuda/attention_own.h"
 #include "cuda/check.h"
 #include "cuda/dit_gpu_weights.h"
 #include "cuda/dit_kernels.h"
@@ -285,7 +286,7 @@ struct DiTGpu::Impl {
   size_t attn_ws_bytes = 0;
   cudaStream_t stream = nullptr;
   cudaEvent_t ev_in = nullptr, ev_out = nullptr;
-  std::unique_ptr<CudnnAttention> attn;
+  std::unique_ptr<CudnnAttention> attn;  // null when the own kernel runs the attention
   std::unique_ptr<GemmRunner> gemm;
   using Key = std::tuple<int, int64_t, int64_t, int64_t, int64_t>;  // expert, B, T, H, W
   std::map<Key, cudaGraphExec_t> graphs;
@@ -365,7 +366,8 @@ void DiTGpu::Impl::block(const BlockPtrs& w, const Geometry& g, const RopeArgs& 
   const AttentionShape ss = self_attn_shape(g);
   AttentionArgs sa;
   sa.q = q, sa.k = k, sa.v = qkv + 2 * D, sa.o = att;
-  attn->run(ss, sa, attn_ws, attn_ws_bytes, s);
+  if (attn) attn->run(ss, sa, attn_ws, attn_ws_bytes, s);
+  else OwnAttention::run(ss, sa, s);
   gemm->linear(att, w.o_w, w.o_b, h, rows, D, D, Act::None, s);
   gated_residual_add(resid, h, rows, D, chunk(2), s);
 
@@ -378,7 +380,8 @@ void DiTGpu::Impl::block(const BlockPtrs& w, const Geometry& g, const RopeArgs& 
   const AttentionShape cs = cross_attn_shape(g);
   AttentionArgs ca;
   ca.q = q, ca.k = ck, ca.v = ckv + D, ca.o = att;
-  attn->run(cs, ca, attn_ws, attn_ws_bytes, s);
+  if (attn) attn->run(cs, ca, attn_ws, attn_ws_bytes, s);
+  else OwnAttention::run(cs, ca, s);
   gemm->linear(att, w.co_w, w.co_b, h, rows, D, D, Act::None, s);
   residual_add(resid, h, rows * D, s);
 
@@ -443,10 +446,17 @@ DiTGpu DiTGpu::create(const DiTConfig& cfg, const std::vector<DiTWeightSource>& 
   im->max_geo = geometry(cfg, max_shape);
   im->opt = opt;
   im->table = dit_gpu_detail::build_weight_table(cfg);
-  // cuDNN's workspace for the largest attentions (builds their plans), then the exact plan.
-  im->attn = std::make_unique<CudnnAttention>();
-  im->attn_ws_bytes = std::max(im->attn->workspace_size(self_attn_shape(im->max_geo)),
-                               im->attn->workspace_size(cross_attn_shape(im->max_geo)));
+  // cuDNN's workspace for the largest attentions (builds their plans), then the exact plan. The own
+  // kernel needs no workspace and no plans.
+  im->opt.attention = resolve_attention(opt.attention);
+  if (im->opt.attention == Attention::Cudnn) {
+    im->attn = std::make_unique<CudnnAttention>();
+    im->attn_ws_bytes = std::max(im->attn->workspace_size(self_attn_shape(im->max_geo)),
+                                 im->attn->workspace_size(cross_attn_shape(im->max_geo)));
+  } else {
+    OwnAttention::validate(self_attn_shape(im->max_geo));
+    OwnAttention::validate(cross_attn_shape(im->max_geo));
+  }
   CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
   check_fit(cfg, max_shape, n, im->attn_ws_bytes, free_bytes, opt.device);
   p = plan(cfg, max_shape, n, im->attn_ws_bytes);
@@ -497,9 +507,10 @@ void DiTGpu::forward(int expert, const DiTShape& shape, const DiTInputs& in, flo
     WAN_CHECK(in.ctx_lens[b] >= 0 && in.ctx_lens[b] <= in.ctx_rows, "DiT GPU forward: context length ",
               in.ctx_lens[b], " of sample ", b, " outside [0, ", in.ctx_rows, "]");
   // A shape smaller than the planned one may pick other cuDNN engines: their workspace must fit too.
-  for (const AttentionShape& a : {self_attn_shape(g), cross_attn_shape(g)})
-    WAN_CHECK(m.attn->workspace_size(a) <= m.attn_ws_bytes, "DiT GPU forward: cuDNN wants ",
-              m.attn->workspace_size(a), " B of workspace for this shape, the plan has ", m.attn_ws_bytes);
+  if (m.attn)
+    for (const AttentionShape& a : {self_attn_shape(g), cross_attn_shape(g)})
+      WAN_CHECK(m.attn->workspace_size(a) <= m.attn_ws_bytes, "DiT GPU forward: cuDNN wants ",
+                m.attn->workspace_size(a), " B of workspace for this shape, the plan has ", m.attn_ws_bytes);
 
   CUDA_CHECK(cudaSetDevice(m.opt.device));
   cudaStream_t s = m.stream;
@@ -537,6 +548,26 @@ void DiTGpu::forward(int expert, const DiTShape& shape, const DiTInputs& in, flo
   CUDA_CHECK(cudaEventRecord(m.ev_out, s));
   CUDA_CHECK(cudaStreamWaitEvent(stream, m.ev_out, 0));
 }
+
+DiTGpu::Attention DiTGpu::parse_attention(const std::string& s) {
+  if (s == "auto") return Attention::Auto;
+  if (s == "cudnn") return Attention::Cudnn;
+  if (s == "own") return Attention::Own;
+  WAN_THROW("--attention: expected auto, cudnn or own, got '", s, "'");
+}
+
+DiTGpu::Attention DiTGpu::resolve_attention(Attention a) {
+  if (a == Attention::Cudnn) return a;
+  const bool own_ok = OwnAttention::supported();
+  if (a == Attention::Own) {
+    WAN_CHECK(own_ok, "--attention own: the engine's attention kernel needs an sm_90 (Hopper) GPU built with the "
+                      "sm_90a target; use --attention cudnn");
+    return a;
+  }
+  return own_ok ? Attention::Own : Attention::Cudnn;
+}
+
+DiTGpu::Attention DiTGpu::attention() const { return impl_->opt.attention; }
 
 const MemoryPlan& DiTGpu::memory_plan() const { return impl_->plan; }
 const DiTConfig& DiTGpu::config() const { return impl_->cfg; }

@@ -92,11 +92,19 @@ struct DiTInputs {
 
 class DiTGpu {
  public:
+  // Attention kernel: Auto = the engine's own Hopper kernel (attention_own.h) on sm_90, cuDNN elsewhere.
+  enum class Attention { Auto, Cudnn, Own };
   struct Options {
     int device = 0;
     bool use_graphs = true;
     bool verbose = false;  // print the memory plan (MiB) to stderr at create
+    Attention attention = Attention::Auto;
   };
+  // "auto" | "cudnn" | "own"; throws wan::Error otherwise.
+  static Attention parse_attention(const std::string& s);
+  // The kernel `a` resolves to on the current device (never Auto); Own on a non-sm_90 device throws.
+  static Attention resolve_attention(Attention a);
+  Attention attention() const;  // what this object runs
 
   // Plans the arena for max_shape, checks that experts.size() weight sets plus the arena fit the free
   // device memory (throws before allocating anything when they do not, naming the frames that fit),

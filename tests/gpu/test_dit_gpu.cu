@@ -28,6 +28,7 @@
 #include "core/dtype.h"
 #include "core/philox.h"
 #include "cuda/check.h"
+#include "cuda/attention_own.h"
 #include "cuda/dit_gpu.h"
 #include "cuda/rng.h"
 #include "dit/dit.h"
@@ -165,20 +166,29 @@ TEST(GpuDit, TinyFixtureMatchesCpuReference) {
     const DiTWeights w = load_dit_weights(cfg, getter);
     const Tensor ref = dit_forward(cfg, w, r.x, r.t, r.ctx, r.lens);
 
-    DiTGpu gpu = DiTGpu::create(cfg, {DiTWeightSource::from(getter)}, r.shape);
-    std::vector<float> out = poisoned(static_cast<size_t>(ref.numel()));
-    for (int rep = 0; rep < 3; ++rep) {  // eager, capture + replay, replay
-      std::vector<float> o = poisoned(out.size());
-      gpu.forward(0, r.shape, host_inputs(r), o.data(), nullptr);
-      CUDA_CHECK(cudaDeviceSynchronize());
-      if (rep == 0) out = o;
-      else EXPECT_TRUE(bit_equal(o, out)) << c.name << ": forward " << rep << " differs from the first";
+    // Both attention kernels: cuDNN everywhere, the engine's own on sm_90 (the default there).
+    std::vector<DiTGpu::Attention> kinds = {DiTGpu::Attention::Cudnn};
+    if (cuda::OwnAttention::supported()) kinds.push_back(DiTGpu::Attention::Own);
+    for (const DiTGpu::Attention kind : kinds) {
+      const std::string what = cat(c.name, kind == DiTGpu::Attention::Own ? " (own attention)" : " (cuDNN attention)");
+      DiTGpu::Options opt;
+      opt.attention = kind;
+      DiTGpu gpu = DiTGpu::create(cfg, {DiTWeightSource::from(getter)}, r.shape, opt);
+      EXPECT_EQ(gpu.attention(), kind);
+      std::vector<float> out = poisoned(static_cast<size_t>(ref.numel()));
+      for (int rep = 0; rep < 3; ++rep) {  // eager, capture + replay, replay
+        std::vector<float> o = poisoned(out.size());
+        gpu.forward(0, r.shape, host_inputs(r), o.data(), nullptr);
+        CUDA_CHECK(cudaDeviceSynchronize());
+        if (rep == 0) out = o;
+        else EXPECT_TRUE(bit_equal(o, out)) << what << ": forward " << rep << " differs from the first";
+      }
+      EXPECT_EQ(gpu.graphs_captured(), 1u);
+      expect_close(compare(out.data(), ref.f32(), out.size()), what + " velocity vs CPU fp32");
+      // the fixture's own diffusers fp32 output, for scale (the CPU forward matches it to ~1e-6)
+      const Tensor oracle = fx.cases.get(std::string(c.name) + ".out").to_f32();
+      expect_close(compare(out.data(), oracle.f32(), out.size()), what + " velocity vs diffusers fp32");
     }
-    EXPECT_EQ(gpu.graphs_captured(), 1u);
-    expect_close(compare(out.data(), ref.f32(), out.size()), std::string(c.name) + " velocity vs CPU fp32");
-    // the fixture's own diffusers fp32 output, for scale (the CPU forward matches it to ~1e-6)
-    const Tensor oracle = fx.cases.get(std::string(c.name) + ".out").to_f32();
-    expect_close(compare(out.data(), oracle.f32(), out.size()), std::string(c.name) + " velocity vs diffusers fp32");
   }
 }
 

@@ -1,0 +1,526 @@
+// The engine's own Hopper attention forward (see attention_own.h for the design and the contract).
+// Written from the PTX ISA: wgmma (9.7.15), cp.async.bulk.tensor (9.7.9.25), mbarrier (9.7.13.15),
+// setmaxnreg (9.7.17.1); tensor maps through the driver's cuTensorMapEncodeTiled, fetched at run time
+// with cudaGetDriverEntryPointByVersion (no link against libcuda).
+//
+// Key tile BN = 128 or 176 keys (template parameter; 176 as FA3 uses for head dim 128 amortises the
+// per-tile softmax bookkeeping over more keys, 128 fits short key sequences such as the 512 text tokens).
+// Shared memory (dynamic, 1024-byte aligned for the 128-byte swizzle), 32 KiB + 2·2·BN·256 B + barriers
+// (160 KiB for BN 128, 208 KiB for BN 176):
+//   Q [2 column halves][128 rows][64 bf16]          (half c holds head dims 64c .. 64c+63)
+//   K [2 stages][2 halves][BN keys][64 bf16]
+//   V [2 stages][2 halves][BN keys][64 bf16]
+// Each [rows][64] half is what one TMA box of (64 dims, 1 head, rows tokens, 1 sample) writes with
+// CU_TENSOR_MAP_SWIZZLE_128B: row r at r·128 bytes, its 16-byte chunks permuted by (r mod 8).
+// wgmma descriptors address these halves directly:
+//   Q (A, K-major) and K (B, K-major): start = half base + 32·(k step mod 4) bytes, SBO 1024 (8 rows);
+//   V (B, N-major, imm-trans-b = 1): start = stage base + 2048·(k step) (16 keys), LBO = half size (the
+//   next 64 head dims), SBO 1024 (the next 8 keys).
+#include "cuda/attention_own.h"
+
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cudaTypedefs.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <mutex>
+
+#include "core/error.h"
+#include "cuda/check.h"
+
+namespace wan::cuda {
+
+namespace {
+
+constexpr int kBlockM = 128;  // query rows per work item (two consumer warpgroups of 64)
+constexpr int kHeadDim = 128;
+constexpr int kStages = 2;
+constexpr uint32_t kQHalfBytes = 128 * 64 * 2;     // one [128][64] bf16 half of Q: 16 KiB
+constexpr uint32_t kQTileBytes = 2 * kQHalfBytes;  // 32 KiB
+constexpr int kThreads = 384;
+constexpr size_t smem_bytes(int bn) {
+  return size_t{kQTileBytes} + size_t{2} * kStages * (2 * bn * 128) + 1024 /*align*/ + 256 /*barriers*/;
+}
+
+struct Params {
+  int B, Lq, Lk, H;
+  int num_q_tiles;
+  const int32_t* k_lens;  // nullable
+  __nv_bfloat16* o;
+  int64_t o_ld;           // token stride of O (elements); sample stride Lq·o_ld
+  float* lse;             // nullable [B, H, Lq]
+  float scale_log2;       // scale · log2(e)
+};
+
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define WAN_OWN_ATTN_SM90A 1
+#endif
+
+#if defined(WAN_OWN_ATTN_SM90A)
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
+}
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred done;\n"
+      "WAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT_%=;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+// One TMA box (64 dims, 1 head, 128 tokens, 1 sample) into shared memory, completing on `bar`.
+__device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap* map, uint32_t bar, int d0, int h, int t0,
+                                         int b) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], "
+      "[%6];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(d0), "r"(h), "r"(t0), "r"(b), "r"(bar)
+      : "memory");
+}
+// wgmma shared-memory descriptor, 128-byte swizzle.
+__device__ __forceinline__ uint64_t desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>(lbo >> 4) << 16) |
+         (static_cast<uint64_t>(sbo >> 4) << 32) | (uint64_t{1} << 62);
+}
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// Keeps the compiler from moving accesses of accumulator registers across wgmma waits.
+template <int N>
+__device__ __forceinline__ void reg_fence(float (&d)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+__device__ __forceinline__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  uint32_t r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+// wgmma wrappers (generated operand lists).
+// S[64 x N] (+)= A[64 x 16] (shared, K-major) · B[16 x N] (shared, K-major); scale_d 0 overwrites S.
+template <int N>
+__device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t da, uint64_t db, int scale_d);
+template <>
+__device__ __forceinline__ void wgmma_ss<128>(float (&d)[64], uint64_t da, uint64_t db, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(da), "l"(db), "r"(scale_d));
+}
+template <>
+__device__ __forceinline__ void wgmma_ss<176>(float (&d)[88], uint64_t da, uint64_t db, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %90, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n176k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87}, %88, %89, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87])
+      : "l"(da), "l"(db), "r"(scale_d));
+}
+// O[64 x 128] += A[64 x 16] (registers, 4 x bf16x2) · B[16 x 128] (shared, N-major: imm-trans-b = 1).
+__device__ __forceinline__ void wgmma_rs_tn(float (&d)[64], const uint32_t (&a)[4], uint64_t db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+}
+
+// Online-softmax state of the two rows a thread owns (r0 = 16·warp + lane/4 and r0 + 8).
+struct RowState {
+  float m[2];  // running max of the scaled scores, in log2 units
+  float l[2];  // running sum of exp2(s − m) over this thread's columns (reduced over the quad at the end)
+};
+
+// Softmax of one [64 x BN] tile in place (accumulator layout): s becomes exp2(s·scale_log2 − m_new);
+// alpha gets the factors exp2(m_old − m_new) that rescale the previous accumulator. Columns >= valid
+// (tile-relative) are masked.
+template <int BN>
+__device__ __forceinline__ void softmax_tile(float (&s)[BN / 2], RowState& st, float scale_log2, int valid, int lane,
+                                             float (&alpha)[2]) {
+  if (valid < BN) {
+    const int c0 = 2 * (lane & 3);
+#pragma unroll
+    for (int i = 0; i < BN / 2; ++i) {
+      const int col = 8 * (i >> 2) + c0 + (i & 1);
+      if (col >= valid) s[i] = -INFINITY;
+    }
+  }
+  float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+  for (int i = 0; i < BN / 2; ++i) mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], s[i]);
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+    const float m_new = fmaxf(st.m[r], mx[r] * scale_log2);
+    alpha[r] = ex2(st.m[r] - m_new);  // st.m = -inf on the first tile: alpha = 0
+    st.m[r] = m_new;
+    st.l[r] *= alpha[r];
+  }
+  const float neg_m[2] = {-st.m[0], -st.m[1]};
+#pragma unroll
+  for (int i = 0; i < BN / 2; ++i) {
+    const int r = (i >> 1) & 1;
+    s[i] = ex2(fmaf(s[i], scale_log2, neg_m[r]));
+    st.l[r] += s[i];
+  }
+}
+
+template <int BN>
+__device__ __forceinline__ void to_bf16_fragments(const float (&s)[BN / 2], uint32_t (&p)[BN / 4]) {
+#pragma unroll
+  for (int i = 0; i < BN / 4; ++i) p[i] = pack_bf16(s[2 * i], s[2 * i + 1]);
+}
+
+// O += P·V over one key tile: BN/16 k-steps of 16 keys; V is read N-major from its two halves.
+template <int BN>
+__device__ __forceinline__ void issue_pv(float (&o)[64], const uint32_t (&p)[BN / 4], uint32_t v_base) {
+#pragma unroll
+  for (int kk = 0; kk < BN / 16; ++kk) {
+    const uint32_t a[4] = {p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3]};
+    wgmma_rs_tn(o, a, desc(v_base + 2048u * kk, BN * 128, 1024));
+  }
+}
+// S = Q·Kᵀ over the head dim: 8 k-steps of 16 dims (4 per 64-dim half).
+template <int BN>
+__device__ __forceinline__ void issue_qk(float (&s)[BN / 2], uint32_t q_base, uint32_t k_base) {
+#pragma unroll
+  for (int kk = 0; kk < 8; ++kk) {
+    const uint32_t qo = (kk >> 2) * kQHalfBytes + (kk & 3) * 32, ko = (kk >> 2) * (BN * 128) + (kk & 3) * 32;
+    wgmma_ss<BN>(s, desc(q_base + qo, 16, 1024), desc(k_base + ko, 16, 1024), kk > 0);
+  }
+}
+#endif  // WAN_OWN_ATTN_SM90A
+
+// Work item w -> (query tile, head, sample), query tile fastest: the CTAs resident at one time work on
+// the same (sample, head), so its K/V stream through L2 once for all of them.
+__device__ __forceinline__ void decode_item(int w, int num_q_tiles, int H, int& qt, int& h, int& b) {
+  qt = w % num_q_tiles;
+  const int bh = w / num_q_tiles;
+  h = bh % H;
+  b = bh / H;
+}
+
+// Persistent kernel: CTA k runs work items k, k + gridDim.x, ... The producer runs ahead across items
+// (K/V ring stages and phases continue over items; Q of the next item is loaded as soon as both
+// consumers have issued their last Q·Kᵀ of the current one), so loads overlap the epilogue.
+template <int BN>
+__global__ void __launch_bounds__(kThreads, 1)
+    attn_fwd_sm90(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
+                  const __grid_constant__ CUtensorMap tv, const Params p) {
+#if defined(WAN_OWN_ATTN_SM90A)
+  constexpr uint32_t kKVHalf = BN * 128;      // bytes of one [BN][64] half
+  constexpr uint32_t kKVTile = 2 * kKVHalf;
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
+  const uint32_t sQ = smem_u32(smem);
+  const uint32_t sK = sQ + kQTileBytes;               // stage s at sK + s·kKVTile
+  const uint32_t sV = sK + kStages * kKVTile;
+  const uint32_t bars = sV + kStages * kKVTile;       // 8-byte mbarriers
+  const uint32_t q_full = bars, q_empty = bars + 8;
+  auto k_full = [&](int s) { return bars + 8u * (2 + s); };
+  auto v_full = [&](int s) { return bars + 8u * (2 + kStages + s); };
+  auto k_empty = [&](int s) { return bars + 8u * (2 + 2 * kStages + s); };
+  auto v_empty = [&](int s) { return bars + 8u * (2 + 3 * kStages + s); };
+
+  const int tid = threadIdx.x;
+  const int wg = tid / 128;
+  const int num_items = p.num_q_tiles * p.H * p.B;
+  auto n_valid_of = [&](int b) {
+    const int n = p.k_lens ? p.k_lens[b] : p.Lk;
+    return n < 1 ? 1 : (n > p.Lk ? p.Lk : n);
+  };
+
+  if (tid == 0) {
+    mbar_init(q_full, 1);
+    mbar_init(q_empty, 256);
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(k_full(s), 1);
+      mbar_init(v_full(s), 1);
+      mbar_init(k_empty(s), 256);  // every consumer thread arrives
+      mbar_init(v_empty(s), 256);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    // ---- producer ----
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
+    if (tid == 0) {
+      uint32_t it = 0;    // key tiles issued so far (ring position)
+      uint32_t item = 0;  // items issued so far (Q phase)
+      for (int w = blockIdx.x; w < num_items; w += gridDim.x, ++item) {
+        int qt, h, b;
+        decode_item(w, p.num_q_tiles, p.H, qt, h, b);
+        const int n_tiles = (n_valid_of(b) + BN - 1) / BN;
+        mbar_wait(q_empty, (item & 1) ^ 1);  // the previous item's last Q·Kᵀ is done
+        mbar_expect_tx(q_full, kQTileBytes);
+        tma_load(sQ, &tq, q_full, 0, h, qt * kBlockM, b);
+        tma_load(sQ + kQHalfBytes, &tq, q_full, 64, h, qt * kBlockM, b);
+        for (int n = 0; n < n_tiles; ++n, ++it) {
+          const int s = it % kStages;
+          const uint32_t ph = (it / kStages) & 1;
+          const int k0 = n * BN;
+          mbar_wait(k_empty(s), ph ^ 1);  // K two tiles back consumed (released once its S is done)
+          mbar_expect_tx(k_full(s), kKVTile);
+          tma_load(sK + s * kKVTile, &tk, k_full(s), 0, h, k0, b);
+          tma_load(sK + s * kKVTile + kKVHalf, &tk, k_full(s), 64, h, k0, b);
+          mbar_wait(v_empty(s), ph ^ 1);  // V two tiles back consumed (released once its P·V is done)
+          mbar_expect_tx(v_full(s), kKVTile);
+          tma_load(sV + s * kKVTile, &tv, v_full(s), 0, h, k0, b);
+          tma_load(sV + s * kKVTile + kKVHalf, &tv, v_full(s), 64, h, k0, b);
+        }
+      }
+    }
+    return;
+  }
+
+  // ---- consumers ----
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
+  const int c = wg - 1;               // consumer index: query rows 64c .. 64c+63 of the tile
+  const int t = tid - 128 * wg;       // thread in the warpgroup
+  const int warp = t / 32, lane = t % 32;
+  const uint32_t q_base = sQ + c * (64 * 128);  // 64 rows of 128 bytes into each half
+  const float sl2 = p.scale_log2;
+
+  float s[BN / 2], o[64];
+  uint32_t pf[BN / 4];
+  uint32_t it = 0, item = 0;
+  for (int w = blockIdx.x; w < num_items; w += gridDim.x, ++item) {
+    int qt, h, b;
+    decode_item(w, p.num_q_tiles, p.H, qt, h, b);
+    const int n_valid = n_valid_of(b);
+    const int n_tiles = (n_valid + BN - 1) / BN;
+    RowState st;
+    st.m[0] = st.m[1] = -INFINITY;
+    st.l[0] = st.l[1] = 0.f;
+#pragma unroll
+    for (int i = 0; i < 64; ++i) o[i] = 0.f;
+    float alpha[2];
+
+    // tile 0: S_0, softmax, P_0
+    mbar_wait(q_full, item & 1);
+    {
+      const int s0 = it % kStages;
+      mbar_wait(k_full(s0), (it / kStages) & 1);
+      wgmma_fence();
+      issue_qk<BN>(s, q_base, sK + s0 * kKVTile);
+      wgmma_commit();
+      wgmma_wait<0>();
+      reg_fence(s);
+      mbar_arrive(k_empty(s0));
+      if (n_tiles == 1) mbar_arrive(q_empty);
+      softmax_tile<BN>(s, st, sl2, n_valid, lane, alpha);
+      to_bf16_fragments<BN>(s, pf);
+    }
+    for (int n = 1; n < n_tiles; ++n) {
+      const uint32_t cur = it + n, prev = it + n - 1;
+      const int sn = cur % kStages, sp = prev % kStages;
+      mbar_wait(k_full(sn), (cur / kStages) & 1);
+      mbar_wait(v_full(sp), (prev / kStages) & 1);
+      wgmma_fence();
+      issue_qk<BN>(s, q_base, sK + sn * kKVTile);  // S_n = Q·K_nᵀ
+      wgmma_commit();
+      issue_pv<BN>(o, pf, sV + sp * kKVTile);      // O += P_{n-1}·V_{n-1}
+      wgmma_commit();
+      wgmma_wait<1>();                             // S_n ready (P·V may still run)
+      reg_fence(s);
+      mbar_arrive(k_empty(sn));
+      if (n == n_tiles - 1) mbar_arrive(q_empty);  // Q no longer read: the producer may load the next
+      softmax_tile<BN>(s, st, sl2, n_valid - n * BN, lane, alpha);
+      wgmma_wait<0>();                             // P·V done: O and the V stage are free
+      reg_fence(o);
+      mbar_arrive(v_empty(sp));
+#pragma unroll
+      for (int i = 0; i < 64; ++i) o[i] *= alpha[(i >> 1) & 1];
+      to_bf16_fragments<BN>(s, pf);
+    }
+    {
+      const uint32_t last = it + n_tiles - 1;
+      const int sp = last % kStages;
+      mbar_wait(v_full(sp), (last / kStages) & 1);
+      wgmma_fence();
+      issue_pv<BN>(o, pf, sV + sp * kKVTile);
+      wgmma_commit();
+      wgmma_wait<0>();
+      reg_fence(o);
+      mbar_arrive(v_empty(sp));
+    }
+    it += n_tiles;
+
+    // ---- epilogue: O / l -> bf16, log-sum-exp ----
+    float inv_l[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float l = st.l[r];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      inv_l[r] = 1.f / l;
+      const int row = qt * kBlockM + 64 * c + 16 * warp + (lane >> 2) + 8 * r;
+      if (p.lse && (lane & 3) == 0 && row < p.Lq)
+        p.lse[(static_cast<int64_t>(b) * p.H + h) * p.Lq + row] = (st.m[r] + __log2f(l)) * 0.69314718055994531f;
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = qt * kBlockM + 64 * c + 16 * warp + (lane >> 2) + 8 * r;
+      if (row >= p.Lq) continue;
+      __nv_bfloat16* dst = p.o + (static_cast<int64_t>(b) * p.Lq + row) * p.o_ld +
+                           static_cast<int64_t>(h) * kHeadDim + 2 * (lane & 3);
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+        const uint32_t v = pack_bf16(o[4 * j + 2 * r] * inv_l[r], o[4 * j + 2 * r + 1] * inv_l[r]);
+        *reinterpret_cast<uint32_t*>(dst + 8 * j) = v;
+      }
+    }
+  }
+#endif  // WAN_OWN_ATTN_SM90A
+}
+
+}  // namespace
+
+namespace {
+
+PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) == cudaSuccess &&
+        q == cudaDriverEntryPointSuccess)
+      fn = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+    else
+      (void)cudaGetLastError();
+  });
+  WAN_CHECK(fn != nullptr, "attention_own: the CUDA driver has no cuTensorMapEncodeTiled");
+  return fn;
+}
+
+// Tensor map over a token-major [B, L, H, 128] bf16 tensor with token stride ld (elements): dims
+// (dim, head, token, sample), box (64, 1, box_rows, 1), 128-byte swizzle, zero fill out of bounds.
+CUtensorMap make_map(const void* base, int64_t B, int64_t L, int64_t H, int64_t ld, uint32_t box_rows) {
+  CUtensorMap m;
+  const cuuint64_t dims[4] = {static_cast<cuuint64_t>(kHeadDim), static_cast<cuuint64_t>(H),
+                              static_cast<cuuint64_t>(L), static_cast<cuuint64_t>(B)};
+  const cuuint64_t strides[3] = {static_cast<cuuint64_t>(kHeadDim * 2), static_cast<cuuint64_t>(ld * 2),
+                                 static_cast<cuuint64_t>(L * ld * 2)};
+  const cuuint32_t box[4] = {64, 1, box_rows, 1};
+  const cuuint32_t estr[4] = {1, 1, 1, 1};
+  const CUresult r = encode_fn()(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<void*>(base), dims, strides, box,
+                                 estr, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  WAN_CHECK(r == CUDA_SUCCESS, "attention_own: cuTensorMapEncodeTiled failed (error ", static_cast<int>(r),
+            ") for B=", B, " L=", L, " H=", H, " token stride ", ld);
+  return m;
+}
+
+int64_t ld_or(int64_t ld, int64_t H) { return ld ? ld : H * kHeadDim; }
+
+}  // namespace
+
+bool OwnAttention::supported() {
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, dev) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  if (prop.major != 9 || prop.minor != 0) return false;
+  cudaFuncAttributes fa{};
+  if (cudaFuncGetAttributes(&fa, attn_fwd_sm90<128>) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return fa.binaryVersion >= 90;
+}
+
+void OwnAttention::validate(const AttentionShape& s) {
+  WAN_CHECK(s.D == kHeadDim, "attention_own: head dim ", s.D, " unsupported (only 128)");
+  WAN_CHECK(s.out == AttnOutType::BF16, "attention_own: only bf16 output is supported");
+  WAN_CHECK(s.B >= 1 && s.Lq >= 1 && s.Lk >= 1 && s.H >= 1, "attention_own: bad shape B=", s.B, " Lq=", s.Lq,
+            " Lk=", s.Lk, " H=", s.H);
+  WAN_CHECK(s.B <= 65535 && s.H <= 65535 && s.Lq <= (int64_t{1} << 30) && s.Lk <= (int64_t{1} << 30),
+            "attention_own: shape too large B=", s.B, " H=", s.H, " Lq=", s.Lq, " Lk=", s.Lk);
+  for (int64_t ld : {s.q_ld, s.k_ld, s.v_ld, s.o_ld})
+    WAN_CHECK(ld == 0 || (ld >= s.H * s.D && ld % 8 == 0), "attention_own: token stride ", ld,
+              " must be >= H*D = ", s.H * s.D, " and a multiple of 8");
+}
+
+void OwnAttention::run(const AttentionShape& s, const AttentionArgs& a, cudaStream_t stream) {
+  validate(s);
+  WAN_CHECK(a.q && a.k && a.v && a.o, "attention_own: null Q/K/V/O pointer");
+  WAN_CHECK(!s.masked || a.k_lens, "attention_own: masked shape without k_lens");
+  WAN_CHECK(!s.lse || a.lse, "attention_own: lse requested without a buffer");
+  for (const void* ptr : {a.q, a.k, a.v, static_cast<const void*>(a.o)})
+    WAN_CHECK(reinterpret_cast<uintptr_t>(ptr) % 16 == 0, "attention_own: pointers must be 16-byte aligned");
+  static std::once_flag attr_once;
+  static int num_sms = 0;
+  std::call_once(attr_once, [] {
+    CUDA_CHECK(cudaFuncSetAttribute(attn_fwd_sm90<128>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    static_cast<int>(smem_bytes(128))));
+    CUDA_CHECK(cudaFuncSetAttribute(attn_fwd_sm90<176>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    static_cast<int>(smem_bytes(176))));
+    int dev = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, dev));
+  });
+  // Key tile: 128 for short key sequences (512 text tokens: 4 full tiles), else 176.
+  int bn = s.Lk <= 1024 ? 128 : 176;
+  if (const char* e = std::getenv("WAN_ATTN_BN")) bn = std::atoi(e) == 128 ? 128 : 176;  // experiments
+  Params p{};
+  p.B = static_cast<int>(s.B);
+  p.Lq = static_cast<int>(s.Lq);
+  p.Lk = static_cast<int>(s.Lk);
+  p.H = static_cast<int>(s.H);
+  p.num_q_tiles = static_cast<int>((s.Lq + kBlockM - 1) / kBlockM);
+  p.k_lens = s.masked ? a.k_lens : nullptr;
+  p.o = static_cast<__nv_bfloat16*>(a.o);
+  p.o_ld = ld_or(s.o_ld, s.H);
+  p.lse = s.lse ? a.lse : nullptr;
+  const float scale = a.scale != 0.f ? a.scale : static_cast<float>(1.0 / std::sqrt(static_cast<double>(kHeadDim)));
+  p.scale_log2 = scale * 1.4426950408889634f;
+  const int64_t items = int64_t{p.num_q_tiles} * s.H * s.B;
+  WAN_CHECK(items < (int64_t{1} << 31), "attention_own: too many work items (", items, ")");
+  const CUtensorMap tq = make_map(a.q, s.B, s.Lq, s.H, ld_or(s.q_ld, s.H), kBlockM);
+  const CUtensorMap tk = make_map(a.k, s.B, s.Lk, s.H, ld_or(s.k_ld, s.H), static_cast<uint32_t>(bn));
+  const CUtensorMap tv = make_map(a.v, s.B, s.Lk, s.H, ld_or(s.v_ld, s.H), static_cast<uint32_t>(bn));
+  // Long key sequences: one CTA per work item (the block scheduler starts a new item the moment an SM
+  // frees up; measured faster than the persistent grid at L = 75 600). Short ones (text keys): a
+  // persistent grid, so that the next item's Q and K/V loads overlap the current item's epilogue.
+  bool persistent = s.Lk <= 1024;
+  if (const char* e = std::getenv("WAN_ATTN_PERSIST")) persistent = e[0] == '1';  // experiments
+  const unsigned grid = static_cast<unsigned>(persistent ? std::min<int64_t>(items, num_sms) : items);
+  if (bn == 128) attn_fwd_sm90<128><<<grid, kThreads, smem_bytes(128), stream>>>(tq, tk, tv, p);
+  else attn_fwd_sm90<176><<<grid, kThreads, smem_bytes(176), stream>>>(tq, tk, tv, p);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace wan::cuda
