@@ -10,4 +10,5 @@ int cmd_encode_prompt(int argc, char** argv);    // src/cli/cmd_encode_prompt.cp
 int cmd_decode(int argc, char** argv);           // src/cli/cmd_decode.cpp (latents file -> video)
 int cmd_bench(int argc, char** argv);            // src/cli/cmd_bench.cpp (GPU DiT step timing, random weights)
 int cmd_bench_vae(int argc, char** argv);        // src/cli/cmd_bench_vae.cpp (GPU VAE decode timing, random weights)
+int cmd_bench_attention(int argc, char** argv);  // src/cli/cmd_bench_attention.cpp (own vs cuDNN attention timing)
 }  // namespace wan::cli

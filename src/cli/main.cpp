@@ -24,6 +24,7 @@ constexpr Command kCommands[] = {
     {"forward", wan::cli::cmd_forward, "run one DiT forward pass on the CPU on random inputs"},
     {"bench", wan::cli::cmd_bench, "time DiT denoising steps on the GPU with random weights (s/step, breakdown)"},
     {"bench-vae", wan::cli::cmd_bench_vae, "time the GPU VAE decode with random weights (s, peak memory)"},
+    {"bench-attention", wan::cli::cmd_bench_attention, "time the own and the cuDNN attention kernels (ms, TFLOP/s)"},
 };
 
 void usage(FILE* f) {
