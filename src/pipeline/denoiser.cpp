@@ -1,6 +1,8 @@
 // CPU denoiser and the device-independent parts of the factory.
 #include "pipeline/denoiser.h"
 
+#include <cstring>
+
 #include "dit/dit.h"
 #include "pipeline/models.h"
 
@@ -13,12 +15,42 @@ void check_gpu_vae_impl(const VaeConfig& vae, const std::string& device);
 Tensor gpu_vae_decode_impl(const VaeConfig& vae, const VaeWeights& w, const Tensor& latents, int device);
 #endif
 
+void Denoiser::begin_sampling(Sampler& s, const Tensor& x) {
+  WAN_ASSERT(x.dtype() == DType::F32 && x.ndim() == 4, "sampling latent ", x.shape().str());
+  (void)s.state();  // throws unless s holds its history
+  host_x_ = x.clone();
+}
+
+void Denoiser::guided_step(Sampler& s, Expert e, float guide, const Tensor& ctx, const std::vector<int64_t>& lens) {
+  WAN_ASSERT(host_x_.defined(), "guided_step() before begin_sampling()");
+  const int batch = static_cast<int>(ctx.dim(0));
+  WAN_ASSERT(batch == 1 || batch == 2, "guided_step: batch ", batch);
+  const size_t n = static_cast<size_t>(host_x_.numel());
+  host_out_.resize(n * static_cast<size_t>(batch));
+  host_v_.resize(n);
+  forward(e, host_x_, batch, static_cast<float>(s.timestep()), ctx, lens, host_out_.data());
+  if (batch == 2) cfg_combine(host_out_.data(), host_out_.data() + n, guide, host_v_.data(), n);
+  else std::memcpy(host_v_.data(), host_out_.data(), n * 4);
+  s.step(host_v_.data(), host_x_.f32(), n);
+}
+
+Tensor Denoiser::sync_sampling(Sampler& s) {
+  (void)s;  // the host path's history is in s already
+  WAN_ASSERT(host_x_.defined(), "sync_sampling() before begin_sampling()");
+  return host_x_.clone();
+}
+
 namespace {
 
 class CpuDenoiser : public Denoiser {
  public:
   CpuDenoiser(const CheckpointInfo& ckpt, const DenoiserSpec& spec) : cfg_(ckpt.dit) {
     const bool single = ckpt.has(Role::DiT) && !ckpt.has(Role::DiTHigh);
+    if (spec.random_weights) {
+      if (spec.use_high) high_ = random_dit_weights(ckpt.dit, spec.seed_high);
+      if (spec.use_low) low_ = random_dit_weights(ckpt.dit, spec.seed_low);
+      return;
+    }
     if (spec.use_high) high_ = load_dit(ckpt, single ? Role::DiT : Role::DiTHigh);
     if (spec.use_low) low_ = load_dit(ckpt, Role::DiTLow);
   }

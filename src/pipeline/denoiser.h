@@ -3,6 +3,11 @@
 // the GPU engine (wan::cuda::DiTGpu: bf16 numerics, both experts resident, CUDA graphs).
 // Invariants: make_denoiser() does all loading (and, on the GPU, the memory-fit check) before the
 // first step; forward() writes batch × numel(x) floats to out, cond first.
+// Sampling through a denoiser (begin_sampling / guided_step / sync_sampling) keeps the latent and the
+// solver's multistep history where the model runs: host memory on the CPU (forward, cfg_combine,
+// Sampler::step: the reference path), device memory on the GPU, where guidance and the solver update
+// are one fused fp32 kernel per step (cuda::SamplerGpu) reading the DiT's output on the device, bit-
+// identical to the host path for the same DiT outputs.
 #pragma once
 #include <memory>
 #include <string>
@@ -21,6 +26,22 @@ class Denoiser {
   // x [z, T, H, W] f32; ctx [batch, rows, text_dim] f32 with lens[b] real rows; out [batch, z, T, H, W].
   virtual void forward(Expert e, const Tensor& x, int batch, float t, const Tensor& ctx,
                        const std::vector<int64_t>& lens, float* out) = 0;
+
+  // Starts a run on x [z, T, H, W] f32 from the state of s: step 0, or a state restored with
+  // Sampler::set_state() to resume. s must hold its history (a fresh sampler, or sync_sampling()).
+  virtual void begin_sampling(Sampler& s, const Tensor& x);
+  // Step s.index(): forward of expert e at t = s.timestep() on the current x with ctx [batch, rows,
+  // text_dim] / lens; batch 2 = (cond, uncond) combined as cfg_combine(cond, uncond, guide), batch 1
+  // = the conditional output alone (guide unused); then the solver update. Advances s.
+  virtual void guided_step(Sampler& s, Expert e, float guide, const Tensor& ctx, const std::vector<int64_t>& lens);
+  // The current x (a host copy) and the run's history brought back into s, so that s.state() gives
+  // the resumable state (save it with x). The run may go on with guided_step() afterwards.
+  virtual Tensor sync_sampling(Sampler& s);
+
+ protected:
+  // The host path's run state (also the GPU denoiser's with DenoiserSpec::fused_sampler off).
+  Tensor host_x_;
+  std::vector<float> host_out_, host_v_;
 };
 
 struct DenoiserSpec {
@@ -28,6 +49,16 @@ struct DenoiserSpec {
   bool use_high = true, use_low = true;
   Shape latent_shape;          // [z, T, H, W]: the GPU arena is planned for it (batch 2)
   bool verbose = false;        // print the GPU memory plan
+  // --weights random: every expert drawn from the engine RNG (GPU: DiTWeightSource::random_weights;
+  // CPU: random_dit_weights, the same values) with these seeds instead of loaded from the checkpoint.
+  bool random_weights = false;
+  uint64_t seed_high = 0, seed_low = 0;
+  // Device bytes the pipeline will hold next to the DiT that are not allocated yet when the fit is
+  // checked (the GPU text encoder with --keep-text-encoder, at plan time); added to the DiT's plan.
+  size_t other_device_bytes = 0;
+  // GPU: guidance + solver update fused on the device (the default). Off: the DiT output goes to the
+  // host for cfg_combine + Sampler::step each step (the pre-fusion path, kept for tests).
+  bool fused_sampler = true;
 };
 
 // Loads the experts the schedule uses (CPU f32, or uploaded to the GPU).

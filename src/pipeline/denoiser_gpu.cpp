@@ -1,11 +1,15 @@
 // GPU denoiser: both experts resident on one device through wan::cuda::DiTGpu (bf16 weights, planned
 // arena, batched CFG, CUDA graphs). Compiled only in CUDA builds.
+// Sampling (fused_sampler, the default): x, the DiT output and the solver history stay in device
+// memory (cuda::SamplerGpu, x kept as the [2, n] CFG batch the DiT reads); each step is the DiT
+// forward, then one fused guidance + solver kernel with coefficients from Sampler::take_step().
 #ifdef WAN_HAVE_CUDA
 #include <cuda_runtime.h>
 
 #include "cuda/check.h"
 #include "cuda/dit_gpu.h"
 #include "cuda/rng.h"
+#include "cuda/sampler_gpu.h"
 #include "cuda/vae_gpu.h"
 #include "pipeline/denoiser.h"
 
@@ -18,6 +22,16 @@ cuda::DiTShape max_shape(const DenoiserSpec& spec) {
   return cuda::DiTShape{2, s[1], s[2], s[3]};
 }
 
+// Device bytes of the fused sampler next to the DiT: x (2 copies), the DiT output (2 samples), and
+// the history (m_last, m_prev, last_sample at most).
+size_t sampler_bytes(const DenoiserSpec& spec) {
+  return spec.fused_sampler ? static_cast<size_t>(spec.latent_shape.numel()) * 4 * 7 : 0;
+}
+
+struct CudaFree {
+  void operator()(float* p) const { cudaFree(p); }
+};
+
 std::vector<Role> expert_roles(const CheckpointInfo& ckpt, const DenoiserSpec& spec) {
   const bool single = ckpt.has(Role::DiT) && !ckpt.has(Role::DiTHigh);
   std::vector<Role> roles;
@@ -28,11 +42,15 @@ std::vector<Role> expert_roles(const CheckpointInfo& ckpt, const DenoiserSpec& s
 
 class GpuDenoiser : public Denoiser {
  public:
-  GpuDenoiser(const CheckpointInfo& ckpt, const DenoiserSpec& spec, int device) : spec_(spec) {
+  GpuDenoiser(const CheckpointInfo& ckpt, const DenoiserSpec& spec, int device) : spec_(spec), device_(device) {
     CUDA_CHECK(cudaSetDevice(device));
     std::vector<std::unique_ptr<WeightStore>> stores;
     std::vector<cuda::DiTWeightSource> sources;
-    for (Role r : expert_roles(ckpt, spec)) {
+    if (spec.random_weights) {  // drawn on the GPU at the real sizes
+      if (spec.use_high) sources.push_back(cuda::DiTWeightSource::random_weights(spec.seed_high));
+      if (spec.use_low) sources.push_back(cuda::DiTWeightSource::random_weights(spec.seed_low));
+    }
+    for (Role r : spec.random_weights ? std::vector<Role>{} : expert_roles(ckpt, spec)) {
       stores.push_back(open_weights(ckpt, r));
       WeightStore* ws = stores.back().get();
       sources.push_back(cuda::DiTWeightSource::from([ws](const std::string& name) { return ws->get_f32(name); }));
@@ -64,11 +82,71 @@ class GpuDenoiser : public Denoiser {
     CUDA_CHECK(cudaStreamSynchronize(nullptr));
   }
 
+  void begin_sampling(Sampler& s, const Tensor& x) override {
+    if (!spec_.fused_sampler) return Denoiser::begin_sampling(s, x);
+    WAN_ASSERT(x.dtype() == DType::F32 && x.ndim() == 4, "sampling latent ", x.shape().str());
+    const DiTConfig& c = dit_->config();
+    WAN_CHECK(x.dim(0) == c.in_dim && c.out_dim == c.in_dim, "GPU sampling: a latent of ", x.dim(0),
+              " channels for a DiT of in_dim ", c.in_dim, " and out_dim ", c.out_dim);
+    const SamplerState st = s.state();  // throws unless s holds its history
+    const size_t n = static_cast<size_t>(x.numel());
+    CUDA_CHECK(cudaSetDevice(device_));
+    if (!samp_ || samp_->numel() != n || samp_->solver() != s.solver()) {
+      samp_.reset();
+      out_.reset();
+      samp_ = std::make_unique<cuda::SamplerGpu>(s.solver(), n, /*x_copies=*/2, device_);
+      float* p = nullptr;
+      CUDA_CHECK(cudaMalloc(&p, 2 * n * 4));
+      out_.reset(p);
+    }
+    samp_->set_x(x.f32());
+    samp_->upload_state(st);
+    latent_shape_ = x.shape();
+  }
+
+  void guided_step(Sampler& s, Expert e, float guide, const Tensor& ctx, const std::vector<int64_t>& lens) override {
+    if (!spec_.fused_sampler) return Denoiser::guided_step(s, e, guide, ctx, lens);
+    WAN_ASSERT(samp_ && samp_->index() == s.index(), "guided_step: the GPU sampler is at step ",
+               samp_ ? samp_->index() : -1, ", the sampler at ", s.index());
+    const int expert = e == Expert::High ? high_index_ : low_index_;
+    WAN_ASSERT(expert >= 0, "expert not loaded");
+    const int batch = static_cast<int>(ctx.dim(0));
+    WAN_ASSERT(batch == 1 || batch == 2, "guided_step: batch ", batch);
+    std::vector<float> tt(static_cast<size_t>(batch), static_cast<float>(s.timestep()));
+    cuda::DiTInputs in;
+    in.x = samp_->x();  // [2, n] on the device: the first `batch` copies are read
+    in.t = tt.data();
+    in.context = ctx.f32();
+    in.context_dtype = DType::F32;
+    in.ctx_rows = ctx.dim(1);
+    in.ctx_lens = lens.data();
+    const Shape& ls = latent_shape_;
+    dit_->forward(expert, cuda::DiTShape{batch, ls[1], ls[2], ls[3]}, in, out_.get(), nullptr);
+    const StepCoeffs c = s.take_step();
+    samp_->step(c, out_.get(), batch == 2 ? out_.get() + samp_->numel() : nullptr, guide, nullptr);
+    CUDA_CHECK(cudaStreamSynchronize(nullptr));
+  }
+
+  Tensor sync_sampling(Sampler& s) override {
+    if (!spec_.fused_sampler) return Denoiser::sync_sampling(s);
+    WAN_ASSERT(samp_ && samp_->index() == s.index(), "sync_sampling: the GPU sampler is at step ",
+               samp_ ? samp_->index() : -1, ", the sampler at ", s.index());
+    Tensor x = Tensor::empty(DType::F32, latent_shape_);
+    samp_->get_x(x.f32());
+    s.set_state(samp_->download_state());
+    return x;
+  }
+
  private:
   DenoiserSpec spec_;
+  int device_ = 0;
   std::unique_ptr<cuda::DiTGpu> dit_;
   int high_index_ = -1, low_index_ = -1;
   std::vector<float> xb_;
+  // fused sampling
+  std::unique_ptr<cuda::SamplerGpu> samp_;
+  std::unique_ptr<float, CudaFree> out_;  // the DiT output [2, n]
+  Shape latent_shape_;
 };
 
 }  // namespace
@@ -84,9 +162,15 @@ void check_gpu_denoiser_impl(const CheckpointInfo& ckpt, const DenoiserSpec& spe
   CUDA_CHECK(cudaSetDevice(device));
   size_t free_b = 0, total_b = 0;
   CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
-  WAN_CHECK(plan.total_bytes() <= free_b, "--device ", spec.device, ": the DiT needs ",
-            plan.total_bytes() >> 20, " MiB (", experts, " expert(s) of ", plan.weight_bytes >> 20,
-            " MiB + activations ", plan.arena_bytes >> 20, " MiB) but only ", free_b >> 20, " MiB are free");
+  const size_t sampler_b = sampler_bytes(spec);
+  WAN_CHECK(plan.total_bytes() + sampler_b + spec.other_device_bytes <= free_b, "--device ", spec.device,
+            ": the DiT needs ", (plan.total_bytes() + sampler_b) >> 20, " MiB (", experts, " expert(s) of ",
+            plan.weight_bytes >> 20, " MiB + activations ", plan.arena_bytes >> 20, " MiB + sampler ",
+            sampler_b >> 20, " MiB)",
+            spec.other_device_bytes ? cat(" next to the text encoder's ", spec.other_device_bytes >> 20,
+                                          " MiB (--keep-text-encoder)")
+                                    : std::string(),
+            " but only ", free_b >> 20, " MiB are free");
 }
 
 std::unique_ptr<Denoiser> make_gpu_denoiser(const CheckpointInfo& ckpt, const DenoiserSpec& spec, int device) {

@@ -3,11 +3,13 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <system_error>
 
 #include "core/error.h"
+#include "pipeline/pipeline.h"
 #include "st/safetensors.h"
 
 namespace wan {
@@ -76,6 +78,116 @@ Tensor read_latents(const std::string& path) {
 void write_latents(const std::string& path, const Tensor& latents, const std::map<std::string, std::string>& metadata) {
   WAN_ASSERT(latents.ndim() == 4, latents.shape().str());
   write_one(path, kLatentsTensor, latents, metadata);
+}
+
+namespace {
+
+constexpr const char* kStateSampler[3] = {"sampler.m_last", "sampler.m_prev", "sampler.last_sample"};
+
+Tensor f64_tensor(const std::vector<double>& v) {
+  Tensor t = Tensor::empty(DType::F64, Shape{static_cast<int64_t>(v.size())});
+  if (!v.empty()) std::memcpy(t.data(), v.data(), v.size() * 8);
+  return t;
+}
+
+Tensor i64_tensor(const std::vector<int64_t>& v) {
+  Tensor t = Tensor::empty(DType::I64, Shape{static_cast<int64_t>(v.size())});
+  std::memcpy(t.data(), v.data(), v.size() * 8);
+  return t;
+}
+
+Tensor f32_vector(const std::vector<float>& v) {
+  Tensor t = Tensor::empty(DType::F32, Shape{static_cast<int64_t>(v.size())});
+  std::memcpy(t.data(), v.data(), v.size() * 4);
+  return t;
+}
+
+}  // namespace
+
+void write_run_state(const std::string& path, const RunState& st, const std::map<std::string, std::string>& metadata) {
+  WAN_ASSERT(st.latents.ndim() == 4 && st.prompt_embeds.ndim() == 2 && st.negative_embeds.ndim() == 2, "run state");
+  std::vector<std::pair<std::string, Tensor>> t;
+  // Largest element size first keeps every tensor aligned (st/safetensors.h).
+  t.push_back({"timings.stage_s", f64_tensor({st.timings.load_text_encoder, st.timings.text_encode,
+                                               st.timings.load_dit, st.timings.denoise})});
+  t.push_back({"timings.step_s", f64_tensor(st.timings.step_seconds)});
+  t.push_back({"timings.peak_bytes", i64_tensor({st.peak_device_bytes, st.peak_rss_bytes})});
+  t.push_back({"state.step", i64_tensor({st.step})});
+  t.push_back({kLatentsTensor, st.latents.to_f32()});
+  const std::vector<float>* hist[3] = {&st.sampler.m_last, &st.sampler.m_prev, &st.sampler.last_sample};
+  for (int k = 0; k < 3; ++k)
+    if (!hist[k]->empty()) t.push_back({kStateSampler[k], f32_vector(*hist[k])});
+  t.push_back({kPromptEmbedsTensor, st.prompt_embeds.to_f32()});
+  t.push_back({"negative_prompt_embeds", st.negative_embeds.to_f32()});
+  Tensor fp = Tensor::empty(DType::U8, Shape{static_cast<int64_t>(st.fingerprint.size())});
+  std::memcpy(fp.data(), st.fingerprint.data(), st.fingerprint.size());
+  t.push_back({"state.fingerprint", fp});
+  WAN_WITH_CONTEXT(path, write_safetensors(path, t, metadata));
+}
+
+RunState read_run_state(const std::string& path) {
+  WAN_CHECK(!path.empty(), "--resume: empty file name");
+  std::error_code ec;
+  WAN_CHECK(fs::exists(path, ec), path, ": no such file");
+  WAN_CHECK(fs::is_regular_file(path, ec), path, ": not a file");
+  std::shared_ptr<SafetensorsFile> f = SafetensorsFile::open(path);  // its errors name the file
+  auto get = [&](const char* name, DType dtype, int rank) {
+    WAN_CHECK(f->find(name), path, ": no tensor \"", name, "\" (not a state file written by wan generate --save-state)");
+    Tensor x = f->get(name);
+    WAN_CHECK(x.dtype() == dtype && x.ndim() == rank, path, ": tensor \"", name, "\" is ", dtype_name(x.dtype()), " ",
+              x.shape().str(), ", expected ", dtype_name(dtype), " of rank ", rank);
+    return x.clone();
+  };
+  auto finite = [&](const Tensor& x, const char* name) {
+    const float* p = x.f32();
+    for (int64_t i = 0; i < x.numel(); ++i)
+      WAN_CHECK(std::isfinite(p[i]), path, ": tensor \"", name, "\" has a non-finite value at element ", i);
+  };
+  RunState st;
+  const Tensor step = get("state.step", DType::I64, 1);
+  WAN_CHECK(step.numel() == 1, path, ": \"state.step\" must hold one value");
+  const int64_t step_v = static_cast<const int64_t*>(step.data())[0];
+  WAN_CHECK(step_v >= 1 && step_v <= 10000, path, ": step ", step_v, " is outside 1..10000");
+  st.step = static_cast<int>(step_v);
+  const Tensor fp = get("state.fingerprint", DType::U8, 1);
+  st.fingerprint.assign(static_cast<const char*>(fp.data()), static_cast<size_t>(fp.numel()));
+  WAN_CHECK(fingerprint_differences(st.fingerprint, st.fingerprint).empty(), path, ": invalid fingerprint");
+  st.latents = get(kLatentsTensor, DType::F32, 4);
+  finite(st.latents, kLatentsTensor);
+  for (int i = 0; i < 4; ++i) WAN_CHECK(st.latents.dim(i) > 0, path, ": empty latents");
+  const size_t n = static_cast<size_t>(st.latents.numel());
+  std::vector<float>* hist[3] = {&st.sampler.m_last, &st.sampler.m_prev, &st.sampler.last_sample};
+  for (int k = 0; k < 3; ++k) {
+    if (!f->find(kStateSampler[k])) continue;
+    const Tensor h = get(kStateSampler[k], DType::F32, 1);
+    WAN_CHECK(static_cast<size_t>(h.numel()) == n, path, ": \"", kStateSampler[k], "\" has ", h.numel(),
+              " values, the latents ", n);
+    finite(h, kStateSampler[k]);
+    hist[k]->assign(h.f32(), h.f32() + n);
+  }
+  st.sampler.index = st.step;
+  st.sampler.n = n;  // the history (if any) was checked to hold n values
+  for (const char* name : {kPromptEmbedsTensor, "negative_prompt_embeds"}) {
+    const Tensor e = get(name, DType::F32, 2);
+    WAN_CHECK(e.dim(0) >= 1 && e.dim(0) <= 512 && e.dim(1) >= 1, path, ": \"", name, "\" has shape ", e.shape().str());
+    finite(e, name);
+    (name == std::string(kPromptEmbedsTensor) ? st.prompt_embeds : st.negative_embeds) = e;
+  }
+  WAN_CHECK(st.prompt_embeds.dim(1) == st.negative_embeds.dim(1), path, ": the two text embeddings differ in width");
+  const Tensor stage = get("timings.stage_s", DType::F64, 1), steps = get("timings.step_s", DType::F64, 1);
+  const Tensor peaks = get("timings.peak_bytes", DType::I64, 1);
+  WAN_CHECK(stage.numel() == 4 && steps.numel() == st.step && peaks.numel() == 2, path,
+            ": timings tensors of the wrong sizes");
+  const double* sv = static_cast<const double*>(stage.data());
+  st.timings.load_text_encoder = sv[0];
+  st.timings.text_encode = sv[1];
+  st.timings.load_dit = sv[2];
+  st.timings.denoise = sv[3];
+  const double* pv = static_cast<const double*>(steps.data());
+  st.timings.step_seconds.assign(pv, pv + steps.numel());
+  st.peak_device_bytes = static_cast<const int64_t*>(peaks.data())[0];
+  st.peak_rss_bytes = static_cast<const int64_t*>(peaks.data())[1];
+  return st;
 }
 
 void write_text_file(const std::string& path, const std::string& text) {

@@ -10,6 +10,20 @@
 //   latents file:    "latents" [C, T_lat, H_lat, W_lat] (C = z_dim, 16 for the A14B tasks), the
 //                    normalised VAE latent space the DiT samples in; [1, C, T, H, W] accepted
 //                    too. Any float dtype on read, F32 on write.
+//   state file:      a paused run (`wan generate --save-state F --stop-after-steps N`, continued by
+//                    `--resume F`; struct RunState of pipeline.h), all tensors required unless noted:
+//                      "latents"                [C, T_lat, H_lat, W_lat] F32 after `step` steps
+//                      "state.step"             [1] I64: steps done (1..steps)
+//                      "state.fingerprint"      [k] U8: UTF-8 JSON object, plan_fingerprint() of the run
+//                      "sampler.m_last", "sampler.m_prev", "sampler.last_sample"
+//                                               [n] F32 each, n = numel(latents): the solver's history
+//                                               (absent when the solver has none: Euler none, DPM++
+//                                               no last_sample)
+//                      "prompt_embeds", "negative_prompt_embeds"  [L, text_dim] F32: the encoded text
+//                      "timings.stage_s"        [4] F64: load text encoder, encode, load DiT, denoise
+//                                               seconds of the processes so far
+//                      "timings.step_s"         [step] F64: seconds of every step done
+//                      "timings.peak_bytes"     [2] I64: peak device memory in use, peak host RSS
 // Metadata (string -> string) is informative only ("prompt", "task", "seed", ...); readers never
 // depend on it.
 // Invariants: readers validate before returning (tensor present, rank, non-empty, all values
@@ -36,6 +50,14 @@ void write_prompt_embeds(const std::string& path, const Tensor& embeds,
 Tensor read_latents(const std::string& path);
 void write_latents(const std::string& path, const Tensor& latents,
                    const std::map<std::string, std::string>& metadata = {});
+
+// Paused runs. read_run_state validates everything it can without the plan (tensors present with the
+// dtypes and shapes above, sizes consistent, values finite, fingerprint valid JSON); the caller checks
+// the fingerprint and the step against its plan.
+struct RunState;
+void write_run_state(const std::string& path, const RunState& state,
+                     const std::map<std::string, std::string>& metadata = {});
+RunState read_run_state(const std::string& path);
 
 // Writes text to path through "<path>.tmp" + rename.
 void write_text_file(const std::string& path, const std::string& text);

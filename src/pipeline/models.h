@@ -4,8 +4,11 @@
 // Invariants: the *_config_for() functions only read config files and tensor headers (cheap: the
 // pipeline calls them while validating, before any heavy work); the loaders check every shape.
 #pragma once
+#include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "ckpt/layout.h"
 #include "config/config.h"
@@ -35,19 +38,81 @@ std::optional<double> diffusers_boundary_ratio(const CheckpointInfo& info);
 // Bytes of the f32 weights: a DiT expert, the text encoder, the VAE.
 int64_t dit_f32_bytes(const DiTConfig& c);
 int64_t t5_f32_bytes(const T5Config& c);
+int64_t vae_f32_bytes(const VaeConfig& c);
 
 // ---- loading (f32 on the CPU) ----
 DiTWeights load_dit(const CheckpointInfo& info, Role role);
 VaeWeights load_vae(const CheckpointInfo& info, const VaeConfig& cfg);
 
+// ---- prompt -> token ids ----
+// The checkpoint's tokenizer (official cleaning, EOS, at most 512 tokens), or, without a tokenizer file
+// (`--weights random` only), the stand-in: the UTF-8 bytes b of the cleaned prompt as ids 3 + b
+// (3 + b mod (vocab - 3) for a vocabulary under 259 ids; UMT5's pad/EOS/unk are 0/1/2), at most 511 of
+// them, then EOS (1). The ids are not the real tokenizer's, so the text is not understood (the weights
+// are random anyway); what a timing depends on, the number of tokens, is about that of real text.
+struct PromptTokenizer {
+  std::optional<text::Tokenizer> tokenizer;  // nullopt: the stand-in
+  int vocab = 0;                             // the text encoder's embedding rows
+  std::vector<int32_t> ids(const std::string& prompt) const;
+};
+// With the checkpoint's tokenizer when `info` has one, else the stand-in (when allowed).
+PromptTokenizer load_prompt_tokenizer(const CheckpointInfo* info, int vocab, bool allow_stand_in);
+std::vector<int32_t> stand_in_token_ids(const std::string& prompt, int vocab);
+
 struct TextEncoder {
   T5Config cfg;
   T5Weights weights;
-  text::Tokenizer tokenizer;
+  PromptTokenizer tokens;
 };
 // Needs the checkpoint's text encoder and tokenizer components.
 TextEncoder load_text_encoder(const CheckpointInfo& info);
-// Tokenize (official cleaning, EOS, 512 max) and encode: [L, dim] f32 for the L real tokens.
+// Tokenize and encode: [L, dim] f32 for the L real tokens.
 Tensor encode_prompt(const TextEncoder& te, const std::string& prompt);
+
+// ---- `--weights random`: every weight drawn from the engine RNG at the real sizes, no files ----
+// Component seeds of --weights-seed S (the component names of `wan make-checkpoint`): the experts
+// gen::dit_seed(S, task, high), the text encoder component_seed(S, "t5"), the VAE component_seed(S, "vae").
+uint64_t random_expert_seed(uint64_t seed, Task task, bool high_noise);
+uint64_t random_t5_seed(uint64_t seed);
+uint64_t random_vae_seed(uint64_t seed);
+// The Philox key of tensor `name` in the GPU's random draws: equals cuda::random_weight_seed (dit_gpu.h),
+// available in builds without CUDA.
+uint64_t random_weight_key(uint64_t seed, const std::string& official_name);
+// A DiT expert on the host with the GPU's rule (wan::cuda::DiTGpu random weights, dit_gpu.h): tensor
+// `name` element i = philox_normal(random_weight_key(expert_seed, name), i) · scale + offset in fp32,
+// rounded to bf16 where the GPU stores bf16: the values are bit-identical to the GPU's draw.
+Tensor random_dit_tensor(const DiTConfig& c, uint64_t expert_seed, const std::string& name);
+DiTWeights random_dit_weights(const DiTConfig& c, uint64_t expert_seed);
+// The text encoder on the host with the GPU text encoder's rule (cuda::T5WeightSource::random,
+// t5_gpu.h), bit-identical to its draw in the same way. The VAE on the host with make-checkpoint's rule
+// (gen::fill_param of gen::vae_params, f32) for both devices: it is small (0.5 GB at the real size).
+T5Weights random_t5_weights(const T5Config& c, uint64_t t5_seed);
+VaeWeights random_vae_weights(const VaeConfig& c, uint64_t vae_seed);
+TextEncoder random_text_encoder(const T5Config& c, uint64_t t5_seed, PromptTokenizer tokens);
+
+// ---- GPU text encoder (CUDA builds; src/pipeline/text_gpu.cpp) ----
+// UMT5 on the GPU in bf16 (wan::cuda::T5EncoderGpu) with a tokenizer. Destroying it frees its device
+// memory: the pipeline destroys it before the DiT is created unless --keep-text-encoder.
+class GpuTextEncoder {
+ public:
+  virtual ~GpuTextEncoder() = default;
+  virtual Tensor encode(const std::string& prompt) = 0;  // [L, dim] f32 host
+  virtual size_t device_bytes() const = 0;              // weights on the device
+};
+// Weights from the checkpoint's text encoder tensor by tensor (host memory: one tensor at a time), or
+// drawn on the GPU (random, with random_t5_seed(S) as the seed).
+std::unique_ptr<GpuTextEncoder> make_gpu_text_encoder(const CheckpointInfo& info, const T5Config& c, bool random,
+                                                      uint64_t t5_seed, PromptTokenizer tokens, int device);
+// Device bytes of the GPU text encoder: weights, the 512-token activation arena and its reserve
+// (cuda::T5EncoderGpu::device_bytes). Throws one clear wan::Error unless this build has CUDA, the
+// device exists and those bytes fit its free memory now.
+size_t check_gpu_text_encoder(const T5Config& c, const std::string& device);
+// Device memory in use (cudaMemGetInfo: total - free) on `device`; 0 without CUDA or device.
+int64_t gpu_memory_in_use(int device);
+// The GPU VAE decode (as gpu_vae_decode) that also reports the device memory in use while the
+// decoder is alive (after its arena is allocated and after decoding) through *in_use_peak (max with
+// the value there).
+Tensor gpu_vae_decode_tracked(const VaeConfig& vae, const VaeWeights& w, const Tensor& latents, int device,
+                              int64_t* in_use_peak);
 
 }  // namespace wan

@@ -6,16 +6,22 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <random>
 #include <sstream>
+
+#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "core/philox.h"
 #include "dit/dit.h"
+#include "gen/make_checkpoint.h"
+#include "gen/weight_init.h"
 #include "pipeline/files.h"
 #include "pipeline/models.h"
 
@@ -111,6 +117,20 @@ bool uses_expert(const ExpertSchedule& es, Expert e) {
   return false;
 }
 
+// 64-bit FNV-1a of bytes, as 16 hex digits (fingerprints).
+std::string hash_hex(const void* data, size_t n) {
+  char buf[20];
+  snprintf(buf, sizeof buf, "%016llx",
+           static_cast<unsigned long long>(gen::fnv1a64(std::string_view(static_cast<const char*>(data), n))));
+  return buf;
+}
+
+std::string exact(double v) {
+  char buf[40];
+  snprintf(buf, sizeof buf, "%.17g", v);
+  return buf;
+}
+
 int64_t physical_memory_bytes() {
   long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
   return pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page : 0;
@@ -131,6 +151,19 @@ const char* stage_name(Stage s) {
 }
 
 int task_fps(Task t) { return t == Task::TI2V_5B ? 24 : 16; }
+
+Timings merge_timings(const Timings& a, const Timings& b) {
+  Timings t;
+  t.load_text_encoder = a.load_text_encoder + b.load_text_encoder;
+  t.text_encode = a.text_encode + b.text_encode;
+  t.load_dit = a.load_dit + b.load_dit;
+  t.denoise = a.denoise + b.denoise;
+  t.load_vae = a.load_vae + b.load_vae;
+  t.vae_decode = a.vae_decode + b.vae_decode;
+  t.step_seconds = a.step_seconds;
+  t.step_seconds.insert(t.step_seconds.end(), b.step_seconds.begin(), b.step_seconds.end());
+  return t;
+}
 
 double Timings::mean_step() const {
   if (step_seconds.empty()) return 0;
@@ -175,7 +208,67 @@ static DenoiserSpec denoiser_spec(const GeneratePlan& p) {
   spec.use_low = uses_expert(p.experts, Expert::Low);
   spec.latent_shape = p.latent_shape;
   spec.verbose = p.verbose;
+  spec.random_weights = p.random_weights;
+  spec.seed_high = random_expert_seed(p.weights_seed, p.task, true);
+  spec.seed_low = random_expert_seed(p.weights_seed, p.task, false);
   return spec;
+}
+
+std::string plan_fingerprint(const GeneratePlan& p) {
+  nlohmann::ordered_json j;
+  j["format"] = "wan-generate-state 1";
+  j["task"] = task_name(p.task);
+  std::string root = p.ckpt.root;  // a checkpoint's folder or file, absolute; or the configuration's name
+  if (!p.ckpt.components.empty()) {
+    std::error_code ec;
+    const std::filesystem::path abs = std::filesystem::weakly_canonical(p.ckpt.root, ec);
+    if (!ec) root = abs.string();
+  }
+  j["weights"] = p.random_weights ? cat("random, seed ", p.weights_seed, ", ", root, ", DiT ", p.ckpt.dit.num_layers, " layers")
+                                  : cat("checkpoint ", root);
+  j["numerics"] = parse_device(p.device) >= 0 ? "cuda bf16" : "cpu float32";
+  j["video"] = cat(p.width, "x", p.height, ", ", p.frames, " frames");
+  j["latents"] = p.latent_shape.str();
+  j["noise"] = p.init_latents.defined() ? cat("init-latents ", hash_hex(p.init_latents.data(), p.init_latents.nbytes()))
+                                        : cat("seed ", p.seed);
+  j["steps"] = std::to_string(p.sampler.steps);
+  j["sampler"] = solver_name(p.sampler.solver);
+  j["schedule"] = schedule_name(p.sampler.schedule);
+  j["shift"] = exact(p.sampler.shift);
+  j["guide"] = cat(exact(p.guide_low), ",", exact(p.guide_high));
+  j["boundary"] = exact(p.boundary);
+  auto text = [](const Tensor& e, const std::string& s) {
+    return e.defined() ? cat("embeddings ", e.shape().str(), " ", hash_hex(e.data(), e.nbytes()))
+                       : cat("text ", hash_hex(s.data(), s.size()));
+  };
+  j["prompt"] = text(p.prompt_embeds, p.prompt);
+  j["negative"] = text(p.negative_embeds, p.negative_prompt);
+  return j.dump();
+}
+
+std::string fingerprint_differences(const std::string& saved, const std::string& now) {
+  nlohmann::json a, b;
+  try {
+    a = nlohmann::json::parse(saved);
+    b = nlohmann::json::parse(now);
+  } catch (const std::exception&) {
+    return "unreadable fingerprint";
+  }
+  if (!a.is_object() || !b.is_object()) return "unreadable fingerprint";
+  std::string out;
+  auto value = [](const nlohmann::json& j, const std::string& k) {
+    auto it = j.find(k);
+    return it == j.end() ? std::string("(none)") : it->is_string() ? it->get<std::string>() : it->dump();
+  };
+  std::vector<std::string> keys;
+  for (auto it = b.begin(); it != b.end(); ++it) keys.push_back(it.key());
+  for (auto it = a.begin(); it != a.end(); ++it)
+    if (!b.contains(it.key())) keys.push_back(it.key());
+  for (const std::string& k : keys) {
+    const std::string x = value(a, k), y = value(b, k);
+    if (x != y) out += cat(out.empty() ? "" : "; ", k, " ", x, " (saved) vs ", y, " (now)");
+  }
+  return out;
 }
 
 GeneratePlan plan_generate(const GenerateOptions& o) {
@@ -185,11 +278,40 @@ GeneratePlan plan_generate(const GenerateOptions& o) {
   p.verbose = o.verbose;
   const bool on_gpu = parse_device(o.device) >= 0;
 
-  WAN_CHECK(!o.model.empty(), "missing --model (a checkpoint folder or file)");
-  p.ckpt = detect_checkpoint(o.model);
+  // Weights: the checkpoint's, or random at the sizes of the checkpoint or of a configuration.
+  p.random_weights = o.random_weights;
+  p.weights_seed = o.weights_seed;
+  std::optional<gen::GenPlan> sizes;  // random weights without a model
+  if (!o.random_weights) {
+    WAN_CHECK(o.config.empty(), "--config NAME needs --weights random (a checkpoint has its own sizes)");
+    WAN_CHECK(o.layers == 0, "--layers N needs --weights random (a checkpoint has its own sizes)");
+    WAN_CHECK(!o.model.empty(), "missing --model (a checkpoint folder or file), or --weights random with --task");
+  } else if (!o.model.empty()) {
+    WAN_CHECK(o.config.empty() && o.layers == 0,
+              "--config / --layers: with --model the random weights take the checkpoint's sizes");
+  } else {
+    const Task task = o.task.value_or(Task::T2V_A14B);
+    sizes = gen::make_plan(o.config.empty() ? std::string(task_name(task)) : o.config, o.layers);
+    WAN_CHECK(!o.task || *o.task == sizes->task, "--task ", task_name(*o.task), ": --config ", o.config, " is a ",
+              task_name(sizes->task), " configuration");
+    const std::string task_sizes = task_name(sizes->task);  // "t2v-A14B", not make_plan's lower case
+    std::string name = sizes->name;
+    for (char& ch : name) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    std::string lower_task = task_sizes;
+    for (char& ch : lower_task) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    p.ckpt.root = cat(name == lower_task ? task_sizes : sizes->name, " sizes");
+    p.ckpt.layout = Layout::Official;
+    p.ckpt.task = sizes->task;
+    p.ckpt.dit = sizes->dit;
+    p.ckpt.vae_version = sizes->vae.version;
+  }
+  if (!o.model.empty()) {
+    p.ckpt = detect_checkpoint(o.model);
+    if (o.task && *o.task != p.ckpt.task)
+      WAN_THROW("--task ", task_name(*o.task), ": ", p.ckpt.root, " holds a ", task_name(p.ckpt.task), " model");
+  }
   p.task = p.ckpt.task;
-  if (o.task && *o.task != p.ckpt.task)
-    WAN_THROW("--task ", task_name(*o.task), ": ", p.ckpt.root, " holds a ", task_name(p.ckpt.task), " model");
+  p.weights = p.random_weights ? cat("random (seed ", p.weights_seed, ", ", p.ckpt.root, ")") : "checkpoint";
   WAN_CHECK(p.task == Task::T2V_A14B, "task ", task_name(p.task),
             ": this pipeline is not implemented yet (only t2v-A14B runs for now)");
   const SamplingDefaults d = sampling_defaults(task_name(p.task));
@@ -218,7 +340,13 @@ GeneratePlan plan_generate(const GenerateOptions& o) {
     if (p.negative_prompt.empty()) p.negative_prompt = kDefaultNegativePrompt;
   }
   p.needs_text_encoder = !p.prompt_embeds.defined() || !p.negative_embeds.defined();
-  if (p.needs_text_encoder) {
+  if (p.needs_text_encoder && p.random_weights) {
+    // Random weights: the configuration's encoder (or the checkpoint's sizes); its tokenizer or stand-in ids.
+    p.t5 = sizes ? sizes->t5 : p.ckpt.has(Role::TextEncoder) ? t5_config_for(p.ckpt) : t5_preset("umt5-xxl");
+    p.stand_in_tokens = !p.ckpt.has(Role::Tokenizer);
+    WAN_CHECK(p.t5.dim == dit.text_dim, p.ckpt.root, ": the text encoder's width ", p.t5.dim,
+              " differs from the DiT's text_dim ", dit.text_dim);
+  } else if (p.needs_text_encoder) {
     const char* why = p.prompt_embeds.defined() ? " (needed for the negative prompt; or pass --negative-prompt-embeds)"
                                                 : " (needed for the prompt; or pass --prompt-embeds)";
     WAN_CHECK(p.ckpt.has(Role::TextEncoder), p.ckpt.root, ": checkpoint has no text encoder", why);
@@ -229,8 +357,14 @@ GeneratePlan plan_generate(const GenerateOptions& o) {
   }
 
   // Video geometry: explicit options, else the initial latents' shape, else the task's defaults.
-  WAN_CHECK(p.ckpt.has(Role::Vae), p.ckpt.root, ": checkpoint has no VAE");
-  p.vae = vae_config_for(p.ckpt);
+  if (sizes) {
+    p.vae = sizes->vae;
+  } else if (p.random_weights && !p.ckpt.has(Role::Vae)) {
+    p.vae = vae_preset(p.ckpt.vae_version == 22 ? "wan2.2" : "wan2.1");
+  } else {
+    WAN_CHECK(p.ckpt.has(Role::Vae), p.ckpt.root, ": checkpoint has no VAE");
+    p.vae = vae_config_for(p.ckpt);
+  }
   const int sf = vae_spatial_factor(p.vae), tf = vae_temporal_factor(p.vae);
   const int multiple = sf * dit.patch[1];
   if (!o.init_latents_file.empty()) WAN_WITH_CONTEXT("--init-latents", p.init_latents = read_latents(o.init_latents_file));
@@ -270,31 +404,99 @@ GeneratePlan plan_generate(const GenerateOptions& o) {
   p.experts = ExpertSchedule::make(p.schedule.timesteps, p.boundary, p.guide_low, p.guide_high,
                                    p.sampler.num_train_timesteps);
 
+  // Pausing / resuming: the state is read (and checked) now, before anything heavy.
+  if (!o.resume_file.empty()) {
+    p.resume_file = o.resume_file;
+    std::shared_ptr<RunState> st;
+    WAN_WITH_CONTEXT("--resume", st = std::make_shared<RunState>(read_run_state(o.resume_file)));
+    p.resume = st;
+  }
   if (o.seed) {
     p.seed = *o.seed;
+  } else if (p.resume) {  // the saved run's seed, when it had one
+    auto fp = nlohmann::json::parse(p.resume->fingerprint, nullptr, false);
+    const std::string noise = fp.is_object() && fp.contains("noise") && fp["noise"].is_string() ? fp["noise"].get<std::string>() : "";
+    char* end = nullptr;
+    const unsigned long long v = noise.rfind("seed ", 0) == 0 ? std::strtoull(noise.c_str() + 5, &end, 10) : 0;
+    if (end && *end == 0 && end != noise.c_str() + 5) {
+      p.seed = v;
+      p.seed_from_state = true;
+    }
   } else {
     std::random_device rd;
     p.seed = ((static_cast<uint64_t>(rd()) << 32) | rd()) & 0x7FFFFFFFFFFFFFFFull;
     p.seed_random = true;
   }
 
-  // Memory plan: the text encoder is released before the DiT loads, the DiT before the VAE.
+  p.fingerprint = plan_fingerprint(p);
+  WAN_CHECK(o.stop_after_steps >= 0 && o.stop_after_steps <= p.sampler.steps, "--stop-after-steps ",
+            o.stop_after_steps, ": must be in 1..", p.sampler.steps, " (the run's steps)");
+  p.stop_after_steps = o.stop_after_steps;
+  if (p.resume) {
+    const std::string diff = fingerprint_differences(p.resume->fingerprint, p.fingerprint);
+    WAN_CHECK(diff.empty(), "--resume ", p.resume_file, ": the state was saved by a different run: ", diff);
+    WAN_CHECK(p.resume->step <= p.sampler.steps && p.resume->latents.shape() == p.latent_shape &&
+                  p.resume->prompt_embeds.dim(1) == dit.text_dim,
+              "--resume ", p.resume_file, ": the state does not fit this run (step ", p.resume->step, ", latents ",
+              p.resume->latents.shape().str(), ")");
+    WAN_CHECK(p.stop_after_steps == 0 || p.stop_after_steps > p.resume->step, "--stop-after-steps ",
+              p.stop_after_steps, ": the resumed state is already at step ", p.resume->step);
+    // The text comes from the state: nothing to encode.
+    p.prompt_embeds = p.resume->prompt_embeds;
+    p.negative_embeds = p.resume->negative_embeds;
+    p.needs_text_encoder = false;
+  }
+
+  // Memory plan: the text encoder is released before the DiT loads (unless kept on the GPU), the DiT
+  // before the VAE.
+  WAN_CHECK(!o.keep_text_encoder || on_gpu, "--keep-text-encoder: only with --device cuda (the CPU path releases the "
+                                            "text encoder before the DiT loads)");
   int experts_used = (uses_expert(p.experts, Expert::High) ? 1 : 0) + (uses_expert(p.experts, Expert::Low) ? 1 : 0);
   p.weights_peak_bytes = std::max(experts_used * dit_f32_bytes(dit), p.needs_text_encoder ? t5_f32_bytes(p.t5) : 0);
   if (on_gpu) {
-    check_gpu_denoiser(p.ckpt, denoiser_spec(p));
+    p.text_on_gpu = p.needs_text_encoder;
+    if (p.text_on_gpu) p.t5_device_bytes = static_cast<int64_t>(check_gpu_text_encoder(p.t5, p.device));
+    p.keep_text_encoder = o.keep_text_encoder && p.text_on_gpu;
+    DenoiserSpec spec = denoiser_spec(p);
+    if (p.keep_text_encoder) spec.other_device_bytes = static_cast<size_t>(p.t5_device_bytes);
+    check_gpu_denoiser(p.ckpt, spec);
     if (o.decode) check_gpu_vae(p.vae, p.device);
+    // Host: the VAE's f32 weights, plus one tensor at a time while uploading (the largest: the text
+    // encoder's embedding table, converted per tensor on the GPU's side).
+    p.host_weights_bytes = vae_f32_bytes(p.vae);
+    if (!p.random_weights && p.needs_text_encoder)
+      p.host_weights_bytes += static_cast<int64_t>(p.t5.vocab) * p.t5.dim * 4;
   }
   const int64_t phys = physical_memory_bytes();
-  WAN_CHECK(phys == 0 || p.weights_peak_bytes < phys, "the float32 CPU path needs ", human_bytes(p.weights_peak_bytes),
-            " for weights alone but this machine has ", human_bytes(phys), " of memory");
+  if (on_gpu) {
+    WAN_CHECK(phys == 0 || p.host_weights_bytes < phys, "the run needs ", human_bytes(p.host_weights_bytes),
+              " of host memory for weights but this machine has ", human_bytes(phys));
+  } else {
+    WAN_CHECK(phys == 0 || p.weights_peak_bytes < phys, "the float32 CPU path needs ",
+              human_bytes(p.weights_peak_bytes), " for weights alone but this machine has ", human_bytes(phys),
+              " of memory", p.random_weights ? " (random weights are drawn at the full size; use --device cuda)" : "");
+  }
   return p;
 }
 
 std::string GeneratePlan::describe() const {
   std::ostringstream os;
-  os << "model    " << ckpt.root << " (" << layout_name(ckpt.layout) << ", " << task_name(task) << ")\n";
-  os << "device   " << (device == "cpu" ? "cpu (float32 reference)" : cat(device, " (DiT and VAE decode in bf16; text encoder on the CPU)")) << "\n";
+  if (random_weights) {
+    os << "weights  RANDOM (seed " << weights_seed << ", " << ckpt.root << ", DiT " << ckpt.dit.num_layers
+       << " layers): every weight drawn from the engine RNG, the video is noise (for timings)\n";
+    if (ckpt.has(Role::DiTHigh) || ckpt.has(Role::DiT) || ckpt.has(Role::Tokenizer))
+      os << "model    " << ckpt.root << " (sizes" << (ckpt.has(Role::Tokenizer) ? " and tokenizer" : "") << " only)\n";
+  } else {
+    os << "model    " << ckpt.root << " (" << layout_name(ckpt.layout) << ", " << task_name(task) << ")\n";
+  }
+  if (device == "cpu") {
+    os << "device   cpu (float32 reference)\n";
+  } else {
+    os << "device   " << device << " (" << (text_on_gpu ? "text encoder, " : "") << "DiT and VAE decode in bf16";
+    if (text_on_gpu)
+      os << (keep_text_encoder ? "; text encoder resident next to the DiT" : "; text encoder freed before the DiT loads");
+    os << ")\n";
+  }
   os << "video    " << width << "x" << height << ", " << frames << " frames at " << fps << " fps; latents "
      << latent_shape.str() << ", " << seq_len << " tokens\n";
   os << "sampler  " << solver_name(sampler.solver) << ", " << sampler.steps << " steps, " << schedule_name(sampler.schedule)
@@ -306,7 +508,7 @@ std::string GeneratePlan::describe() const {
   os << "experts  high-noise " << steps(high) << " (guide " << guide_high << "), low-noise " << steps(low) << " (guide "
      << guide_low << "), boundary " << boundary << "\n";
   if (init_latents.defined()) os << "seed     unused (initial latents given)\n";
-  else os << "seed     " << seed << (seed_random ? " (random)" : "") << "\n";
+  else os << "seed     " << seed << (seed_random ? " (random)" : seed_from_state ? " (from the state)" : "") << "\n";
   auto text = [&](const Tensor& e, const std::string& s) {
     if (e.defined()) return cat("embeddings, ", e.dim(0), " tokens");
     if (s.size() <= 60) return cat("\"", s, "\"");
@@ -314,16 +516,39 @@ std::string GeneratePlan::describe() const {
     while (cut > 0 && (static_cast<unsigned char>(s[cut]) & 0xC0) == 0x80) --cut;  // UTF-8 boundary
     return cat("\"", s.substr(0, cut), "...\"");
   };
-  os << "prompt   " << text(prompt_embeds, prompt) << "\n";
-  os << "negative " << text(negative_embeds, negative_prompt) << "\n";
-  os << "memory   f32 weights: DiT " << human_bytes(dit_f32_bytes(ckpt.dit)) << " per expert";
-  if (needs_text_encoder) os << ", text encoder " << human_bytes(t5_f32_bytes(t5));
-  os << "; at most " << human_bytes(weights_peak_bytes) << " held at once\n";
+  const char* tokens = stand_in_tokens && needs_text_encoder ? " (stand-in tokens: UTF-8 bytes, no tokenizer file)" : "";
+  if (resume) {
+    os << "prompt   " << text(prompt_embeds, prompt) << " (from the state)\n";
+    os << "negative " << text(negative_embeds, negative_prompt) << " (from the state)\n";
+  } else {
+    os << "prompt   " << text(prompt_embeds, prompt) << tokens << "\n";
+    os << "negative " << text(negative_embeds, negative_prompt) << tokens << "\n";
+  }
+  if (resume) os << "resume   " << resume_file << ": continues after step " << resume->step << " of " << sampler.steps << "\n";
+  if (stop_after_steps > 0)
+    os << "stop     after step " << stop_after_steps << " of " << sampler.steps << " (state saved, no decode)\n";
+  if (device == "cpu") {
+    os << "memory   f32 weights: DiT " << human_bytes(dit_f32_bytes(ckpt.dit)) << " per expert";
+    if (needs_text_encoder) os << ", text encoder " << human_bytes(t5_f32_bytes(t5));
+    os << "; at most " << human_bytes(weights_peak_bytes) << " held at once\n";
+  } else {
+    os << "memory   device: DiT about " << human_bytes(dit_f32_bytes(ckpt.dit) / 2) << " per expert (bf16)";
+    if (text_on_gpu)
+      os << ", text encoder " << human_bytes(t5_device_bytes) << " (bf16 weights + activations"
+         << (keep_text_encoder ? ", counted in the DiT's fit" : "") << ")";
+    os << "; host: " << human_bytes(host_weights_bytes) << " of weights at most\n";
+    if (verbose && text_on_gpu)
+      os << "text enc " << t5.num_layers << " layers, dim " << t5.dim << ", vocab " << t5.vocab << ": "
+         << t5_device_bytes << " bytes on the device (bf16 GEMM weights, fp32 norms and position tables, "
+         << "activation headroom)\n";
+  }
   return os.str();
 }
 
-Tensor decode_latents(const CheckpointInfo& ckpt, const VaeConfig& vae, const Tensor& latents, const RunHooks& hooks,
-                      Timings* timings, const std::string& device) {
+namespace {
+// Load (or draw) the VAE weights, then decode (the LoadVae and Decode stages).
+Tensor decode_with(const std::function<VaeWeights()>& load, const VaeConfig& vae, const Tensor& latents,
+                   const RunHooks& hooks, Timings* timings, const std::string& device, int64_t* peak_device_bytes) {
   WAN_CHECK(latents.ndim() == 4 && latents.dim(0) == vae.z_dim, "latents of shape ", latents.shape().str(),
             " do not fit the VAE (", vae.z_dim, " channels)");
   const int gpu = parse_device(device);
@@ -331,7 +556,7 @@ Tensor decode_latents(const CheckpointInfo& ckpt, const VaeConfig& vae, const Te
   VaeWeights w;
   {
     StageTimer st(hooks, Stage::LoadVae);
-    w = load_vae(ckpt, vae);
+    w = load();
     double s = st.end();
     if (timings) timings->load_vae += s;
   }
@@ -339,7 +564,9 @@ Tensor decode_latents(const CheckpointInfo& ckpt, const VaeConfig& vae, const Te
   if (gpu >= 0) {
     check_cancel(hooks);
     StageTimer st(hooks, Stage::Decode, chunks);
-    Tensor video = gpu_vae_decode(vae, w, latents, gpu);
+    int64_t peak = 0;
+    Tensor video = gpu_vae_decode_tracked(vae, w, latents, gpu, &peak);
+    if (peak_device_bytes) *peak_device_bytes = std::max(*peak_device_bytes, peak);
     st.advance(chunks);
     double s = st.end();
     if (timings) timings->vae_decode += s;
@@ -354,39 +581,73 @@ Tensor decode_latents(const CheckpointInfo& ckpt, const VaeConfig& vae, const Te
   if (timings) timings->vae_decode += s;
   return video;
 }
+}  // namespace
+
+Tensor decode_latents(const CheckpointInfo& ckpt, const VaeConfig& vae, const Tensor& latents, const RunHooks& hooks,
+                      Timings* timings, const std::string& device, int64_t* peak_device_bytes) {
+  return decode_with([&] { return load_vae(ckpt, vae); }, vae, latents, hooks, timings, device, peak_device_bytes);
+}
 
 GenerateResult run_generate(const GeneratePlan& p, const RunHooks& hooks, bool decode) {
   GenerateResult r;
   Timings& tm = r.timings;
   const DiTConfig& dit = p.ckpt.dit;
+  const int gpu = parse_device(p.device);
+  // Device memory in use, sampled at stage ends and after every step (GPU runs).
+  auto probe = [&] {
+    if (gpu >= 0) r.peak_device_bytes = std::max(r.peak_device_bytes, gpu_memory_in_use(gpu));
+  };
+  if (gpu >= 0) r.device_bytes_at_start = r.peak_device_bytes = gpu_memory_in_use(gpu);
+  if (p.resume) {
+    r.first_step = p.resume->step;
+    r.earlier = p.resume->timings;
+    r.earlier_peak_device_bytes = p.resume->peak_device_bytes;
+    r.earlier_peak_rss_bytes = p.resume->peak_rss_bytes;
+  }
 
-  // 1. Text: load the encoder only when a prompt must be encoded; release it before the DiT loads.
+  // 1. Text: load the encoder only when a prompt must be encoded; release it before the DiT loads
+  // (on the GPU: unless --keep-text-encoder, then it lives next to the DiT until the denoising ends).
   Tensor cond = p.prompt_embeds, uncond = p.negative_embeds;
+  std::unique_ptr<GpuTextEncoder> te_gpu;
   if (p.needs_text_encoder) {
     TextEncoder te;
+    std::function<Tensor(const std::string&)> encode;
     {
       StageTimer st(hooks, Stage::LoadTextEncoder);
-      te = load_text_encoder(p.ckpt);
+      PromptTokenizer tokens = load_prompt_tokenizer(&p.ckpt, p.t5.vocab, /*allow_stand_in=*/p.random_weights);
+      const uint64_t t5_seed = random_t5_seed(p.weights_seed);
+      if (gpu >= 0) {
+        te_gpu = make_gpu_text_encoder(p.ckpt, p.t5, p.random_weights, t5_seed, std::move(tokens), gpu);
+        encode = [&](const std::string& s) { return te_gpu->encode(s); };
+      } else {
+        te = p.random_weights ? random_text_encoder(p.t5, t5_seed, std::move(tokens)) : load_text_encoder(p.ckpt);
+        encode = [&](const std::string& s) { return encode_prompt(te, s); };
+      }
       tm.load_text_encoder = st.end();
+      probe();
     }
     const int n = (cond.defined() ? 0 : 1) + (uncond.defined() ? 0 : 1);
     StageTimer st(hooks, Stage::EncodeText, n);
     int done = 0;
     if (!cond.defined()) {
-      cond = encode_prompt(te, p.prompt);
+      cond = encode(p.prompt);
       st.advance(++done, "prompt");
     }
     if (!uncond.defined()) {
       check_cancel(hooks);
-      uncond = encode_prompt(te, p.negative_prompt);
+      uncond = encode(p.negative_prompt);
       st.advance(++done, "negative prompt");
     }
     tm.text_encode = st.end();
+    probe();
+    if (!p.keep_text_encoder) te_gpu.reset();  // frees its device memory before the DiT is created
   }
   WAN_ASSERT(cond.dim(1) == dit.text_dim && uncond.dim(1) == dit.text_dim, "text width");
 
-  // 2. Initial latents.
-  Tensor x = p.init_latents.defined() ? p.init_latents.clone() : seeded_latents(p.latent_shape, p.seed);
+  // 2. Initial latents (resumed: the saved ones).
+  Tensor x = p.resume                     ? p.resume->latents.clone()
+             : p.init_latents.defined() ? p.init_latents.clone()
+                                        : seeded_latents(p.latent_shape, p.seed);
 
   {
     // 3. Experts actually used by the schedule, on the CPU or uploaded to the GPU.
@@ -396,36 +657,61 @@ GenerateResult run_generate(const GeneratePlan& p, const RunHooks& hooks, bool d
       StageTimer st(hooks, Stage::LoadDiT, (spec.use_high ? 1 : 0) + (spec.use_low ? 1 : 0));
       dit_model = make_denoiser(p.ckpt, spec);
       tm.load_dit = st.end();
+      probe();
     }
 
     // 4. Sampling.
     Sampler sampler(p.sampler);
     WAN_ASSERT(sampler.timesteps() == p.schedule.timesteps, "schedule differs from the plan");
+    if (p.resume) sampler.set_state(p.resume->sampler);  // --resume: continue after the saved step
+    // After each step: probe the device memory; at --stop-after-steps keep the state and stop.
+    auto after_step = [&](int steps_done) {
+      probe();
+      if (steps_done != p.stop_after_steps) return false;
+      r.state.emplace();
+      r.state->step = steps_done;
+      r.state->latents = dit_model->sync_sampling(sampler);  // x and the history, from where they live
+      r.state->sampler = sampler.state();
+      return true;
+    };
     std::vector<int64_t> lens_cfg, lens_cond;
     const Tensor ctx_cfg = context_batch({&cond, &uncond}, &lens_cfg);
     const Tensor ctx_cond = context_batch({&cond}, &lens_cond);
-    const size_t n = static_cast<size_t>(x.numel());
-    std::vector<float> v(n), out(2 * n);
-    StageTimer st(hooks, Stage::Denoise, sampler.steps());
-    for (int i = 0; i < sampler.steps(); ++i) {
+    // x and the solver history now live where the DiT runs (GPU: guidance + solver update fused).
+    dit_model->begin_sampling(sampler, x);
+    StageTimer st(hooks, Stage::Denoise, sampler.steps() - r.first_step);
+    for (int i = r.first_step; i < sampler.steps(); ++i) {
       check_cancel(hooks);
       const auto t0 = Clock::now();
       const ExpertStep& es = p.experts.steps[static_cast<size_t>(i)];
       const float t = static_cast<float>(sampler.timestep());
       // A guide scale of 1 makes the guided velocity the conditional one: skip the other half.
       const bool cfg = es.guide != 1.0f;
-      const int batch = cfg ? 2 : 1;
-      dit_model->forward(es.expert, x, batch, t, cfg ? ctx_cfg : ctx_cond, cfg ? lens_cfg : lens_cond, out.data());
-      if (cfg) cfg_combine(out.data(), out.data() + n, es.guide, v.data(), n);
-      else std::memcpy(v.data(), out.data(), n * 4);
-      sampler.step(v.data(), x.f32(), n);
+      dit_model->guided_step(sampler, es.expert, es.guide, cfg ? ctx_cfg : ctx_cond, cfg ? lens_cfg : lens_cond);
       tm.step_seconds.push_back(seconds_since(t0));
-      st.advance(i + 1, cat("t=", static_cast<int64_t>(t), es.expert == Expert::High ? " high" : " low"));
+      st.advance(i + 1 - r.first_step, cat("t=", static_cast<int64_t>(t), es.expert == Expert::High ? " high" : " low"));
+      if (after_step(i + 1)) break;
     }
+    x = dit_model->sync_sampling(sampler);
     tm.denoise = st.end();
   }
   r.latents = x;
-  if (decode) r.video = decode_latents(p.ckpt, p.vae, x, hooks, &tm, p.device);
+  if (r.state) {  // paused: the state carries the text and the timings so far; no decode
+    RunState& s = *r.state;
+    s.prompt_embeds = cond;
+    s.negative_embeds = uncond;
+    s.fingerprint = p.fingerprint;
+    s.timings = merge_timings(r.earlier, tm);
+    s.peak_device_bytes = std::max(r.earlier_peak_device_bytes, r.peak_device_bytes);
+    s.peak_rss_bytes = std::max(r.earlier_peak_rss_bytes, peak_rss_bytes());
+    return r;
+  }
+  te_gpu.reset();
+  if (decode) {
+    auto load = [&] { return p.random_weights ? random_vae_weights(p.vae, random_vae_seed(p.weights_seed))
+                                              : load_vae(p.ckpt, p.vae); };
+    r.video = decode_with(load, p.vae, x, hooks, &tm, p.device, &r.peak_device_bytes);
+  }
   return r;
 }
 

@@ -1,4 +1,4 @@
-// The Wan 2.2 generation pipeline on the CPU (spec §1, §7.5, §7.6, §9): plan (resolve defaults and
+// The Wan 2.2 generation pipeline, CPU or GPU (spec §1, §7.5, §7.6, §9): plan (resolve defaults and
 // validate every input without heavy work), then run (encode the prompts, sample with the two
 // experts, decode with the VAE). Front ends (the `wan` CLI, later a server) are thin layers over
 // this API; progress and cancellation go through RunHooks.
@@ -14,13 +14,25 @@
 //      steps x (its multistep history spans the expert switch). A guide scale of exactly 1 runs the
 //      conditional half alone (the guided velocity is then the conditional one).
 //   4. VAE decode (clamped to [-1, 1]) -> video [3, F, H, W].
+// Weights: the checkpoint's, or with `random_weights` every weight drawn from the engine RNG at the real
+// sizes (models.h: the experts on the GPU or with the GPU's rule on the host, the text encoder on the
+// GPU or the host, the VAE on the host); sizes from a make-checkpoint config name ("t2v-A14B", "tiny")
+// or, with a model, from the checkpoint (whose tokenizer is then used; without one, stand-in tokens).
+// Devices: "cpu" runs everything in float32; "cuda[:i]" encodes the text on the GPU (the encoder is
+// freed before the DiT is created unless keep_text_encoder), runs the DiT and decodes on the GPU.
+// Pausing and resuming: with stop_after_steps = N the run stops after step N and returns its RunState
+// (latents, sampler history, the encoded text, the plan's fingerprint, the timings so far) instead of
+// decoding; a plan with `resume` continues from such a state (its fingerprint must equal the plan's)
+// and gives bit-identical latents to an uninterrupted run (the text is not encoded again).
 // Invariants: plan_generate() throws wan::Error (BadInput) for every invalid input before anything
-// heavy happens; run_generate() writes no files; cancellation is checked between steps, stages and
-// VAE chunks and surfaces as wan::Cancelled; everything that draws random numbers uses the seed.
+// heavy happens (memory fit included); run_generate() writes no files; cancellation is checked between
+// steps, stages and VAE chunks and surfaces as wan::Cancelled; everything that draws random numbers
+// uses the seed (the noise) or the weights seed (random weights).
 #pragma once
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -54,15 +66,27 @@ struct GenerateOptions {
   SolverKind solver = SolverKind::UniPC;
   ScheduleKind schedule = ScheduleKind::Official;
   std::optional<uint64_t> seed;            // unset: a random seed (reported in the plan)
-  std::string device = "cpu";              // "cpu" | "cuda" | "cuda:<i>" (the DiT; text encoder and VAE stay on the CPU for now)
+  std::string device = "cpu";              // "cpu" | "cuda" | "cuda:<i>" (text encoder, DiT and VAE decode)
   bool verbose = false;                    // print the GPU memory plan
   bool decode = true;                      // false: latents only (the VAE is not checked for the device)
+  // Weights. random_weights: every weight drawn from the engine RNG (no checkpoint files needed);
+  // without `model` the sizes are those of make-checkpoint config `config` (default: the task's name,
+  // e.g. "t2v-A14B"; "tiny" for tests) with `layers` > 0 overriding the DiT depth.
+  bool random_weights = false;
+  uint64_t weights_seed = 0;
+  std::string config;
+  int layers = 0;
+  bool keep_text_encoder = false;          // cuda: keep the GPU text encoder resident next to the DiT
+  std::string resume_file;                 // continue the run saved in this state file
+  int stop_after_steps = 0;                // > 0: stop after this step and return the state (no decode)
 };
 
 // Parses "1280x720" or "1280*720" (width first); throws wan::Error otherwise.
 void parse_size(const std::string& s, int* width, int* height);
 // Parses "G" (both experts) or "G_low,G_high"; throws wan::Error otherwise.
 void parse_guide_scale(const std::string& s, float* low, float* high);
+
+struct RunState;
 
 // ---- resolved and validated ----
 struct GeneratePlan {
@@ -89,10 +113,33 @@ struct GeneratePlan {
   int64_t weights_peak_bytes = 0;          // largest set of f32 weights held at once
   std::string device = "cpu";              // where the DiT runs: "cpu" | "cuda[:i]"
   bool verbose = false;                    // print the GPU memory plan
+  // Weights (GenerateOptions::random_weights). Without a model, ckpt is a stand-in with no components
+  // (root names the configuration) that carries the task, the DiT config and the VAE version.
+  bool random_weights = false;
+  uint64_t weights_seed = 0;
+  std::string weights;                     // "checkpoint" or "random (seed S, ...)", for humans
+  bool stand_in_tokens = false;            // no tokenizer file: models.h stand_in_token_ids
+  bool text_on_gpu = false;                // the prompts are encoded by the GPU text encoder
+  bool keep_text_encoder = false;          // ... which stays resident next to the DiT
+  int64_t t5_device_bytes = 0;             // its device bytes (weights + activation headroom)
+  int64_t host_weights_bytes = 0;          // cuda: host memory for weights at once (VAE + one tensor)
+  // Pausing and resuming.
+  int stop_after_steps = 0;
+  std::string resume_file;
+  std::shared_ptr<const RunState> resume;  // read and checked against `fingerprint` by plan_generate
+  bool seed_from_state = false;            // no --seed: the resumed state's
+  std::string fingerprint;                 // plan_fingerprint(*this)
   std::string describe() const;            // multi-line human summary (task, sizes, schedule, memory)
 };
 
 GeneratePlan plan_generate(const GenerateOptions& o);
+
+// What must be equal for a saved state to continue in another process: a JSON object of strings
+// ("task", "weights", "numerics", "video", "latents", "noise", "steps", "sampler", "schedule", "shift",
+// "guide", "boundary", "prompt", "negative"; prompts and embeddings by a 64-bit FNV-1a hash).
+std::string plan_fingerprint(const GeneratePlan& p);
+// The keys whose values differ, as "key: saved vs now" parts joined by "; " (empty when equal).
+std::string fingerprint_differences(const std::string& saved, const std::string& now);
 
 // ---- running ----
 enum class Stage { LoadTextEncoder, EncodeText, LoadDiT, Denoise, LoadVae, Decode };
@@ -118,11 +165,32 @@ struct Timings {
   double load() const { return load_text_encoder + load_dit + load_vae; }
   double mean_step() const;
 };
+// Field sums, step times concatenated (a then b): the timings of a run done in several processes.
+Timings merge_timings(const Timings& a, const Timings& b);
+
+// A paused run (--stop-after-steps / --save-state, --resume; file format in files.h).
+struct RunState {
+  int step = 0;                   // steps done (the sampler's index)
+  Tensor latents;                 // [z, T, H, W] f32 after `step` steps
+  SamplerState sampler;           // multistep history after `step` steps
+  Tensor prompt_embeds, negative_embeds;  // [L, text_dim] f32: the run's text (not encoded again)
+  std::string fingerprint;        // plan_fingerprint() of the run that saved it
+  Timings timings;                // of the processes so far (load, encode, the steps done)
+  int64_t peak_device_bytes = 0;  // their peaks
+  int64_t peak_rss_bytes = 0;
+};
 
 struct GenerateResult {
-  Tensor latents;  // [z, T_lat, H_lat, W_lat] final (normalised) latents
-  Tensor video;    // [3, F, H, W] in [-1, 1]; undefined when decode was not requested
-  Timings timings;
+  Tensor latents;  // [z, T_lat, H_lat, W_lat] final (normalised) latents; after stop: the paused ones
+  Tensor video;    // [3, F, H, W] in [-1, 1]; undefined when decode was not requested or the run paused
+  Timings timings;                // this process
+  std::optional<RunState> state;  // set when the run stopped after plan.stop_after_steps
+  int first_step = 0;             // steps already done when this process started (resume)
+  Timings earlier;                // of the processes before a resumed run (zero otherwise)
+  int64_t earlier_peak_device_bytes = 0, earlier_peak_rss_bytes = 0;
+  // Device memory in use (cudaMemGetInfo total - free) on the run's GPU: before the run, and the
+  // largest value sampled at stage ends, after every step and while the VAE decoder is alive. 0 on CPU.
+  int64_t device_bytes_at_start = 0, peak_device_bytes = 0;
 };
 
 // decode = false stops after sampling (latents only).
@@ -131,8 +199,10 @@ GenerateResult run_generate(const GeneratePlan& plan, const RunHooks& hooks, boo
 // Latents -> video [3, F, H, W] in [-1, 1] with the checkpoint's VAE (load + decode, reported as
 // the LoadVae and Decode stages; seconds added to timings when given). latents must have z_dim
 // channels. device "cuda[:i]" decodes on the GPU in bf16 (Wan 2.1 VAE only).
+// peak_device_bytes (optional): max with the device memory in use while the GPU decoder is alive.
 Tensor decode_latents(const CheckpointInfo& ckpt, const VaeConfig& vae, const Tensor& latents, const RunHooks& hooks,
-                      Timings* timings = nullptr, const std::string& device = "cpu");
+                      Timings* timings = nullptr, const std::string& device = "cpu",
+                      int64_t* peak_device_bytes = nullptr);
 
 // Frames per second of a task's videos (16 for the A14B tasks, 24 for TI2V-5B; spec §1.2).
 int task_fps(Task t);

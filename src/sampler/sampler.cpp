@@ -2,8 +2,9 @@
 // step but the first, lower order at the last step), flow DPM++ (2M midpoint, first order at the
 // first and last steps) and Euler.
 // Invariants: scalar coefficients are computed in float32 with the reference's operations and
-// grouping (each Python sub-expression on 0-dim float32 tensors becomes one rounded float op);
-// elementwise updates follow the reference's evaluation order term by term. The step onto the
+// grouping (each Python sub-expression on 0-dim float32 tensors becomes one rounded float op) by
+// plan_step(); elementwise updates (step_element, sampler_step.h) follow the reference's evaluation
+// order term by term. The step onto the
 // final sigma 0 (lambda = +inf) is taken explicitly as x = data prediction, which is what the
 // reference's IEEE arithmetic yields there (sigma_t/sigma_s = 0, alpha_t * (e^-inf - 1) = -1).
 #include <algorithm>
@@ -96,149 +97,188 @@ int64_t Sampler::timestep() const {
 void Sampler::reset() {
   index_ = 0;
   n_ = 0;
-  lower_order_nums_ = 0;
-  this_order_ = 0;
+  history_external_ = false;
   m_prev_.clear();
   m_last_.clear();
-  m_new_.clear();
   last_sample_.clear();
+}
+
+namespace {
+
+// Order of the UniPC predictor of step k (lower order at the start and at the last steps).
+int unipc_order(int k, int steps) { return std::min(std::min(2, steps - k), std::min(k, 2) + 1); }
+
+}  // namespace
+
+StepCoeffs Sampler::plan_step() const {
+  WAN_CHECK(!done(), "sampler: step() called after all ", steps(), " steps");
+  const auto& sg = sched_.sigmas;
+  const int i = index_;
+  const int N = steps();
+  auto sig = [&](int k) { return sg[static_cast<size_t>(k)]; };
+  StepCoeffs c;
+  c.solver = solver_;
+  c.index = i;
+  switch (solver_) {
+    case SolverKind::Euler: {
+      c.dt = sig(i + 1) - sig(i);
+      break;
+    }
+    case SolverKind::UniPC: {
+      const float sigma = sig(i);
+      c.sigma = sigma;
+      // UniC: corrects the sample of step i-1's predictor, with that predictor's order.
+      if (i > 0) {
+        const float sigma_s0 = sig(i - 1);
+        const BhCoeffs b = bh2_coeffs(sigma, sigma_s0);
+        c.cc_x = b.c_x;
+        c.cc_m = b.c_m;
+        c.cc_res = b.c_res;
+        c.corr_order = unipc_order(i - 1, N);
+        if (c.corr_order == 2) {
+          const float g1 = b.phi1 / b.hh - 1.0f;
+          const float b1 = g1 * 1.0f / b.B;
+          const float g2 = g1 / b.hh - 0.5f;
+          const float b2 = g2 * 2.0f / b.B;
+          const float lambda_s0 = lambda_of(sigma_s0);
+          c.cc_r = (lambda_of(sig(i - 2)) - lambda_s0) / b.h;
+          solve_2x2(c.cc_r, b1, b2, c.rho0, c.rho1);
+        } else {
+          WAN_ASSERT(c.corr_order == 1, "UniPC corrector order ", c.corr_order);
+        }
+      }
+      // UniP to sigma_{i+1}.
+      const int order = unipc_order(i, N);
+      const float sigma_t = sig(i + 1);
+      if (sigma_t == 0.0f) {
+        WAN_ASSERT(order == 1, "UniPC final step with order ", order);
+        c.pred_order = 0;
+      } else {
+        const BhCoeffs b = bh2_coeffs(sigma_t, sigma);
+        c.pc_x = b.c_x;
+        c.pc_m = b.c_m;
+        c.pc_res = b.c_res;
+        c.pred_order = order;
+        if (order == 2) c.pc_r = (lambda_of(sig(i - 1)) - lambda_of(sigma)) / b.h;
+      }
+      break;
+    }
+    case SolverKind::DpmPP: {
+      const float sigma_s0 = sig(i);
+      const float sigma_t = sig(i + 1);
+      c.sigma = sigma_s0;
+      // final_sigmas_type "zero" forces first order at the last step; it lands on m0.
+      const bool first_order = std::min(i, 2) < 1 || i == N - 1;
+      if (sigma_t == 0.0f) {
+        c.pred_order = 0;
+      } else {
+        const float alpha_t = 1.0f - sigma_t;
+        const float lambda_t = lambda_of(sigma_t);
+        const float lambda_s0 = lambda_of(sigma_s0);  // -inf when sigma_0 = 1: then h = +inf, e^-h = 0
+        const float h = lambda_t - lambda_s0;
+        c.pc_x = sigma_t / sigma_s0;
+        c.pc_m = alpha_t * (expf_cr(-h) - 1.0f);
+        if (first_order) {
+          c.pred_order = 1;
+        } else {
+          // sigma_{i-1} = 1 gives h_0 = +inf, r0 = +inf, 1/r0 = 0: the history term vanishes, as in
+          // the reference.
+          const float h0 = lambda_s0 - lambda_of(sig(i - 1));
+          const float r0 = h0 / h;
+          c.pc_r = 1.0f / r0;
+          c.pc_res = 0.5f * c.pc_m;
+          c.pred_order = 2;
+        }
+      }
+      break;
+    }
+  }
+  return c;
+}
+
+StepCoeffs Sampler::take_step() {
+  const StepCoeffs c = plan_step();
+  ++index_;
+  history_external_ = true;
+  m_prev_ = {};
+  m_last_ = {};
+  last_sample_ = {};
+  return c;
 }
 
 void Sampler::step(const float* v, float* x, size_t n) {
   WAN_CHECK(!done(), "sampler: step() called after all ", steps(), " steps");
   WAN_CHECK(v != nullptr && x != nullptr && n > 0, "sampler: step() needs non-empty v and x");
+  WAN_CHECK(!history_external_, "sampler: step() after take_step(): the history is not on the host (set_state first)");
   if (index_ == 0) {
     n_ = n;
-    m_prev_.assign(n, 0.0f);
-    m_last_.assign(n, 0.0f);
-    m_new_.assign(n, 0.0f);
+    if (solver_ != SolverKind::Euler) {
+      m_prev_.assign(n, 0.0f);
+      m_last_.assign(n, 0.0f);
+    }
     if (solver_ == SolverKind::UniPC) last_sample_.assign(n, 0.0f);
   }
   WAN_CHECK(n == n_, "sampler: step ", index_, " got ", n, " elements, the run started with ", n_);
+  const StepCoeffs c = plan_step();
+  float unused = 0.0f;
   switch (solver_) {
-    case SolverKind::UniPC: step_unipc(v, x); break;
-    case SolverKind::DpmPP: step_dpmpp(v, x); break;
-    case SolverKind::Euler: step_euler(v, x); break;
+    case SolverKind::Euler:
+      for (size_t j = 0; j < n; ++j) step_element(c, v[j], x[j], 0.0f, 0.0f, 0.0f, &x[j], &unused, &unused);
+      break;
+    case SolverKind::DpmPP: {
+      const float* ml = m_last_.data();
+      float* mp = m_prev_.data();
+      for (size_t j = 0; j < n; ++j) step_element(c, v[j], x[j], ml[j], mp[j], 0.0f, &x[j], &mp[j], &unused);
+      break;
+    }
+    case SolverKind::UniPC: {
+      const float* ml = m_last_.data();
+      float* mp = m_prev_.data();
+      float* xs = last_sample_.data();
+      for (size_t j = 0; j < n; ++j) step_element(c, v[j], x[j], ml[j], mp[j], xs[j], &x[j], &mp[j], &xs[j]);
+      break;
+    }
   }
+  // M = [M[-1], m]: the slot of M[-2] now holds m.
+  std::swap(m_prev_, m_last_);
   ++index_;
 }
 
-void Sampler::step_unipc(const float* v, float* x) {
-  const size_t n = n_;
-  const auto& sg = sched_.sigmas;
-  const int i = index_;
-  const int N = steps();
-  const float sigma = sg[static_cast<size_t>(i)];
-  float* m = m_new_.data();
-  for (size_t j = 0; j < n; ++j) m[j] = x[j] - sigma * v[j];  // data prediction x0_hat
-
-  // UniC: correct the sample that the last predictor produced, using this step's prediction.
-  if (i > 0) {
-    const float sigma_s0 = sg[static_cast<size_t>(i - 1)];
-    const BhCoeffs c = bh2_coeffs(sigma, sigma_s0);
-    const float* m0 = m_last_.data();
-    const float* xs = last_sample_.data();
-    if (this_order_ == 2) {
-      const float g1 = c.phi1 / c.hh - 1.0f;
-      const float b1 = g1 * 1.0f / c.B;
-      const float g2 = g1 / c.hh - 0.5f;
-      const float b2 = g2 * 2.0f / c.B;
-      const float lambda_s0 = lambda_of(sigma_s0);
-      const float r = (lambda_of(sg[static_cast<size_t>(i - 2)]) - lambda_s0) / c.h;
-      float rho0, rho1;
-      solve_2x2(r, b1, b2, rho0, rho1);
-      const float* m1 = m_prev_.data();
-      for (size_t j = 0; j < n; ++j) {
-        const float xt = c.c_x * xs[j] - c.c_m * m0[j];
-        const float d1 = (m1[j] - m0[j]) / r;
-        const float res = rho0 * d1 + rho1 * (m[j] - m0[j]);
-        x[j] = xt - c.c_res * res;
-      }
-    } else {
-      WAN_ASSERT(this_order_ == 1, "UniPC corrector order ", this_order_);
-      for (size_t j = 0; j < n; ++j) {
-        const float xt = c.c_x * xs[j] - c.c_m * m0[j];
-        x[j] = xt - c.c_res * (0.5f * (m[j] - m0[j]));
-      }
-    }
+SamplerState Sampler::state() const {
+  WAN_CHECK(!history_external_, "sampler: the history of this run is kept outside the sampler (take_step)");
+  SamplerState st;
+  st.index = index_;
+  if (index_ > 0) {
+    st.n = n_;
+    st.m_last = m_last_;
+    st.m_prev = m_prev_;
+    st.last_sample = last_sample_;
   }
-
-  // History: M = [M[-1], m]; the corrected sample is what the predictor (and the next corrector) use.
-  std::swap(m_prev_, m_last_);
-  std::swap(m_last_, m_new_);
-  const int order = std::min(std::min(2, N - i), lower_order_nums_ + 1);
-  this_order_ = order;
-  std::copy(x, x + n, last_sample_.begin());
-
-  // UniP to sigma_{i+1}.
-  const float* m0 = m_last_.data();
-  const float sigma_t = sg[static_cast<size_t>(i + 1)];
-  if (sigma_t == 0.0f) {
-    WAN_ASSERT(order == 1, "UniPC final step with order ", order);
-    std::copy(m0, m0 + n, x);
-  } else {
-    const BhCoeffs c = bh2_coeffs(sigma_t, sigma);
-    if (order == 2) {
-      const float r = (lambda_of(sg[static_cast<size_t>(i - 1)]) - lambda_of(sigma)) / c.h;
-      const float* m1 = m_prev_.data();
-      for (size_t j = 0; j < n; ++j) {
-        const float xt = c.c_x * x[j] - c.c_m * m0[j];
-        const float d1 = (m1[j] - m0[j]) / r;
-        x[j] = xt - c.c_res * (0.5f * d1);
-      }
-    } else {
-      for (size_t j = 0; j < n; ++j) x[j] = c.c_x * x[j] - c.c_m * m0[j];
-    }
-  }
-  lower_order_nums_ = std::min(lower_order_nums_ + 1, 2);
+  return st;
 }
 
-void Sampler::step_dpmpp(const float* v, float* x) {
-  const size_t n = n_;
-  const auto& sg = sched_.sigmas;
-  const int i = index_;
-  const float sigma_s0 = sg[static_cast<size_t>(i)];
-  const float sigma_t = sg[static_cast<size_t>(i + 1)];
-  float* m = m_new_.data();
-  for (size_t j = 0; j < n; ++j) m[j] = x[j] - sigma_s0 * v[j];
-  std::swap(m_prev_, m_last_);
-  std::swap(m_last_, m_new_);
-  const float* m0 = m_last_.data();
-
-  // final_sigmas_type "zero" forces first order at the last step; it lands on m0.
-  const bool first_order = lower_order_nums_ < 1 || i == steps() - 1;
-  if (sigma_t == 0.0f) {
-    std::copy(m0, m0 + n, x);
-  } else {
-    const float alpha_t = 1.0f - sigma_t;
-    const float lambda_t = lambda_of(sigma_t);
-    const float lambda_s0 = lambda_of(sigma_s0);  // -inf when sigma_0 = 1: then h = +inf, e^-h = 0
-    const float h = lambda_t - lambda_s0;
-    const float c_x = sigma_t / sigma_s0;
-    const float c_m = alpha_t * (expf_cr(-h) - 1.0f);
-    if (first_order) {
-      for (size_t j = 0; j < n; ++j) x[j] = c_x * x[j] - c_m * m0[j];
-    } else {
-      // sigma_{i-1} = 1 gives h_0 = +inf, r0 = +inf, 1/r0 = 0: the history term vanishes, as in
-      // the reference.
-      const float h0 = lambda_s0 - lambda_of(sg[static_cast<size_t>(i - 1)]);
-      const float r0 = h0 / h;
-      const float inv_r0 = 1.0f / r0;
-      const float c_half = 0.5f * c_m;
-      const float* m1 = m_prev_.data();
-      for (size_t j = 0; j < n; ++j) {
-        const float d1 = inv_r0 * (m0[j] - m1[j]);
-        x[j] = (c_x * x[j] - c_m * m0[j]) - c_half * d1;
-      }
-    }
+void Sampler::set_state(SamplerState st) {
+  WAN_CHECK(st.index >= 0 && st.index <= steps(), "sampler state: step index ", st.index, " outside [0, ", steps(),
+            "]");
+  if (st.index == 0) {
+    WAN_CHECK(st.m_last.empty() && st.m_prev.empty() && st.last_sample.empty(),
+              "sampler state: step 0 has no history, but history vectors were given");
+    reset();
+    return;
   }
-  lower_order_nums_ = std::min(lower_order_nums_ + 1, 2);
-}
-
-void Sampler::step_euler(const float* v, float* x) {
-  const auto& sg = sched_.sigmas;
-  const float dt = sg[static_cast<size_t>(index_ + 1)] - sg[static_cast<size_t>(index_)];
-  for (size_t j = 0; j < n_; ++j) x[j] = x[j] + dt * v[j];
+  WAN_CHECK(st.n > 0, "sampler state: step ", st.index, " needs the element count");
+  const bool multistep = solver_ != SolverKind::Euler;
+  const size_t want_m = multistep ? st.n : 0, want_s = solver_ == SolverKind::UniPC ? st.n : 0;
+  WAN_CHECK(st.m_last.size() == want_m && st.m_prev.size() == want_m && st.last_sample.size() == want_s,
+            "sampler state: ", solver_name(solver_), " at step ", st.index, " needs ", want_m, " + ", want_m, " + ",
+            want_s, " history values (m_last, m_prev, last_sample), got ", st.m_last.size(), " + ", st.m_prev.size(),
+            " + ", st.last_sample.size());
+  index_ = st.index;
+  n_ = st.n;
+  history_external_ = false;
+  m_last_ = std::move(st.m_last);
+  m_prev_ = std::move(st.m_prev);
+  last_sample_ = std::move(st.last_sample);
 }
 
 }  // namespace wan

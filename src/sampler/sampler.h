@@ -14,15 +14,20 @@
 //    and the sample that entered the last predictor) is carried across the expert switch.
 //  - The sample passed to step() is the one the model saw; the caller may edit the latent between
 //    steps (TI2V frame-0 replacement) and the sampler uses whatever it is given, as the reference.
+//  - A step is its scalar coefficients (plan_step(): a function of the schedule and index() alone)
+//    applied per element by step_element() (sampler/sampler_step.h). step() does exactly that on the
+//    host; the GPU sampler (cuda/sampler_gpu.h) applies the same coefficients on the device, with the
+//    history in device memory, after take_step() has advanced the index here.
 #pragma once
 #include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "sampler/sampler_step.h"  // SolverKind, StepCoeffs, SamplerState, step_element
+
 namespace wan {
 
-enum class SolverKind { UniPC, DpmPP, Euler };
 // Official: the Wan repository's schedulers (UniPC and Euler on the FlowUniPCMultistepScheduler
 // grid from float32(0.999), DPM++ on get_sampling_sigmas' grid from 1). Diffusers: the grid of
 // diffusers' UniPCMultistepScheduler with use_flow_sigmas (what the converted Wan 2.2 repositories
@@ -70,23 +75,32 @@ class Sampler {
 
   // One solver step: v is the (guided) model output at (x, timestep()), x [n] is replaced by the
   // sample at the next sigma. n must be the same on every call. Throws wan::Error when done().
+  // Equals plan_step() applied by step_element() to every element, then the history rotation.
   void step(const float* v, float* x, size_t n);
   void reset();  // back to step 0 with no history
 
- private:
-  void step_unipc(const float* v, float* x);
-  void step_dpmpp(const float* v, float* x);
-  void step_euler(const float* v, float* x);
+  // The scalar coefficients of the step index() performs (pure; throws wan::Error when done()).
+  StepCoeffs plan_step() const;
+  // plan_step(), then index() advances without touching any host buffer: for callers that keep x
+  // and the history elsewhere (the GPU sampler). The host history is dropped: state() refuses until
+  // set_state() brings the external state back.
+  StepCoeffs take_step();
 
+  // The resumable state (index + host history). Throws wan::Error after take_step() (the history is
+  // not here).
+  SamplerState state() const;
+  // Restores a state (validated: index in [0, steps()], the vectors that index and solver need, all
+  // of n elements, nothing else). The next step() must then pass the same n.
+  void set_state(SamplerState st);
+
+ private:
   SolverKind solver_;
   SigmaSchedule sched_;
   int index_ = 0;
   size_t n_ = 0;
-  int lower_order_nums_ = 0;      // model outputs seen so far, capped at the solver order (2)
-  int this_order_ = 0;            // order of the last predictor (UniPC): the next corrector's order
-  std::vector<float> m_prev_;     // data prediction of the step before last (M[-2])
-  std::vector<float> m_last_;     // data prediction of the last step (M[-1])
-  std::vector<float> m_new_;      // this step's data prediction (scratch)
+  bool history_external_ = false;   // take_step() was used: the history lives with the caller
+  std::vector<float> m_prev_;       // data prediction of the step before last (M[-2])
+  std::vector<float> m_last_;       // data prediction of the last step (M[-1])
   std::vector<float> last_sample_;  // UniPC: the (corrected) sample that entered the last predictor
 };
 

@@ -1,19 +1,25 @@
 // The T2V pipeline with the DiT on the GPU (bf16) against the CPU float32 pipeline and the diffusers
-// oracle on the committed tiny two-expert checkpoint, and the determinism of `wan generate --device cuda`.
+// oracle on the committed tiny two-expert checkpoint, the determinism of `wan generate --device cuda`,
+// and the fused GPU sampler against the host-side sampling path (bit for bit).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
 #include <string>
 #include <unistd.h>
+#include <vector>
 
 #include "cuda/rng.h"
+#include "pipeline/denoiser.h"
 #include "pipeline/pipeline.h"
+#include "sampler/sampler.h"
 #include "st/safetensors.h"
 
 using namespace wan;
@@ -155,4 +161,95 @@ TEST(GpuPipeline, CliTwiceGivesIdenticalFiles) {
     EXPECT_EQ(x, y) << files[0][k];
   }
   fs::remove_all(dir);
+}
+
+// Issue 4 item 2: the fused GPU sampler (guidance + solver update in one kernel, x and the history on
+// the device) gives the latents of the host path (DiT output downloaded, cfg_combine +
+// Sampler::step) bit for bit with the same DiT: with the golden guides, with a guide of 1 on the
+// low-noise expert (the batch-1 path), across a mid-run read-back and a resume from it; and
+// `--device cuda` runs the fused path.
+TEST(GpuPipeline, FusedSamplerEqualsHostPath) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  GenerateOptions o = golden("cuda");
+  o.decode = false;
+  const GeneratePlan p = plan_generate(o);
+  const Tensor& x0 = p.init_latents;
+  ASSERT_TRUE(x0.defined());
+  // Context batches as the pipeline builds them: [B, Lmax, D], rows past each prompt zero.
+  auto batch = [](std::vector<const Tensor*> es, std::vector<int64_t>* lens) {
+    int64_t lmax = 0;
+    const int64_t D = es[0]->dim(1);
+    for (const Tensor* e : es) lmax = std::max(lmax, e->dim(0));
+    Tensor ctx = Tensor::f32(Shape{static_cast<int64_t>(es.size()), lmax, D});
+    std::memset(ctx.data(), 0, ctx.nbytes());
+    lens->clear();
+    for (size_t b = 0; b < es.size(); ++b) {
+      std::memcpy(ctx.f32() + static_cast<int64_t>(b) * lmax * D, es[b]->f32(), es[b]->nbytes());
+      lens->push_back(es[b]->dim(0));
+    }
+    return ctx;
+  };
+  std::vector<int64_t> lens_cfg, lens_cond;
+  const Tensor ctx_cfg = batch({&p.prompt_embeds, &p.negative_embeds}, &lens_cfg);
+  const Tensor ctx_cond = batch({&p.prompt_embeds}, &lens_cond);
+
+  DenoiserSpec spec;
+  spec.device = "cuda";
+  spec.latent_shape = p.latent_shape;
+  spec.fused_sampler = true;
+  auto fused = make_denoiser(p.ckpt, spec);
+  spec.fused_sampler = false;
+  auto host = make_denoiser(p.ckpt, spec);
+
+  // Steps [from, to) of a run on d; guide 1 runs the conditional batch alone, as the pipeline.
+  auto steps = [&](Denoiser& d, Sampler& s, const std::vector<ExpertStep>& es, int to) {
+    while (s.index() < to) {
+      const ExpertStep& e = es[static_cast<size_t>(s.index())];
+      const bool cfg = e.guide != 1.0f;
+      d.guided_step(s, e.expert, e.guide, cfg ? ctx_cfg : ctx_cond, cfg ? lens_cfg : lens_cond);
+    }
+  };
+  auto bits_equal = [](const Tensor& a, const Tensor& b) {
+    return a.nbytes() == b.nbytes() && std::memcmp(a.data(), b.data(), a.nbytes()) == 0;
+  };
+  std::vector<ExpertStep> guide1 = p.experts.steps;
+  for (ExpertStep& e : guide1)
+    if (e.expert == Expert::Low) e.guide = 1.0f;
+  int low_steps = 0;
+  for (const ExpertStep& e : guide1) low_steps += e.expert == Expert::Low;
+  ASSERT_GT(low_steps, 0);
+
+  Tensor pipeline_latents;
+  const std::vector<ExpertStep>* schedules[] = {&p.experts.steps, &guide1};
+  for (const std::vector<ExpertStep>* es : schedules) {
+    const int N = static_cast<int>(es->size());
+    Sampler sh(p.sampler);
+    host->begin_sampling(sh, x0);
+    steps(*host, sh, *es, N);
+    const Tensor want = host->sync_sampling(sh);
+
+    // Fused, read back at step 2 (the pipeline's --save-state), then on to the end.
+    Sampler sf(p.sampler);
+    fused->begin_sampling(sf, x0);
+    steps(*fused, sf, *es, 2);
+    const Tensor mid = fused->sync_sampling(sf);
+    const SamplerState st = sf.state();
+    EXPECT_EQ(st.index, 2);
+    EXPECT_EQ(st.last_sample.size(), static_cast<size_t>(x0.numel()));  // UniPC history came back
+    steps(*fused, sf, *es, N);
+    const Tensor got = fused->sync_sampling(sf);
+    EXPECT_TRUE(bits_equal(got, want)) << "fused vs host path, rel L2 " << rel_l2(got, want);
+    EXPECT_FALSE(bits_equal(got, x0));
+
+    // Resumed from the read-back state in a fresh sampler (the pipeline's --resume).
+    Sampler sr(p.sampler);
+    sr.set_state(st);
+    fused->begin_sampling(sr, mid);
+    steps(*fused, sr, *es, N);
+    EXPECT_TRUE(bits_equal(fused->sync_sampling(sr), want)) << "resumed fused run";
+    if (es == &p.experts.steps) pipeline_latents = want;
+  }
+  const GenerateResult r = run_generate(p, {}, /*decode=*/false);
+  EXPECT_TRUE(bits_equal(r.latents, pipeline_latents)) << "pipeline vs fused loop, rel L2 "
+                                                       << rel_l2(r.latents, pipeline_latents);
 }

@@ -1,0 +1,99 @@
+// The GPU parts of the pipeline outside the DiT (see models.h): the UMT5 text encoder on the GPU
+// (wan::cuda::T5EncoderGpu, bf16) with its tokenizer, its memory check, the device-memory probe of the
+// timing report, and the GPU VAE decode with that probe. Compiled only in CUDA builds (the stubs of a
+// CPU-only build are in models.cpp).
+#ifdef WAN_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "cuda/check.h"
+#include "cuda/rng.h"
+#include "cuda/t5_gpu.h"
+#include "cuda/vae_gpu.h"
+#include "pipeline/denoiser.h"
+#include "pipeline/models.h"
+
+namespace wan {
+
+namespace {
+
+class GpuT5 : public GpuTextEncoder {
+ public:
+  GpuT5(const CheckpointInfo& info, const T5Config& c, bool random, uint64_t seed, PromptTokenizer tokens, int device)
+      : tokens_(std::move(tokens)), device_(device) {
+    CUDA_CHECK(cudaSetDevice(device));
+    cuda::T5WeightSource src;
+    std::unique_ptr<WeightStore> store;
+    if (random) {
+      src.random = true;
+      src.seed = seed;
+    } else {
+      WAN_WITH_CONTEXT("loading the text encoder", store = open_weights(info, Role::TextEncoder));
+      WeightStore* ws = store.get();
+      src.get = [ws](const std::string& name) { return ws->get(name); };  // as stored; converted per tensor
+    }
+    WAN_WITH_CONTEXT("loading the text encoder on the GPU", t5_ = std::make_unique<cuda::T5EncoderGpu>(c, src, device));
+  }
+  Tensor encode(const std::string& prompt) override {
+    CUDA_CHECK(cudaSetDevice(device_));
+    const std::vector<int32_t> ids = tokens_.ids(prompt);
+    return t5_->encode(ids.data(), static_cast<int64_t>(ids.size()));
+  }
+  size_t device_bytes() const override { return t5_->weight_bytes(); }
+
+ private:
+  PromptTokenizer tokens_;
+  int device_;
+  std::unique_ptr<cuda::T5EncoderGpu> t5_;
+};
+
+}  // namespace
+
+std::unique_ptr<GpuTextEncoder> make_gpu_text_encoder(const CheckpointInfo& info, const T5Config& c, bool random,
+                                                      uint64_t t5_seed, PromptTokenizer tokens, int device) {
+  return std::make_unique<GpuT5>(info, c, random, t5_seed, std::move(tokens), device);
+}
+
+size_t check_gpu_text_encoder(const T5Config& c, const std::string& device) {
+  const int index = parse_device(device);
+  const int n = cuda::device_count();
+  WAN_CHECK(n > 0, "--device ", device, ": no CUDA device is available on this machine");
+  WAN_CHECK(index >= 0 && index < n, "--device ", device, ": this machine has ", n, " CUDA device(s)");
+  const size_t bytes = cuda::T5EncoderGpu::device_bytes(c);
+  CUDA_CHECK(cudaSetDevice(index));
+  size_t free_b = 0, total_b = 0;
+  CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  WAN_CHECK(bytes <= free_b, "--device ", device, ": the text encoder needs ", bytes >> 20, " MiB (weights ",
+            cuda::T5EncoderGpu::weight_bytes(c) >> 20, " MiB + activations and reserve) but only ", free_b >> 20,
+            " MiB are free");
+  return bytes;
+}
+
+int64_t gpu_memory_in_use(int device) {
+  if (device < 0 || device >= cuda::device_count()) return 0;
+  int prev = 0;
+  if (cudaGetDevice(&prev) != cudaSuccess) prev = device;
+  size_t free_b = 0, total_b = 0;
+  int64_t used = 0;
+  if (cudaSetDevice(device) == cudaSuccess && cudaMemGetInfo(&free_b, &total_b) == cudaSuccess)
+    used = static_cast<int64_t>(total_b - free_b);
+  cudaGetLastError();
+  cudaSetDevice(prev);
+  return used;
+}
+
+Tensor gpu_vae_decode_tracked(const VaeConfig& vae, const VaeWeights& w, const Tensor& latents, int device,
+                              int64_t* in_use_peak) {
+  CUDA_CHECK(cudaSetDevice(device));
+  auto dec = cuda::VaeDecoderGpu::create(vae, w, cuda::VaeGpuShape{latents.dim(2), latents.dim(3)});
+  int64_t peak = gpu_memory_in_use(device);
+  Tensor video = dec->decode(latents, /*clamp=*/true);
+  peak = std::max(peak, gpu_memory_in_use(device));
+  if (in_use_peak) *in_use_peak = std::max(*in_use_peak, peak);
+  return video;
+}
+
+}  // namespace wan
+#endif  // WAN_HAVE_CUDA

@@ -1,0 +1,423 @@
+// `wan generate --weights random` and paused / resumed runs on the CPU (issue 4 items 7 and 9): tiny
+// random-weight runs need no files and are deterministic; the host draw of the DiT follows the GPU's
+// rule element by element; the stand-in tokenization; every bad input (bad --task / --config, sizes
+// too big for host memory, resume files that are missing, broken or from another run) is refused by
+// the plan with one clear message (exit 2 through the CLI); a run paused after step k and resumed
+// gives byte-identical latents to the uninterrupted run, for every solver and through the CLI.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "core/philox.h"
+#include "gen/weight_init.h"
+#include "pipeline/files.h"
+#include "pipeline/models.h"
+#include "pipeline/pipeline.h"
+#include "st/safetensors.h"
+
+namespace fs = std::filesystem;
+using namespace wan;
+
+namespace {
+
+struct TmpDir {
+  fs::path p;
+  TmpDir() {
+    static int n = 0;
+    p = fs::temp_directory_path() / cat("wan_test_generate_random_", getpid(), "_", n++);
+    fs::remove_all(p);
+    fs::create_directories(p);
+  }
+  ~TmpDir() { fs::remove_all(p); }
+  std::string operator/(const std::string& f) const { return (p / f).string(); }
+};
+
+GenerateOptions tiny(uint64_t seed = 3) {
+  GenerateOptions o;
+  o.random_weights = true;
+  o.weights_seed = 11;
+  o.config = "tiny";
+  o.prompt = "a red fox runs through the snow";
+  o.width = 64;
+  o.height = 48;
+  o.frames = 9;
+  o.steps = 5;
+  o.seed = seed;
+  return o;
+}
+
+bool same_bytes(const Tensor& a, const Tensor& b) {
+  return a.shape() == b.shape() && a.nbytes() == b.nbytes() && std::memcmp(a.data(), b.data(), a.nbytes()) == 0;
+}
+
+void expect_finite_nonzero(const Tensor& t) {
+  double s = 0;
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    ASSERT_TRUE(std::isfinite(t.f32()[i])) << i;
+    s += std::fabs(t.f32()[i]);
+  }
+  EXPECT_GT(s, 0.0);
+}
+
+void expect_bad_input(const std::function<void()>& fn, const std::string& part) {
+  try {
+    fn();
+    ADD_FAILURE() << "no error; expected one containing '" << part << "'";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::BadInput) << e.what();
+    EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << "message: " << e.what();
+    EXPECT_EQ(std::string(e.what()).find('\n'), std::string::npos) << "one line: " << e.what();
+  }
+}
+
+// Plan + run, pausing after `stop` steps (0: to the end); returns the result.
+GenerateResult run(const GenerateOptions& o, bool decode = false) { return run_generate(plan_generate(o), {}, decode); }
+
+struct Result {
+  int code = -1;
+  std::string out, err;
+};
+
+std::string slurp(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+Result run_wan(const std::vector<std::string>& args) {
+  TmpDir io;
+  const std::string out = io / "stdout", err = io / "stderr";
+  pid_t pid = fork();
+  if (pid == 0) {
+    int o = open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    int e = open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    dup2(o, 1);
+    dup2(e, 2);
+    std::vector<std::string> copy = args;
+    std::string bin = WAN_BINARY;
+    std::vector<char*> argv{bin.data()};
+    for (auto& a : copy) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    execv(bin.c_str(), argv.data());
+    _exit(127);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  Result r;
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  r.out = slurp(out);
+  r.err = slurp(err);
+  return r;
+}
+
+}  // namespace
+
+TEST(GenerateRandom, TinyRunNeedsNoFilesAndIsDeterministic) {
+  const GeneratePlan plan = plan_generate(tiny());
+  EXPECT_TRUE(plan.random_weights);
+  EXPECT_TRUE(plan.stand_in_tokens);
+  EXPECT_TRUE(plan.ckpt.components.empty());
+  EXPECT_EQ(plan.ckpt.dit.dim, 256);
+  const std::string d = plan.describe();
+  EXPECT_NE(d.find("RANDOM"), std::string::npos) << d;
+  EXPECT_NE(d.find("the video is noise"), std::string::npos) << d;
+  EXPECT_NE(d.find("stand-in tokens"), std::string::npos) << d;
+
+  const GenerateResult a = run_generate(plan, {}, /*decode=*/true);
+  const GenerateResult b = run(tiny(), /*decode=*/true);
+  expect_finite_nonzero(a.latents);
+  EXPECT_TRUE(same_bytes(a.latents, b.latents));
+  EXPECT_TRUE(same_bytes(a.video, b.video));
+  ASSERT_EQ(a.video.shape(), (Shape{3, 9, 48, 64}));
+  for (int64_t i = 0; i < a.video.numel(); ++i) ASSERT_LE(std::fabs(a.video.f32()[i]), 1.0f);
+  // The sampled latents moved away from the seeded noise; another weights seed gives another run.
+  EXPECT_FALSE(same_bytes(a.latents, seeded_latents(plan.latent_shape, 3)));
+  GenerateOptions o = tiny();
+  o.weights_seed = 12;
+  EXPECT_FALSE(same_bytes(run(o).latents, a.latents));
+  EXPECT_EQ(a.timings.step_seconds.size(), 5u);
+  EXPECT_GT(a.timings.load_text_encoder + a.timings.load_dit, 0.0);
+}
+
+TEST(GenerateRandom, HostDitDrawFollowsTheGpuRule) {
+  const DiTConfig c = dit_preset("tiny");
+  const uint64_t seed = random_expert_seed(5, Task::T2V_A14B, true);
+  EXPECT_NE(seed, random_expert_seed(5, Task::T2V_A14B, false));
+  // The GPU's key (cuda::random_weight_seed, checked against it in tests/gpu/test_generate_random_gpu.cu):
+  // splitmix(splitmix(seed) ^ h) with h the FNV-1a hash of the name from offset basis 1469598103934665603.
+  const std::string q = "blocks.1.self_attn.q.weight";
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char ch : q) h = (h ^ ch) * 1099511628211ull;
+  const uint64_t key = gen::splitmix64(gen::splitmix64(seed) ^ h);
+  EXPECT_EQ(random_weight_key(seed, q), key);
+  EXPECT_NE(random_weight_key(seed, q), random_weight_key(seed, "blocks.0.self_attn.q.weight"));
+  // bf16 GEMM weight: bf16(normal * 1/sqrt(3 fan_in)).
+  const Tensor w = random_dit_tensor(c, seed, q);
+  ASSERT_EQ(w.shape(), (Shape{256, 256}));
+  const float scale = static_cast<float>(1.0 / std::sqrt(3.0 * 256));
+  for (int64_t i : {0L, 1L, 777L, 65535L})
+    EXPECT_EQ(w.f32()[i], bf16_to_f32(f32_to_bf16(philox_normal(key, static_cast<uint64_t>(i)) * scale))) << i;
+  // fp32 modulation table: normal / sqrt(dim), not rounded to bf16.
+  const Tensor m = random_dit_tensor(c, seed, "blocks.0.modulation");
+  const uint64_t mkey = random_weight_key(seed, "blocks.0.modulation");
+  int not_bf16 = 0;
+  for (int64_t i = 0; i < m.numel(); ++i) {
+    ASSERT_EQ(m.f32()[i], philox_normal(mkey, static_cast<uint64_t>(i)) * static_cast<float>(1.0 / 16.0) + 0.0f);
+    not_bf16 += bf16_to_f32(f32_to_bf16(m.f32()[i])) != m.f32()[i];
+  }
+  EXPECT_GT(not_bf16, m.numel() / 2);
+  // Norm weights around 1.
+  const Tensor n = random_dit_tensor(c, seed, "blocks.0.cross_attn.norm_k.weight");
+  double mean = 0;
+  for (int64_t i = 0; i < n.numel(); ++i) mean += n.f32()[i] / static_cast<double>(n.numel());
+  EXPECT_NEAR(mean, 1.0, 0.02);
+  EXPECT_THROW(random_dit_tensor(c, seed, "blocks.9.ffn.0.weight"), Error);
+  // The text encoder's host draw is the GPU encoder's rule too (fp32 norms around 1, bf16 GEMM weights).
+  const T5Config t5 = t5_preset("tiny");
+  const T5Weights tw = random_t5_weights(t5, random_t5_seed(5));
+  const uint64_t ekey = random_weight_key(random_t5_seed(5), "token_embedding.weight");
+  EXPECT_EQ(tw.token_embedding.f32()[12345], bf16_to_f32(f32_to_bf16(philox_normal(ekey, 12345) * 1.0f)));
+  const uint64_t nkey = random_weight_key(random_t5_seed(5), "blocks.1.norm2.weight");
+  EXPECT_EQ(tw.blocks[1].norm2.f32()[7], philox_normal(nkey, 7) * 0.05f + 1.0f);
+}
+
+TEST(GenerateRandom, StandInTokensAreTheCleanedPromptsBytes) {
+  EXPECT_EQ(stand_in_token_ids("  ab  c ", 256384), (std::vector<int32_t>{3 + 'a', 3 + 'b', 3 + ' ', 3 + 'c', 1}));
+  EXPECT_EQ(stand_in_token_ids("", 256384), (std::vector<int32_t>{1}));
+  const std::vector<int32_t> longer = stand_in_token_ids(std::string(2000, 'x'), 256384);
+  ASSERT_EQ(longer.size(), 512u);
+  EXPECT_EQ(longer.back(), 1);
+  const std::vector<int32_t> small = stand_in_token_ids("\xc3\xa9", 100);  // é: 0xC3 0xA9
+  EXPECT_EQ(small, (std::vector<int32_t>{3 + 0xC3 % 97, 3 + 0xA9 % 97, 1}));
+  expect_bad_input([] { stand_in_token_ids("a", 3); }, "vocabulary");
+}
+
+TEST(GenerateRandom, PlanRefusesBadInputBeforeHeavyWork) {
+  using Edit = std::function<void(GenerateOptions&)>;
+  const std::vector<std::pair<Edit, std::string>> cases = {
+      {[](GenerateOptions& o) { o.config = "huge"; }, "unknown --config 'huge'"},
+      {[](GenerateOptions& o) { o.task = Task::I2V_A14B; }, "is a t2v-A14B configuration"},
+      {[](GenerateOptions& o) {
+         o.config = "";
+         o.task = Task::I2V_A14B;
+       },
+       "only t2v-A14B runs"},
+      // Real-size experts with 1000 blocks: 2 x 1.4 TB of f32 weights.
+      {[](GenerateOptions& o) {
+         o.config = "t2v-A14B";
+         o.layers = 1000;
+       },
+       "float32 CPU path needs"},
+      {[](GenerateOptions& o) { o.layers = 5000; }, "--layers 5000"},
+      {[](GenerateOptions& o) { o.random_weights = false; }, "--config NAME needs --weights random"},
+      {[](GenerateOptions& o) {
+         o.random_weights = false;
+         o.config = "";
+       },
+       "missing --model"},
+      {[](GenerateOptions& o) { o.keep_text_encoder = true; }, "--keep-text-encoder: only with --device cuda"},
+      {[](GenerateOptions& o) { o.stop_after_steps = 6; }, "--stop-after-steps 6: must be in 1..5"},
+      {[](GenerateOptions& o) { o.resume_file = "/nonexistent/state.safetensors"; }, "no such file"},
+      {[](GenerateOptions& o) { o.device = "cuda:x"; }, "--device 'cuda:x'"},
+  };
+  for (const auto& [edit, part] : cases) {
+    GenerateOptions o = tiny();
+    edit(o);
+    SCOPED_TRACE(part);
+    expect_bad_input([&] { plan_generate(o); }, part);
+  }
+}
+
+TEST(GenerateRandom, ResumedRunsEqualUninterruptedOnesForEverySolver) {
+  TmpDir t;
+  // The text once (drawing the tiny encoder's 16M-row embedding dominates a tiny run), then embeddings.
+  GenerateOptions first = tiny();
+  first.stop_after_steps = 1;
+  const RunState text = *run(first).state;
+  write_prompt_embeds(t / "prompt.safetensors", text.prompt_embeds);
+  write_prompt_embeds(t / "negative.safetensors", text.negative_embeds);
+  for (SolverKind solver : {SolverKind::UniPC, SolverKind::DpmPP, SolverKind::Euler}) {
+    SCOPED_TRACE(solver_name(solver));
+    GenerateOptions o = tiny();
+    o.prompt.reset();
+    o.prompt_embeds_file = t / "prompt.safetensors";
+    o.negative_embeds_file = t / "negative.safetensors";
+    o.solver = solver;
+    const GenerateResult full = run(o);
+    for (int stop : {1, 3, 5}) {
+      SCOPED_TRACE(cat("stop after ", stop));
+      GenerateOptions a = o;
+      a.stop_after_steps = stop;
+      const GenerateResult paused = run(a);
+      ASSERT_TRUE(paused.state.has_value());
+      EXPECT_EQ(paused.state->step, stop);
+      EXPECT_EQ(paused.timings.step_seconds.size(), static_cast<size_t>(stop));
+      EXPECT_FALSE(paused.video.defined());
+      const std::string file = t / cat("state_", solver_name(solver), stop, ".safetensors");
+      write_run_state(file, *paused.state);
+      GenerateOptions b = o;
+      b.resume_file = file;
+      b.seed.reset();  // taken from the state
+      const GeneratePlan plan = plan_generate(b);
+      EXPECT_TRUE(plan.seed_from_state);
+      EXPECT_FALSE(plan.needs_text_encoder);  // the text comes from the state
+      const GenerateResult resumed = run_generate(plan, {}, false);
+      EXPECT_EQ(resumed.first_step, stop);
+      EXPECT_EQ(resumed.timings.step_seconds.size(), static_cast<size_t>(5 - stop));
+      EXPECT_EQ(resumed.earlier.step_seconds.size(), static_cast<size_t>(stop));
+      EXPECT_TRUE(same_bytes(resumed.latents, full.latents));
+    }
+  }
+  // Chained: stop after 1, resume and stop after 3, resume to the end.
+  GenerateOptions a = tiny();
+  a.stop_after_steps = 1;
+  write_run_state(t / "s1.safetensors", *run(a).state);
+  GenerateOptions b = tiny();
+  b.resume_file = t / "s1.safetensors";
+  b.stop_after_steps = 3;
+  const GenerateResult mid = run(b);
+  ASSERT_TRUE(mid.state.has_value());
+  EXPECT_EQ(mid.state->timings.step_seconds.size(), 3u);
+  write_run_state(t / "s3.safetensors", *mid.state);
+  GenerateOptions c = tiny();
+  c.resume_file = t / "s3.safetensors";
+  const GenerateResult end = run(c, /*decode=*/true);
+  const GenerateResult full = run(tiny(), /*decode=*/true);
+  EXPECT_TRUE(same_bytes(end.latents, full.latents));
+  EXPECT_TRUE(same_bytes(end.video, full.video));
+  // A state resumed with the stop step at or before it is refused.
+  GenerateOptions d = tiny();
+  d.resume_file = t / "s3.safetensors";
+  d.stop_after_steps = 3;
+  expect_bad_input([&] { plan_generate(d); }, "already at step 3");
+}
+
+TEST(GenerateRandom, ResumeRefusesStatesOfOtherRunsAndBrokenFiles) {
+  TmpDir t;
+  GenerateOptions a = tiny();
+  a.stop_after_steps = 2;
+  const RunState st = *run(a).state;
+  const std::string file = t / "state.safetensors";
+  write_run_state(file, st);
+  using Edit = std::function<void(GenerateOptions&)>;
+  const std::vector<std::pair<Edit, std::string>> mismatches = {
+      {[](GenerateOptions& o) { o.seed = 4; }, "noise seed 3 (saved) vs seed 4 (now)"},
+      {[](GenerateOptions& o) { o.steps = 6; }, "steps 5 (saved) vs 6 (now)"},
+      {[](GenerateOptions& o) { o.prompt = "a blue fox"; }, "prompt text"},
+      {[](GenerateOptions& o) { o.weights_seed = 1; }, "weights random, seed 11"},
+      {[](GenerateOptions& o) { o.guide_low = 2.5f; }, "guide"},
+      {[](GenerateOptions& o) { o.solver = SolverKind::Euler; }, "sampler unipc (saved) vs euler (now)"},
+      {[](GenerateOptions& o) { o.width = 80; }, "video 64x48"},
+  };
+  for (const auto& [edit, part] : mismatches) {
+    GenerateOptions o = tiny();
+    o.resume_file = file;
+    edit(o);
+    SCOPED_TRACE(part);
+    expect_bad_input([&] { plan_generate(o); }, "the state was saved by a different run");
+    expect_bad_input([&] { plan_generate(o); }, part);
+  }
+  // Broken files: not safetensors, a latents file, a state with a damaged history.
+  {
+    std::ofstream(t / "junk.safetensors") << "not a state";
+    GenerateOptions o = tiny();
+    o.resume_file = t / "junk.safetensors";
+    expect_bad_input([&] { plan_generate(o); }, "junk.safetensors");
+  }
+  {
+    write_latents(t / "latents.safetensors", st.latents);
+    GenerateOptions o = tiny();
+    o.resume_file = t / "latents.safetensors";
+    expect_bad_input([&] { plan_generate(o); }, "not a state file");
+  }
+  {
+    RunState bad = st;
+    bad.sampler.m_prev.resize(10);
+    write_run_state(t / "bad.safetensors", bad);
+    GenerateOptions o = tiny();
+    o.resume_file = t / "bad.safetensors";
+    expect_bad_input([&] { plan_generate(o); }, "\"sampler.m_prev\" has 10 values");
+  }
+  {
+    RunState bad = st;
+    bad.latents = st.latents.clone();
+    bad.latents.f32()[5] = NAN;
+    write_run_state(t / "nan.safetensors", bad);
+    GenerateOptions o = tiny();
+    o.resume_file = t / "nan.safetensors";
+    expect_bad_input([&] { plan_generate(o); }, "non-finite");
+  }
+  // The state round-trips exactly.
+  const RunState back = read_run_state(file);
+  EXPECT_EQ(back.step, 2);
+  EXPECT_EQ(back.fingerprint, st.fingerprint);
+  EXPECT_TRUE(same_bytes(back.latents, st.latents));
+  EXPECT_EQ(back.sampler.m_last, st.sampler.m_last);
+  EXPECT_EQ(back.sampler.m_prev, st.sampler.m_prev);
+  EXPECT_EQ(back.sampler.last_sample, st.sampler.last_sample);
+  EXPECT_TRUE(same_bytes(back.prompt_embeds, st.prompt_embeds));
+  EXPECT_EQ(back.timings.step_seconds, st.timings.step_seconds);
+}
+
+TEST(GenerateRandom, CliSaveStateThenResumeEqualsOneRun) {
+  TmpDir t;
+  const std::vector<std::string> base = {"generate", "--weights", "random", "--config", "tiny", "--weights-seed", "4",
+                                         "--prompt", "a red fox", "--size", "64x48", "--frames", "9",
+                                         "--steps", "4", "--seed", "9", "--quiet"};
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> a = base;
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+  };
+  Result r = run_wan(with({"--output", t / "full.y4m", "--save-latents", t / "full.safetensors"}));
+  ASSERT_EQ(r.code, 0) << r.err;
+  r = run_wan(with({"--save-state", t / "s.safetensors", "--stop-after-steps", "2", "--timings-json", t / "t1.json"}));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_FALSE(fs::exists(t / "output.mp4"));
+  const auto j1 = nlohmann::json::parse(slurp(t / "t1.json"));
+  EXPECT_EQ(j1.at("timings").at("steps"), 2);
+  EXPECT_EQ(j1.at("weights"), "random");
+  r = run_wan(with({"--resume", t / "s.safetensors", "--output", t / "resumed.y4m", "--save-latents",
+                    t / "resumed.safetensors", "--timings-json", t / "t2.json"}));
+  ASSERT_EQ(r.code, 0) << r.err;
+  auto lat = [&](const std::string& f) { return SafetensorsFile::open(f)->get("latents").to_f32().clone(); };
+  EXPECT_TRUE(same_bytes(lat(t / "full.safetensors"), lat(t / "resumed.safetensors")));
+  EXPECT_EQ(slurp(t / "full.y4m"), slurp(t / "resumed.y4m"));
+  const auto j2 = nlohmann::json::parse(slurp(t / "t2.json"));
+  EXPECT_EQ(j2.at("first_step"), 2);
+  EXPECT_EQ(j2.at("timings").at("steps"), 2);
+  EXPECT_EQ(j2.at("whole_run").at("steps"), 4);
+  EXPECT_GT(j2.at("whole_run").at("text_encode_s").get<double>(), 0.0);
+
+  // Bad input: exit 2, one line, nothing written.
+  const std::vector<std::pair<std::vector<std::string>, std::string>> bad = {
+      {with({"--task", "t2v-B99"}), "unknown task"},
+      {with({"--resume", t / "missing.safetensors", "--output", t / "x.y4m"}), "no such file"},
+      {with({"--resume", t / "full.safetensors", "--output", t / "x.y4m"}), "not a state file"},
+      {with({"--resume", t / "s.safetensors", "--steps", "5", "--output", t / "x.y4m"}), "different run"},
+      {with({"--save-state", t / "x.safetensors"}), "go together"},
+      {with({"--save-state", t / "x.safetensors", "--stop-after-steps", "1", "--output", t / "x.y4m"}),
+       "no video or final latents"},
+      {with({"--weights", "fake"}), "--weights 'fake'"},
+      {{"generate", "--prompt", "x", "--weights-seed", "3"}, "--weights-seed needs --weights random"},
+  };
+  for (const auto& [args, part] : bad) {
+    SCOPED_TRACE(part);
+    const Result b = run_wan(args);
+    EXPECT_EQ(b.code, 2) << b.err;
+    EXPECT_NE(b.err.find(part), std::string::npos) << b.err;
+    EXPECT_EQ(std::count(b.err.begin(), b.err.end(), '\n'), 1) << b.err;
+  }
+  EXPECT_FALSE(fs::exists(t / "x.y4m"));
+  EXPECT_FALSE(fs::exists(t / "x.safetensors"));
+}
