@@ -293,6 +293,8 @@ TEST(GpuAttentionOwn, SmallOddLengthsEveryRow) {
       {"Lq=300 Lk=257 o_pad", 2, 300, 257, 3, {}, false, 8, 1.0f, 16},
       {"masked 512 (77, 512)", 2, 200, 512, 2, {77, 512}, false, 0, 1.0f, 17},
       {"masked 512 (1, 129)", 2, 130, 512, 2, {1, 129}, false, 0, 2.0f, 18},
+      // ~10 work items per CTA: the persistent grid's hand-over between items, ragged key counts
+      {"many items masked (1, 300)", 2, 2000, 300, 40, {1, 300}, false, 0, 1.0f, 19},
   };
   for (const char* bn : {"128", "176"}) {  // both key tiles on every case
     setenv("WAN_ATTN_BN", bn, 1);
