@@ -58,6 +58,8 @@ void print_help() {
       "                            encoder is freed before the DiT loads\n"
       "  --keep-text-encoder       cuda: keep the text encoder resident next to the DiT (counted in the fit)\n"
       "  --verbose                 print the GPU memory plan\n"
+      "  --attention K             GPU attention kernel: auto (default: the engine's own on sm_90, cuDNN\n"
+      "                            elsewhere) | own | cudnn\n"
       "  --output FILE             .mp4 | .y4m | .png (PNG: one file per frame, name_00000.png, ...)\n"
       "                            (default output.mp4, or output.y4m in a build without FFmpeg)\n"
       "  --prompt-embeds FILE      prompt embeddings instead of --prompt (see below)\n"
@@ -98,7 +100,7 @@ int cmd_generate(int argc, char** argv) {
          {"model", "prompt", "negative-prompt", "task", "size", "frames", "steps", "shift", "guide-scale", "sampler",
           "schedule", "seed", "device", "output", "prompt-embeds", "negative-prompt-embeds", "init-latents",
           "save-latents", "timings-json", "weights", "weights-seed", "config", "layers", "save-state",
-          "stop-after-steps", "resume"},
+          "stop-after-steps", "resume", "attention"},
          {"quiet", "help", "verbose", "keep-text-encoder"});
   if (a.flag("help")) {
     print_help();
@@ -136,6 +138,7 @@ int cmd_generate(int argc, char** argv) {
   }
   o.device = a.get_or("device", "cpu");
   o.verbose = a.flag("verbose");
+  o.attention = a.get_or("attention", "auto");
   o.prompt_embeds_file = a.get_or("prompt-embeds", "");
   o.negative_embeds_file = a.get_or("negative-prompt-embeds", "");
   o.init_latents_file = a.get_or("init-latents", "");

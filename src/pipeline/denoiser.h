@@ -59,6 +59,8 @@ struct DenoiserSpec {
   // GPU: guidance + solver update fused on the device (the default). Off: the DiT output goes to the
   // host for cfg_combine + Sampler::step each step (the pre-fusion path, kept for tests).
   bool fused_sampler = true;
+  // GPU attention kernel: "auto" (the engine's own on sm_90, cuDNN elsewhere) | "own" | "cudnn".
+  std::string attention = "auto";
 };
 
 // Loads the experts the schedule uses (CPU f32, or uploaded to the GPU).

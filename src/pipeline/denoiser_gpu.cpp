@@ -58,6 +58,7 @@ class GpuDenoiser : public Denoiser {
     cuda::DiTGpu::Options opt;
     opt.device = device;
     opt.verbose = spec.verbose;
+    opt.attention = cuda::DiTGpu::parse_attention(spec.attention);
     dit_ = std::make_unique<cuda::DiTGpu>(cuda::DiTGpu::create(ckpt.dit, sources, max_shape(spec), opt));
     high_index_ = spec.use_high ? 0 : -1;
     low_index_ = spec.use_low ? (spec.use_high ? 1 : 0) : -1;
@@ -160,6 +161,8 @@ void check_gpu_denoiser_impl(const CheckpointInfo& ckpt, const DenoiserSpec& spe
   const int experts = static_cast<int>(expert_roles(ckpt, spec).size());
   const cuda::MemoryPlan plan = cuda::DiTGpu::plan(ckpt.dit, max_shape(spec), experts);
   CUDA_CHECK(cudaSetDevice(device));
+  // --attention own on a device without the sm_90a kernel: one clear error before any work.
+  (void)cuda::DiTGpu::resolve_attention(cuda::DiTGpu::parse_attention(spec.attention));
   size_t free_b = 0, total_b = 0;
   CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
   const size_t sampler_b = sampler_bytes(spec);

@@ -208,6 +208,7 @@ static DenoiserSpec denoiser_spec(const GeneratePlan& p) {
   spec.use_low = uses_expert(p.experts, Expert::Low);
   spec.latent_shape = p.latent_shape;
   spec.verbose = p.verbose;
+  spec.attention = p.attention;
   spec.random_weights = p.random_weights;
   spec.seed_high = random_expert_seed(p.weights_seed, p.task, true);
   spec.seed_low = random_expert_seed(p.weights_seed, p.task, false);
@@ -277,6 +278,10 @@ GeneratePlan plan_generate(const GenerateOptions& o) {
   p.device = o.device;
   p.verbose = o.verbose;
   const bool on_gpu = parse_device(o.device) >= 0;
+  WAN_CHECK(o.attention == "auto" || o.attention == "own" || o.attention == "cudnn",
+            "--attention: expected auto, own or cudnn, got '", o.attention, "'");
+  WAN_CHECK(on_gpu || o.attention == "auto", "--attention ", o.attention, " applies to --device cuda only");
+  p.attention = o.attention;
 
   // Weights: the checkpoint's, or random at the sizes of the checkpoint or of a configuration.
   p.random_weights = o.random_weights;
@@ -493,6 +498,7 @@ std::string GeneratePlan::describe() const {
     os << "device   cpu (float32 reference)\n";
   } else {
     os << "device   " << device << " (" << (text_on_gpu ? "text encoder, " : "") << "DiT and VAE decode in bf16";
+    os << "; attention " << (attention == "auto" ? "auto: own on sm_90, else cuDNN" : attention);
     if (text_on_gpu)
       os << (keep_text_encoder ? "; text encoder resident next to the DiT" : "; text encoder freed before the DiT loads");
     os << ")\n";

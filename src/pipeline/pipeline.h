@@ -68,6 +68,7 @@ struct GenerateOptions {
   std::optional<uint64_t> seed;            // unset: a random seed (reported in the plan)
   std::string device = "cpu";              // "cpu" | "cuda" | "cuda:<i>" (text encoder, DiT and VAE decode)
   bool verbose = false;                    // print the GPU memory plan
+  std::string attention = "auto";          // GPU attention kernel: auto (own on sm_90, else cuDNN) | own | cudnn
   bool decode = true;                      // false: latents only (the VAE is not checked for the device)
   // Weights. random_weights: every weight drawn from the engine RNG (no checkpoint files needed);
   // without `model` the sizes are those of make-checkpoint config `config` (default: the task's name,
@@ -112,6 +113,7 @@ struct GeneratePlan {
   VaeConfig vae;
   int64_t weights_peak_bytes = 0;          // largest set of f32 weights held at once
   std::string device = "cpu";              // where the DiT runs: "cpu" | "cuda[:i]"
+  std::string attention = "auto";          // GPU attention kernel (GenerateOptions::attention)
   bool verbose = false;                    // print the GPU memory plan
   // Weights (GenerateOptions::random_weights). Without a model, ckpt is a stand-in with no components
   // (root names the configuration) that carries the task, the DiT config and the VAE version.

@@ -242,6 +242,8 @@ TEST(Pipeline, PlanRejectsBadInputBeforeHeavyWork) {
       {[](GenerateOptions& o) { o.device = "cuda:99"; }, "CUDA"},
       {[](GenerateOptions& o) { o.device = "cuda:x"; }, "is not cpu, cuda"},
       {[](GenerateOptions& o) { o.device = "tpu"; }, "is not cpu, cuda"},
+      {[](GenerateOptions& o) { o.attention = "flash"; }, "--attention: expected auto, own or cudnn"},
+      {[](GenerateOptions& o) { o.attention = "own"; }, "applies to --device cuda only"},
       {[](GenerateOptions& o) { o.prompt_embeds_file.clear(); }, "missing --prompt"},
       {[](GenerateOptions& o) { o.prompt = "x"; }, "not both"},
       {[](GenerateOptions& o) { o.negative_prompt = "x"; }, "not both"},
