@@ -22,49 +22,20 @@
 #include "cuda/attention_cudnn.h"
 #include "cuda/check.h"
 #include "cuda/rng.h"
+#include "gpu_test_util.h"
 #include "ops/cpu_ops.h"
 
 using namespace wan;
+using namespace wan::gpu_test;
 using cuda::AttentionArgs;
 using cuda::AttentionShape;
 using cuda::AttnOutType;
 using cuda::CudnnAttention;
 
-#define REQUIRE_GPU() \
-  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device"
-
 namespace {
 
 constexpr int64_t D = 128;
 const float kScale = static_cast<float>(1.0 / std::sqrt(128.0));
-
-template <typename T>
-struct DevBuf {
-  T* p = nullptr;
-  size_t n = 0;
-  explicit DevBuf(size_t count) : n(count) { CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(count, 1) * sizeof(T))); }
-  ~DevBuf() { cudaFree(p); }
-  DevBuf(const DevBuf&) = delete;
-  DevBuf& operator=(const DevBuf&) = delete;
-  void upload(const std::vector<T>& h) {
-    CUDA_CHECK(cudaMemcpy(p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
-  }
-  std::vector<T> download() const {
-    std::vector<T> h(n);
-    CUDA_CHECK(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
-    return h;
-  }
-  void poison() { CUDA_CHECK(cudaMemset(p, 0xFF, n * sizeof(T))); }
-};
-
-// n bf16 values: bf16(normal(seed, i) * stddev + mean)
-std::vector<uint16_t> random_bf16(size_t n, uint64_t seed, float stddev, float mean = 0.0f) {
-  std::vector<float> f(n);
-  philox_normal_fill(seed, 0, f.data(), n);
-  std::vector<uint16_t> h(n);
-  for (size_t i = 0; i < n; ++i) h[i] = f32_to_bf16(f[i] * stddev + mean);
-  return h;
-}
 
 struct PlainOut {
   std::vector<float> o_bf16;  // [B, R, H, D], output rounded to bf16
@@ -143,7 +114,7 @@ CaseResult run_case(CudnnAttention& attn, const Case& c, cudaStream_t stream) {
   int64_t q_ld = HD, k_ld = HD, v_ld = HD;
   if (c.fused_qkv) {
     EXPECT_EQ(Lq, Lk);
-    qkv = random_bf16(static_cast<size_t>(B * Lq * 3 * HD), c.seed, 1.0f);
+    qkv = to_bf16(randn(c.seed, static_cast<size_t>(B * Lq * 3 * HD), 1.0f));
     // q rows scaled by q_std for a peakier softmax
     for (size_t t = 0; t < static_cast<size_t>(B * Lq); ++t)
       for (int64_t e = 0; e < HD; ++e) {
@@ -152,9 +123,9 @@ CaseResult run_case(CudnnAttention& attn, const Case& c, cudaStream_t stream) {
       }
     q_ld = k_ld = v_ld = 3 * HD;
   } else {
-    qh = random_bf16(static_cast<size_t>(B * Lq * HD), c.seed, c.q_std);
-    kh = random_bf16(static_cast<size_t>(B * Lk * HD), c.seed + 1000, 1.0f);
-    vh = random_bf16(static_cast<size_t>(B * Lk * HD), c.seed + 2000, 1.0f);
+    qh = to_bf16(randn(c.seed, static_cast<size_t>(B * Lq * HD), c.q_std));
+    kh = to_bf16(randn(c.seed + 1000, static_cast<size_t>(B * Lk * HD), 1.0f));
+    vh = to_bf16(randn(c.seed + 2000, static_cast<size_t>(B * Lk * HD), 1.0f));
   }
   auto kat = [&](int64_t b, int64_t j, int64_t e) -> uint16_t& {
     return c.fused_qkv ? qkv[static_cast<size_t>((b * Lk + j) * k_ld + HD + e)]
@@ -169,7 +140,7 @@ CaseResult run_case(CudnnAttention& attn, const Case& c, cudaStream_t stream) {
                        : qh[static_cast<size_t>((b * Lq + i) * HD + e)];
   };
   if (masked) {  // junk in the excluded keys: large K (dominates the softmax) and large V
-    std::vector<uint16_t> junk = random_bf16(static_cast<size_t>(2 * Lk * HD), c.seed + 3000, 20.0f, 40.0f);
+    std::vector<uint16_t> junk = to_bf16(randn(c.seed + 3000, static_cast<size_t>(2 * Lk * HD), 20.0f, 40.0f));
     for (int64_t b = 0; b < B; ++b)
       for (int64_t j = c.klens[b]; j < Lk; ++j)
         for (int64_t e = 0; e < HD; ++e) {
@@ -411,9 +382,9 @@ TEST(GpuAttentionCudnn, CapturesIntoCudaGraph) {
   StreamGuard st;
   const int64_t B = 2, Lq = 300, Lk = 512, H = 3, HD = H * D;
   AttentionShape s{B, Lq, Lk, H, 128, 0, 0, 0, 0, true, true, AttnOutType::BF16};
-  std::vector<uint16_t> q = random_bf16(static_cast<size_t>(B * Lq * HD), 81, 1.5f);
-  std::vector<uint16_t> k = random_bf16(static_cast<size_t>(B * Lk * HD), 82, 1.0f);
-  std::vector<uint16_t> v = random_bf16(k.size(), 83, 1.0f);
+  std::vector<uint16_t> q = to_bf16(randn(81, static_cast<size_t>(B * Lq * HD), 1.5f));
+  std::vector<uint16_t> k = to_bf16(randn(82, static_cast<size_t>(B * Lk * HD), 1.0f));
+  std::vector<uint16_t> v = to_bf16(randn(83, k.size(), 1.0f));
   DevBuf<uint16_t> dq(q.size()), dk(k.size()), dv(v.size()), o1(q.size()), o2(q.size());
   DevBuf<float> l1(static_cast<size_t>(B * H * Lq)), l2(l1.n);
   DevBuf<int32_t> kl(2);
@@ -461,8 +432,8 @@ TEST(GpuAttentionCudnn, PlanCacheAndDeterminism) {
   StreamGuard st;
   const int64_t B = 2, L = 333, H = 2, HD = H * D;
   AttentionShape s{B, L, L, H, 128, 0, 0, 0, 0, true, true, AttnOutType::BF16};
-  std::vector<uint16_t> q = random_bf16(static_cast<size_t>(B * L * HD), 71, 1.5f);
-  std::vector<uint16_t> k = random_bf16(q.size(), 72, 1.0f), v = random_bf16(q.size(), 73, 1.0f);
+  std::vector<uint16_t> q = to_bf16(randn(71, static_cast<size_t>(B * L * HD), 1.5f));
+  std::vector<uint16_t> k = to_bf16(randn(72, q.size(), 1.0f)), v = to_bf16(randn(73, q.size(), 1.0f));
   DevBuf<uint16_t> dq(q.size()), dk(k.size()), dv(v.size()), o1(q.size()), o2(q.size());
   DevBuf<float> l1(static_cast<size_t>(B * H * L)), l2(static_cast<size_t>(B * H * L));
   DevBuf<int32_t> kl(2);

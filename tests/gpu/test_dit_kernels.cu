@@ -20,92 +20,19 @@
 #include "cuda/dit_kernels.h"
 #include "cuda/gemm.h"
 #include "cuda/rng.h"
+#include "gpu_test_util.h"
 #include "ops/cpu_ops.h"
 
 using namespace wan;
+using namespace wan::gpu_test;
 using cuda::ModVec;
-
-#define REQUIRE_GPU() \
-  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device"
 
 namespace {
 
 constexpr float kEps = 1e-6f;
 
-template <typename T>
-struct DevBuf {
-  T* p = nullptr;
-  size_t n = 0;
-  explicit DevBuf(size_t count) : n(count) { CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T))); }
-  ~DevBuf() { cudaFree(p); }
-  DevBuf(const DevBuf&) = delete;
-  DevBuf& operator=(const DevBuf&) = delete;
-  void upload(const std::vector<T>& h) {
-    ASSERT_EQ(h.size(), n);
-    CUDA_CHECK(cudaMemcpy(p, h.data(), n * sizeof(T), cudaMemcpyHostToDevice));
-  }
-  std::vector<T> download() const {
-    std::vector<T> h(n);
-    CUDA_CHECK(cudaDeviceSynchronize());
-    CUDA_CHECK(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
-    return h;
-  }
-  void poison() { CUDA_CHECK(cudaMemset(p, 0xFF, n * sizeof(T))); }  // NaN in bf16 and fp32
-};
 cuda::bf16* bf(DevBuf<uint16_t>& b) { return reinterpret_cast<cuda::bf16*>(b.p); }
 
-std::vector<float> randn(uint64_t seed, size_t n, float scale, float offset = 0.0f) {
-  std::vector<float> v(n);
-  philox_normal_fill(seed, 0, v.data(), n);
-  for (float& x : v) x = x * scale + offset;
-  return v;
-}
-std::vector<uint16_t> to_bf16(const std::vector<float>& v) {
-  std::vector<uint16_t> o(v.size());
-  for (size_t i = 0; i < v.size(); ++i) o[i] = f32_to_bf16(v[i]);
-  return o;
-}
-std::vector<float> to_f32(const std::vector<uint16_t>& v) {
-  std::vector<float> o(v.size());
-  for (size_t i = 0; i < v.size(); ++i) o[i] = bf16_to_f32(v[i]);
-  return o;
-}
-float rb(float x) { return bf16_to_f32(f32_to_bf16(x)); }
-std::vector<float> round_bf16(std::vector<float> v) {
-  for (float& x : v) x = rb(x);
-  return v;
-}
-
-struct Err {
-  double max_abs = 0, rel_l2 = 0;
-  size_t nonfinite = 0;
-};
-Err error_vs(const std::vector<float>& out, const std::vector<float>& ref) {
-  Err e;
-  double num = 0, den = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    if (!std::isfinite(out[i])) {
-      ++e.nonfinite;
-      continue;
-    }
-    const double d = static_cast<double>(out[i]) - ref[i];
-    e.max_abs = std::max(e.max_abs, std::fabs(d));
-    num += d * d;
-    den += static_cast<double>(ref[i]) * ref[i];
-  }
-  e.rel_l2 = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
-  return e;
-}
-void expect_2x_bf16(const Err& got, const Err& base, const std::string& what, double slack = 1e-7) {
-  EXPECT_EQ(got.nonfinite, 0u) << what << ": unwritten or non-finite outputs";
-  EXPECT_LE(got.max_abs, 2 * base.max_abs + slack) << what << " (bf16 baseline max " << base.max_abs << ")";
-  EXPECT_LE(got.rel_l2, 2 * base.rel_l2 + slack) << what << " (bf16 baseline rel " << base.rel_l2 << ")";
-}
-double max_abs_of(const std::vector<float>& v) {
-  double m = 0;
-  for (float x : v) m = std::max(m, static_cast<double>(std::fabs(x)));
-  return m;
-}
 // Per-row modulation vectors base[i] + e[er·e_stride + i] (fp32 add), er = r / rows_per_e.
 std::vector<float> mod_rows(const float* base, const float* e, int64_t e_stride, int64_t rows_per_e, int64_t rows,
                             int64_t D) {

@@ -17,84 +17,16 @@
 #include "cuda/check.h"
 #include "cuda/gemm.h"
 #include "cuda/rng.h"
+#include "gpu_test_util.h"
 #include "ops/cpu_ops.h"
 
 using namespace wan;
+using namespace wan::gpu_test;
 using cuda::Act;
-
-#define REQUIRE_GPU() \
-  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device"
 
 namespace {
 
-template <typename T>
-struct DevBuf {
-  T* p = nullptr;
-  size_t n = 0;
-  explicit DevBuf(size_t count) : n(count) { CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T))); }
-  ~DevBuf() { cudaFree(p); }
-  DevBuf(const DevBuf&) = delete;
-  DevBuf& operator=(const DevBuf&) = delete;
-  void upload(const std::vector<T>& h) {
-    ASSERT_EQ(h.size(), n);
-    CUDA_CHECK(cudaMemcpy(p, h.data(), n * sizeof(T), cudaMemcpyHostToDevice));
-  }
-  std::vector<T> download() const {
-    std::vector<T> h(n);
-    CUDA_CHECK(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
-    return h;
-  }
-  void poison() { CUDA_CHECK(cudaMemset(p, 0xFF, n * sizeof(T))); }  // NaN in bf16 and fp32
-};
 __nv_bfloat16* bf(DevBuf<uint16_t>& b) { return reinterpret_cast<__nv_bfloat16*>(b.p); }
-
-std::vector<float> randn(uint64_t seed, size_t n, float scale) {
-  std::vector<float> v(n);
-  philox_normal_fill(seed, 0, v.data(), n);
-  for (float& x : v) x *= scale;
-  return v;
-}
-std::vector<uint16_t> to_bf16(const std::vector<float>& v) {
-  std::vector<uint16_t> o(v.size());
-  for (size_t i = 0; i < v.size(); ++i) o[i] = f32_to_bf16(v[i]);
-  return o;
-}
-std::vector<float> to_f32(const std::vector<uint16_t>& v) {
-  std::vector<float> o(v.size());
-  for (size_t i = 0; i < v.size(); ++i) o[i] = bf16_to_f32(v[i]);
-  return o;
-}
-std::vector<float> round_bf16(std::vector<float> v) {
-  for (float& x : v) x = bf16_to_f32(f32_to_bf16(x));
-  return v;
-}
-
-struct Err {
-  double max_abs = 0, rel_l2 = 0;
-  size_t nonfinite = 0;
-};
-Err error_vs(const std::vector<float>& out, const std::vector<float>& ref) {
-  Err e;
-  double num = 0, den = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    if (!std::isfinite(out[i])) {
-      ++e.nonfinite;
-      continue;
-    }
-    const double d = static_cast<double>(out[i]) - ref[i];
-    e.max_abs = std::max(e.max_abs, std::fabs(d));
-    num += d * d;
-    den += static_cast<double>(ref[i]) * ref[i];
-  }
-  e.rel_l2 = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
-  return e;
-}
-// The 2x-bf16-baseline rule; `slack` absorbs a baseline that happens to be exact (tiny outputs).
-void expect_2x_bf16(const Err& got, const Err& base, const std::string& what, double slack = 1e-7) {
-  EXPECT_EQ(got.nonfinite, 0u) << what << ": unwritten or non-finite outputs";
-  EXPECT_LE(got.max_abs, 2 * base.max_abs + slack) << what << " (bf16 baseline max " << base.max_abs << ")";
-  EXPECT_LE(got.rel_l2, 2 * base.rel_l2 + slack) << what << " (bf16 baseline rel " << base.rel_l2 << ")";
-}
 
 double gelu_erf(double x) { return 0.5 * x * (1.0 + std::erf(x / std::sqrt(2.0))); }
 

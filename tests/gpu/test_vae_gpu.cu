@@ -32,6 +32,7 @@
 #include "cuda/rng.h"
 #include "cuda/vae_gpu.h"
 #include "cuda/vae_gpu_kernels.h"
+#include "gpu_test_util.h"
 #include "st/safetensors.h"
 #include "vae/vae.h"
 #include "vae/vae_ops.h"
@@ -39,75 +40,25 @@
 namespace wan::vae_gpu_test {
 namespace {
 
+using namespace wan::gpu_test;
+using gpu_test::error_vs;  // overloaded below for tensors
 using cuda::VaeConvMode;
 using cuda::VaeDecoderGpu;
 using cuda::VaeGpuOptions;
 
-#define REQUIRE_GPU() \
-  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device"
-
 const char* mode_name(VaeConvMode m) { return m == VaeConvMode::Conv3d ? "conv3d" : "folded2d"; }
 
-template <typename T>
-struct DevBuf {
-  T* p = nullptr;
-  size_t n = 0;
-  explicit DevBuf(size_t count) : n(count) { CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T))); }
-  ~DevBuf() { cudaFree(p); }
-  DevBuf(const DevBuf&) = delete;
-  DevBuf& operator=(const DevBuf&) = delete;
-  void upload(const T* h) { CUDA_CHECK(cudaMemcpy(p, h, n * sizeof(T), cudaMemcpyHostToDevice)); }
-  std::vector<T> download() const {
-    std::vector<T> h(n);
-    CUDA_CHECK(cudaDeviceSynchronize());
-    CUDA_CHECK(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
-    return h;
-  }
-  void poison() { CUDA_CHECK(cudaMemset(p, 0xFF, n * sizeof(T))); }  // NaN in bf16 and fp32
-};
 cuda::bf16* bfp(DevBuf<uint16_t>& b) { return reinterpret_cast<cuda::bf16*>(b.p); }
 
-std::vector<float> randn(uint64_t seed, size_t n, float scale, float offset = 0.0f) {
-  std::vector<float> v(n);
-  philox_normal_fill(seed, 0, v.data(), n);
-  for (float& x : v) x = x * scale + offset;
-  return v;
+// Uploads an fp32 host tensor into a buffer of its size.
+void upload_tensor(DevBuf<float>& b, const Tensor& t) {
+  b.upload(std::vector<float>(t.f32(), t.f32() + t.numel()));
 }
-float rb(float x) { return bf16_to_f32(f32_to_bf16(x)); }
-std::vector<uint16_t> to_bf16(const std::vector<float>& v) {
-  std::vector<uint16_t> o(v.size());
-  for (size_t i = 0; i < v.size(); ++i) o[i] = f32_to_bf16(v[i]);
-  return o;
-}
-std::vector<float> from_bf16(const std::vector<uint16_t>& v) {
-  std::vector<float> o(v.size());
-  for (size_t i = 0; i < v.size(); ++i) o[i] = bf16_to_f32(v[i]);
-  return o;
-}
-
-struct Err {
-  double max_abs = 0, rel_l2 = 0;
-  size_t nonfinite = 0;
-};
-Err error_vs(const float* out, const float* ref, size_t n) {
-  Err e;
-  double num = 0, den = 0;
-  for (size_t i = 0; i < n; ++i) {
-    if (!std::isfinite(out[i])) {
-      ++e.nonfinite;
-      continue;
-    }
-    const double d = static_cast<double>(out[i]) - ref[i];
-    e.max_abs = std::max(e.max_abs, std::fabs(d));
-    num += d * d;
-    den += static_cast<double>(ref[i]) * ref[i];
-  }
-  e.rel_l2 = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
-  return e;
-}
+// error_vs over the first min(numel) elements of two fp32 tensors, whose shapes must agree.
 Err error_vs(const Tensor& out, const Tensor& ref) {
   EXPECT_EQ(out.shape().str(), ref.shape().str());
-  return error_vs(out.f32(), ref.f32(), static_cast<size_t>(std::min(out.numel(), ref.numel())));
+  const size_t n = static_cast<size_t>(std::min(out.numel(), ref.numel()));
+  return error_vs(std::vector<float>(out.f32(), out.f32() + n), std::vector<float>(ref.f32(), ref.f32() + n));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -318,7 +269,7 @@ Tensor random_latents(int64_t T, int64_t h, int64_t w, uint64_t seed) {
 Tensor gpu_decode(VaeDecoderGpu& dec, const Tensor& latents, bool clamp) {
   const int64_t T = latents.dim(1), F = dec.frames_out(T), H = 8 * latents.dim(2), W = 8 * latents.dim(3);
   DevBuf<float> z(static_cast<size_t>(latents.numel())), v(static_cast<size_t>(3 * F * H * W));
-  z.upload(latents.f32());
+  upload_tensor(z, latents);
   v.poison();
   dec.decode(z.p, T, v.p, clamp, nullptr);
   Tensor out = Tensor::f32({3, F, H, W});
@@ -380,11 +331,11 @@ TEST(VaeGpuKernels, FuseAddNormSiluMatchesCpu) {
     const std::vector<uint16_t> a16 = to_bf16(a), r16 = to_bf16(r);
     DevBuf<uint16_t> da(n), dr(n), dx(n), dy(n), dfold(T * HW * 3 * C);
     DevBuf<float> dab(C), drb(C), dg(C);
-    da.upload(a16.data());
-    dr.upload(r16.data());
-    dab.upload(ab.data());
-    drb.upload(rbias.data());
-    dg.upload(g.data());
+    da.upload(a16);
+    dr.upload(r16);
+    dab.upload(ab);
+    drb.upload(rbias);
+    dg.upload(g);
     // v exactly as the kernel: (a + ab) + (r + rb), fp32 adds.
     std::vector<float> v(n);
     for (int64_t i = 0; i < n; ++i)
@@ -400,7 +351,7 @@ TEST(VaeGpuKernels, FuseAddNormSiluMatchesCpu) {
       dx.poison();
       dy.poison();
       cuda::vae_fuse(bfp(da), dab.p, bfp(dr), drb.p, bfp(dx), cuda::StageDst{bfp(dy)}, mode, dg.p, T, HW, C, nullptr);
-      const std::vector<float> x = from_bf16(dx.download()), y = from_bf16(dy.download());
+      const std::vector<float> x = to_f32(dx.download()), y = to_f32(dy.download());
       std::vector<float> ref_nhwc(n), base(n);
       for (int64_t t = 0; t < T; ++t)
         for (int64_t p = 0; p < HW; ++p)
@@ -409,14 +360,14 @@ TEST(VaeGpuKernels, FuseAddNormSiluMatchesCpu) {
         ASSERT_EQ(f32_to_bf16(x[i]), f32_to_bf16(v[i])) << "x_out " << i;  // bit-exact residual sum
         base[i] = rb(ref_nhwc[i]);
       }
-      const Err e = error_vs(y.data(), ref_nhwc.data(), n), eb = error_vs(base.data(), ref_nhwc.data(), n);
+      const Err e = error_vs(y, ref_nhwc), eb = error_vs(base, ref_nhwc);
       EXPECT_EQ(e.nonfinite, 0u);
       EXPECT_LE(e.max_abs, 2 * eb.max_abs + 1e-6);
       EXPECT_LE(e.rel_l2, 2 * eb.rel_l2 + 1e-7);
     }
     // Folded staging: stream frame 2 + t goes to rows t - dt, blocks dt (copy mode, in place over r).
     dfold.poison();
-    dr.upload(r16.data());
+    dr.upload(r16);
     cuda::vae_fuse(bfp(da), nullptr, bfp(dr), nullptr, bfp(dr), cuda::StageDst{bfp(dfold), cuda::StageDst::Folded,
                    static_cast<int32_t>(T), 2}, cuda::NormMode::Copy, nullptr, T, HW, C, nullptr);
     const std::vector<uint16_t> fold = dfold.download(), xr = dr.download();
@@ -441,8 +392,8 @@ TEST(VaeGpuKernels, UpsampleAndFoldedCopiesAreExact) {
   const std::vector<float> bias = randn(22, 2 * C, 0.5f);
   DevBuf<uint16_t> din(in.size()), dout(in.size() * 4);
   DevBuf<float> db(bias.size());
-  din.upload(in.data());
-  db.upload(bias.data());
+  din.upload(in);
+  db.upload(bias);
   for (int split : {1, 2}) {
     const int64_t Cc = split == 2 ? C : 2 * C;  // channels per output frame
     for (bool with_bias : {false, true}) {
@@ -465,7 +416,7 @@ TEST(VaeGpuKernels, UpsampleAndFoldedCopiesAreExact) {
     const int64_t HW = 6, Cf = 16, n = (Tf + 2) * HW * Cf;
     const std::vector<uint16_t> frames = to_bf16(randn(30 + Tf, n, 1.0f));
     DevBuf<uint16_t> dfr(n), dfold(Tf * HW * 3 * Cf), dback(n);
-    dfr.upload(frames.data());
+    dfr.upload(frames);
     dfold.poison();
     dback.poison();
     cuda::vae_folded_put(bfp(dfr), Tf + 2, 0, bfp(dfold), Tf, HW, Cf, nullptr);
@@ -567,7 +518,7 @@ Timing time_decode(const Model& m, int64_t h, int64_t w, int64_t T, VaeGpuOption
   const Tensor z = random_latents(T, h, w, 99);
   const int64_t F = 1 + 4 * (T - 1);
   DevBuf<float> dz(static_cast<size_t>(z.numel())), dv(static_cast<size_t>(3 * F * 64 * h * w));
-  dz.upload(z.f32());
+  upload_tensor(dz, z);
   auto t0 = std::chrono::steady_clock::now();
   auto dec = VaeDecoderGpu::create(m.config, m.weights, {h, w}, o);
   r.plan_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
