@@ -356,7 +356,7 @@ int cmd_bench(int argc, char** argv) {
     const double self_tf = self_ms > 0 ? self_fl / (self_ms * 1e-3) / 1e12 : 0;
     const double other_iso = so / modeled;
     const double other_resid = (step_s - sg - sa) / step_s;
-    printf("  achieved (isolated %s): block GEMMs %.1f TFLOP/s, self-attention %.1f TFLOP/s (cuDNN engine: %s)\n",
+    printf("  achieved (isolated %s): block GEMMs %.1f TFLOP/s, self-attention %.1f TFLOP/s (kernel: %s)\n",
            br.mode.c_str(), gemm_tf, self_tf, iso.self_attention_engine.c_str());
     printf("  time outside GEMM and attention: %.1f%% of the isolated model; measured step minus isolated GEMM and "
            "attention: %.1f%% (issue 4 target <= 8%%)\n",
