@@ -479,6 +479,47 @@ class MappedStore final : public WeightStore {
     return f;
   }
   std::vector<std::string> unexpected() const override { return unexpected_; }
+  std::optional<RawSpan> raw_span(const std::string& name) const override {
+    const Entry& e = entry(name);
+    RawSpan r;
+    if (st_) {
+      const TensorInfo& ti = st_->info(e.src);
+      for (const auto& f : st_->files()) {
+        if (f->find(e.src) != &ti) continue;
+        r.path = f->path();
+        r.offset = f->data_start() + ti.begin;
+        break;
+      }
+      WAN_ASSERT(!r.path.empty(), "tensor '", e.src, "' in no shard of ", label_);
+      r.length = ti.nbytes();
+      r.dtype = ti.dtype;
+      r.shape = ti.shape;
+    } else {
+      // Same contiguity test as PthFile::get(); a strided tensor has no single byte range.
+      const PthTensorInfo* ti = pth_->find(e.src);
+      const auto* rec = pth_->record(ti->storage_key);
+      WAN_ASSERT(rec != nullptr, "tensor '", e.src, "' has no record in ", label_);
+      int64_t expect = 1;
+      for (int i = ti->shape.ndim - 1; i >= 0; --i) {
+        if (ti->shape[i] != 1 && ti->stride[i] != expect) return std::nullopt;
+        expect *= ti->shape[i];
+      }
+      const size_t es = dtype_size(ti->dtype);
+      r.path = pth_->path();
+      r.offset = rec->first + static_cast<uint64_t>(ti->storage_offset) * es;
+      r.length = static_cast<uint64_t>(ti->shape.numel()) * es;
+      r.dtype = ti->dtype;
+      r.shape = ti->shape;
+    }
+    if (!e.scale.empty()) {
+      Tensor s = src_get(e.scale).to_f32();
+      WAN_CHECK(s.numel() == 1, label_, ": tensor '", e.scale, "' has shape ", s.shape().str(),
+                "; only a per-tensor scale (one element) is supported");
+      r.scaled = true;
+      r.scale = s.f32()[0];
+    }
+    return r;
+  }
 
  private:
   const Entry& entry(const std::string& name) const {

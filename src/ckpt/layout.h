@@ -8,6 +8,7 @@
 #pragma once
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -46,6 +47,20 @@ struct CheckpointInfo {
 // Throws wan::Error with one clear line when the path is missing or no layout matches.
 CheckpointInfo detect_checkpoint(const std::string& path);
 
+// Where the stored bytes of one tensor lie in its file, for streaming loaders that read the file
+// themselves (ckpt/stream.h) instead of going through get(). The bytes are the tensor as stored
+// (dtype, contiguous row-major shape); get_f32() equals converting them to f32 and, when scaled,
+// multiplying each element by `scale` in f32 (fp8_scaled: W = W_fp8 * scale_weight).
+struct RawSpan {
+  std::string path;     // file holding the bytes
+  uint64_t offset = 0;  // absolute byte offset in the file
+  uint64_t length = 0;  // bytes = numel * dtype_size(dtype)
+  DType dtype = DType::F32;
+  Shape shape;
+  bool scaled = false;  // fp8_scaled: multiply by scale after conversion to f32
+  float scale = 1.0f;
+};
+
 // Tensors of one component under internal names. Dequantises fp8_scaled (W = W_fp8 * scale_weight)
 // and converts any float dtype to f32 on get_f32().
 class WeightStore {
@@ -59,6 +74,13 @@ class WeightStore {
   virtual Tensor get_f32(const std::string& name) const = 0;   // converted (and dequantised) to f32
   // Source names that map to no internal name (reported by inspect).
   virtual std::vector<std::string> unexpected() const = 0;
+  // The tensor's bytes in its file, or nullopt when they are not one contiguous range there (a
+  // strided .pth tensor; a store that is not file-backed): such tensors must be read with get().
+  // Throws like get() for an unknown name.
+  virtual std::optional<RawSpan> raw_span(const std::string& name) const {
+    (void)shape(name);
+    return std::nullopt;
+  }
 };
 std::unique_ptr<WeightStore> open_weights(const CheckpointInfo& info, Role role);
 

@@ -42,6 +42,12 @@ class PthFile {
   // Contiguous host tensor: a view that keeps the mapping alive when possible, else a copy.
   // Throws when the name is absent. Safe to call from several threads.
   Tensor get(const std::string& name) const;
+  // (absolute file offset, bytes) of a stored record "data/<key>" (PthTensorInfo::storage_key);
+  // nullptr when absent. For streaming reads that bypass the mapping.
+  const std::pair<size_t, size_t>* record(const std::string& storage_key) const {
+    auto it = records_.find(storage_key);
+    return it == records_.end() ? nullptr : &it->second;
+  }
 
  private:
   std::shared_ptr<MappedFile> file_;

@@ -35,6 +35,9 @@ class SafetensorsFile {
   Tensor get(const std::string& name) const;  // zero-copy view; throws if absent
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   const uint8_t* data_section() const;
+  // Absolute file offset of the data section (8 + header length): tensor bytes lie at
+  // data_start() + begin .. data_start() + end in the file (for streaming reads that bypass the mapping).
+  size_t data_start() const { return data_start_; }
 
  private:
   std::shared_ptr<MappedFile> file_;

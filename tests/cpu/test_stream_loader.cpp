@@ -1,0 +1,529 @@
+// Tests of the streaming checkpoint loader (ckpt/stream.h) on checkpoints written by make-checkpoint
+// (official fp32/bf16 with .pth text encoder and VAE, diffusers fp32/bf16 sharded) and on a ComfyUI
+// fp8_scaled file built from one: a host sink that reassembles every tensor from its chunks and
+// converts it to f32 gives bytes identical to WeightStore::get_f32 for every tensor of every
+// component, for chunk sizes below, above and not dividing tensor sizes, 1 and 4 readers, rings of 2
+// and 3 buffers, and three release styles (in the sink, from another thread, through reclaim).
+// Every byte arrives exactly once, and the sink never holds more than K buffers. Failures: a file
+// truncated before the load, a file truncated during the load, a sink that throws (wan::Error and
+// another type): one clear error, no hang (each load runs under a 30 s guard), buffers released.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <filesystem>
+#include <functional>
+#include <future>
+#include <mutex>
+#include <random>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ckpt/layout.h"
+#include "ckpt/stream.h"
+#include "core/dtype.h"
+#include "core/error.h"
+#include "gen/make_checkpoint.h"
+#include "st/safetensors.h"
+
+namespace fs = std::filesystem;
+using namespace wan;
+
+namespace {
+
+struct TempDir {
+  std::string path;
+  TempDir() {
+    char tmpl[] = "/tmp/wan_stream_test_XXXXXX";
+    char* p = ::mkdtemp(tmpl);
+    if (!p) throw std::runtime_error("mkdtemp failed");
+    path = p;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+  std::string operator/(const std::string& s) const { return path + "/" + s; }
+};
+
+// Runs f on another thread; a hang past 30 s fails the whole test binary at once.
+template <typename F>
+auto guarded(F f) {
+  auto fut = std::async(std::launch::async, std::move(f));
+  if (fut.wait_for(std::chrono::seconds(30)) != std::future_status::ready) {
+    std::fprintf(stderr, "stream loader test: load did not finish within 30 s (hang)\n");
+    std::_Exit(3);
+  }
+  return fut.get();
+}
+
+enum class Release { InSink, OtherThread, Reclaim };
+const char* release_name(Release r) {
+  return r == Release::InSink ? "in-sink" : r == Release::OtherThread ? "other-thread" : "reclaim";
+}
+
+// A host sink: reassembles tensors, counts coverage and outstanding buffers.
+struct HostSink {
+  const LoadPlan& plan;
+  int K;
+  Release mode;
+  std::vector<std::vector<uint8_t>> bytes;
+  std::vector<std::vector<uint8_t>> seen;  // per byte: times delivered
+  std::atomic<int> outstanding{0};
+  std::atomic<int> max_outstanding{0};
+  std::atomic<int> over_bound{0};
+  std::atomic<uint64_t> calls{0};
+  // OtherThread
+  std::mutex qm;
+  std::condition_variable qcv;
+  std::deque<StagingLease> queue;
+  bool stop = false;
+  std::thread releaser;
+  // Reclaim
+  std::deque<StagingLease> held;
+
+  HostSink(const LoadPlan& p, int k, Release m) : plan(p), K(k), mode(m) {
+    for (const PlanTensor& t : plan.tensors) {
+      bytes.emplace_back(t.span.length);
+      seen.emplace_back(t.span.length, 0);
+    }
+    if (mode == Release::OtherThread) releaser = std::thread([this] { release_loop(); });
+  }
+  ~HostSink() { stop_releaser(); }
+  void stop_releaser() {
+    if (!releaser.joinable()) return;
+    {
+      std::lock_guard<std::mutex> lk(qm);
+      stop = true;
+    }
+    qcv.notify_all();
+    releaser.join();
+  }
+  void release_loop() {
+    std::mt19937 rng(7);
+    for (;;) {
+      StagingLease l;
+      {
+        std::unique_lock<std::mutex> lk(qm);
+        qcv.wait(lk, [&] { return stop || !queue.empty(); });
+        if (queue.empty()) return;
+        l = std::move(queue.front());
+        queue.pop_front();
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(rng() % 50));  // an "H2D copy" in flight
+      --outstanding;
+      l.release();
+    }
+  }
+  void operator()(const Chunk& c, const void* staging, StagingLease lease) {
+    int now = ++outstanding;
+    if (now > K) ++over_bound;
+    int m = max_outstanding.load();
+    while (now > m && !max_outstanding.compare_exchange_weak(m, now)) {
+    }
+    ++calls;
+    EXPECT_EQ(c.t, &plan.tensors[c.tensor]);
+    EXPECT_EQ(c.dtype, plan.tensors[c.tensor].span.dtype);
+    EXPECT_EQ(c.offset % 64, 0u);
+    EXPECT_EQ(c.length % dtype_size(c.dtype), 0u);
+    EXPECT_EQ(c.last, c.offset + c.length == plan.tensors[c.tensor].span.length);
+    EXPECT_TRUE(c.buffer >= 0 && c.buffer < K);
+    EXPECT_TRUE(lease.held());
+    std::memcpy(bytes[c.tensor].data() + c.offset, staging, c.length);
+    for (uint64_t i = 0; i < c.length; ++i) ++seen[c.tensor][c.offset + i];
+    switch (mode) {
+      case Release::InSink:
+        --outstanding;
+        lease.release();
+        break;
+      case Release::OtherThread: {
+        std::lock_guard<std::mutex> lk(qm);
+        queue.push_back(std::move(lease));
+        qcv.notify_one();
+        break;
+      }
+      case Release::Reclaim: held.push_back(std::move(lease)); break;
+    }
+  }
+  void reclaim() {
+    if (held.empty()) return;
+    --outstanding;
+    held.front().release();
+    held.pop_front();
+  }
+};
+
+// f32 of a reassembled tensor, as the GPU conversion kernel will compute it.
+Tensor to_f32(const PlanTensor& t, const std::vector<uint8_t>& b) {
+  Tensor raw = Tensor::empty(t.span.dtype, t.span.shape);
+  if (!b.empty()) std::memcpy(raw.data(), b.data(), b.size());
+  Tensor f = raw.dtype() == DType::F32 ? raw.clone() : raw.to_f32();
+  if (t.span.scaled)
+    for (int64_t i = 0; i < f.numel(); ++i) f.f32()[i] = f.f32()[i] * t.span.scale;
+  return f;
+}
+
+struct Source {
+  std::string what;
+  std::vector<std::unique_ptr<WeightStore>> stores;
+  LoadPlan plan;
+  std::vector<const WeightStore*> store_of;  // per plan tensor
+};
+
+Source open_all(const std::string& root, const std::string& what) {
+  Source s;
+  s.what = what;
+  CheckpointInfo info = detect_checkpoint(root);
+  for (const Component& c : info.components) {
+    if (c.role == Role::Tokenizer) continue;
+    s.stores.push_back(open_weights(info, c.role));
+    const WeightStore& st = *s.stores.back();
+    size_t first = s.plan.add(st);
+    EXPECT_EQ(first, s.store_of.size());
+    EXPECT_TRUE(s.plan.fallback.empty()) << what << ": " << role_name(c.role);
+    EXPECT_EQ(s.plan.tensors.size() - first, st.names().size());
+    s.store_of.resize(s.plan.tensors.size(), &st);
+  }
+  return s;
+}
+
+// Loads the whole plan through a host sink and checks every tensor and the ring bound.
+void load_and_compare(const Source& src, size_t chunk, int threads, int K, Release mode) {
+  SCOPED_TRACE(cat(src.what, ": chunk ", chunk, ", threads ", threads, ", ring ", K, ", release ",
+                   release_name(mode)));
+  const size_t buf_bytes = (chunk / 64 * 64) + 128;  // a little larger than a chunk
+  std::vector<std::shared_ptr<void>> bufs;
+  std::vector<void*> staging;
+  for (int i = 0; i < K; ++i) {
+    bufs.push_back(aligned_alloc_shared(buf_bytes));
+    staging.push_back(bufs.back().get());
+  }
+  HostSink sink(src.plan, K, mode);
+  StreamOptions opt;
+  opt.chunk_bytes = chunk;
+  opt.threads = threads;
+  if (mode == Release::Reclaim) opt.reclaim = [&] { sink.reclaim(); };
+  StreamLoader loader(opt);
+  StreamStats stats = guarded([&] {
+    return loader.run(src.plan, staging, buf_bytes,
+                      [&](const Chunk& c, const void* p, StagingLease l) { sink(c, p, std::move(l)); });
+  });
+  sink.stop_releaser();
+  EXPECT_EQ(stats.bytes, src.plan.total_bytes());
+  EXPECT_EQ(stats.chunks, sink.calls.load());
+  EXPECT_EQ(stats.chunks, plan_chunks(src.plan, chunk).size());
+  EXPECT_LE(stats.max_outstanding, K);
+  EXPECT_GE(stats.max_outstanding, 1);
+  EXPECT_EQ(sink.over_bound.load(), 0);
+  EXPECT_LE(sink.max_outstanding.load(), K);
+  EXPECT_EQ(sink.outstanding.load(), 0);
+  EXPECT_TRUE(sink.held.empty());
+
+  size_t multi_chunk = 0;
+  for (size_t i = 0; i < src.plan.tensors.size(); ++i) {
+    const PlanTensor& t = src.plan.tensors[i];
+    const auto& seen = sink.seen[i];
+    ASSERT_TRUE(std::all_of(seen.begin(), seen.end(), [](uint8_t v) { return v == 1; }))
+        << t.name << ": a byte not delivered exactly once";
+    if (t.span.length > chunk / 64 * 64) ++multi_chunk;
+    Tensor want = src.store_of[i]->get_f32(t.name);
+    Tensor got = to_f32(t, sink.bytes[i]);
+    ASSERT_EQ(want.shape(), got.shape()) << t.name;
+    ASSERT_EQ(0, std::memcmp(want.data(), got.data(), want.nbytes())) << t.name << " differs from get_f32";
+  }
+  if (chunk < 4096) {
+    EXPECT_GT(multi_chunk, 10u);  // tensors really were split
+  }
+}
+
+class StreamLoaderTest : public ::testing::Test {
+ protected:
+  static TempDir* dir;
+  static void SetUpTestSuite() {
+    dir = new TempDir();
+    auto make = [](const std::string& out, Layout layout, DType dtype, uint64_t shard) {
+      gen::MakeCheckpointOptions o;
+      o.config = "tiny";
+      o.layout = layout;
+      o.dtype = dtype;
+      o.seed = 11;
+      o.out = out;
+      if (shard) o.max_shard_bytes = shard;
+      gen::make_checkpoint(o);
+    };
+    make(*dir / "off_f32", Layout::Official, DType::F32, 0);
+    make(*dir / "off_bf16", Layout::Official, DType::BF16, 0);
+    make(*dir / "dif_f32", Layout::Diffusers, DType::F32, 0);
+    make(*dir / "dif_bf16", Layout::Diffusers, DType::BF16, 300000);  // several shards
+  }
+  static void TearDownTestSuite() {
+    delete dir;
+    dir = nullptr;
+  }
+};
+TempDir* StreamLoaderTest::dir = nullptr;
+
+void sweep(const Source& s) {
+  const size_t chunks[] = {64 * 17, 4096 + 64, size_t{1} << 20};
+  int k = 0;
+  for (size_t chunk : chunks)
+    for (int threads : {1, 4})
+      for (int K : {2, 3}) {
+        Release mode = static_cast<Release>(k++ % 3);
+        load_and_compare(s, chunk, threads, K, mode);
+        if (::testing::Test::HasFatalFailure()) return;
+      }
+}
+
+TEST_F(StreamLoaderTest, OfficialF32MatchesGetF32) {
+  Source s = open_all(*dir / "off_f32", "official fp32");
+  // The official layout's text encoder and VAE are .pth files: those go through the same loader.
+  bool pth = false;
+  for (const PlanTensor& t : s.plan.tensors) pth |= t.span.path.size() > 4 && t.span.path.ends_with(".pth");
+  EXPECT_TRUE(pth);
+  sweep(s);
+}
+TEST_F(StreamLoaderTest, OfficialBf16MatchesGetF32) { sweep(open_all(*dir / "off_bf16", "official bf16")); }
+TEST_F(StreamLoaderTest, DiffusersF32MatchesGetF32) { sweep(open_all(*dir / "dif_f32", "diffusers fp32")); }
+TEST_F(StreamLoaderTest, DiffusersBf16ShardedMatchesGetF32) {
+  Source s = open_all(*dir / "dif_bf16", "diffusers bf16 sharded");
+  std::set<std::string> files;
+  for (const PlanTensor& t : s.plan.tensors) files.insert(t.span.path);
+  EXPECT_GE(files.size(), 4u);  // shards of both experts, text encoder, VAE
+  sweep(s);
+}
+
+TEST_F(StreamLoaderTest, ComfyFp8ScaledMatchesGetF32) {
+  // An fp8_scaled ComfyUI file made from the tiny official high-noise expert.
+  CheckpointInfo off = detect_checkpoint(*dir / "off_f32");
+  auto src = open_weights(off, Role::DiTHigh);
+  std::vector<std::pair<std::string, Tensor>> ts;
+  int k = 0;
+  for (const std::string& n : src->names()) {
+    Tensor f = src->get_f32(n);
+    const std::string p = std::string("model.diffusion_model.") + n;
+    if (n.ends_with(".weight") && f.ndim() == 2) {
+      const float scale = 0.0125f * static_cast<float>(1 + k++ % 3);
+      Tensor q = Tensor::empty(DType::F8E4M3, f.shape());
+      auto* d = static_cast<uint8_t*>(q.data());
+      for (int64_t i = 0; i < f.numel(); ++i) d[i] = f32_to_f8e4m3(f.f32()[i] / scale);
+      Tensor s = Tensor::f32(Shape{1});
+      s.f32()[0] = scale;
+      ts.emplace_back(p, q);
+      ts.emplace_back(p.substr(0, p.size() - 7) + ".scale_weight", s);
+    } else {
+      ts.emplace_back(p, f);
+    }
+  }
+  ASSERT_GT(k, 10);
+  const std::string file = *dir / "wan2.2_t2v_high_noise_14B_fp8_scaled.safetensors";
+  write_safetensors(file, ts);
+  CheckpointInfo info = detect_checkpoint(file);
+  ASSERT_TRUE(info.fp8_scaled);
+  Source s;
+  s.what = "comfyui fp8_scaled";
+  s.stores.push_back(open_weights(info, info.components.at(0).role));
+  s.plan.add(*s.stores[0]);
+  s.store_of.assign(s.plan.tensors.size(), s.stores[0].get());
+  int scaled = 0;
+  for (const PlanTensor& t : s.plan.tensors) scaled += t.span.scaled && t.span.dtype == DType::F8E4M3;
+  EXPECT_EQ(scaled, k);
+  sweep(s);
+}
+
+TEST(StreamLoader, PlanChunksCoverInFileOrder) {
+  LoadPlan plan;
+  RawSpan a{"/b.bin", 1000, 4 * 300, DType::F32, Shape{300}};
+  RawSpan b{"/a.bin", 8, 2 * 7, DType::BF16, Shape{7}};
+  RawSpan c{"/b.bin", 8, 0, DType::F32, Shape{0}};
+  RawSpan d{"/b.bin", 16, 64, DType::U8, Shape{64}};
+  plan.add("a", a);
+  plan.add("b", b);
+  plan.add("c", c);
+  plan.add("d", d);
+  std::vector<Chunk> ch = plan_chunks(plan, 500);  // rounded down to 448
+  ASSERT_EQ(ch.size(), 1u + 1u + 3u);
+  EXPECT_EQ(ch[0].tensor, 1u);  // /a.bin first
+  EXPECT_EQ(ch[1].tensor, 3u);  // then /b.bin by offset: d (16), a (1000); c is empty
+  EXPECT_EQ(ch[2].tensor, 0u);
+  EXPECT_EQ(ch[2].length, 448u);
+  EXPECT_EQ(ch[3].offset, 448u);
+  EXPECT_EQ(ch[4].offset, 896u);
+  EXPECT_EQ(ch[4].length, 1200u - 896u);
+  EXPECT_TRUE(ch[4].last && !ch[3].last && ch[0].last);
+  EXPECT_EQ(plan_chunks(plan, 1)[0].length, 14u);  // at least 64 per chunk
+  EXPECT_EQ(plan.total_bytes(), 1200u + 14u + 64u);
+}
+
+TEST(StreamLoader, BadArgumentsAreErrors) {
+  LoadPlan plan;
+  auto buf = aligned_alloc_shared(1024);
+  std::vector<void*> staging{buf.get()};
+  auto sink = [](const Chunk&, const void*, StagingLease) {};
+  StreamOptions o;
+  o.chunk_bytes = 4096;
+  EXPECT_THROW(StreamLoader(o).run(plan, staging, 1024, sink), Error);  // chunk > buffer
+  o.chunk_bytes = 1024;
+  EXPECT_THROW(StreamLoader(o).run(plan, {}, 1024, sink), Error);       // no buffers
+  EXPECT_NO_THROW(StreamLoader(o).run(plan, staging, 1024, sink));      // empty plan
+  plan.add("x", RawSpan{"/nonexistent/file.safetensors", 0, 16, DType::F32, Shape{4}});
+  try {
+    StreamLoader(o).run(plan, staging, 1024, sink);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("/nonexistent/file.safetensors"), std::string::npos) << e.what();
+  }
+}
+
+// A fresh DiT-only checkpoint whose files the failure tests may damage.
+struct Damaged {
+  TempDir t;
+  std::unique_ptr<WeightStore> store;
+  LoadPlan plan;
+  std::string big;  // the largest file of the plan
+  Damaged(DType dtype) {
+    gen::MakeCheckpointOptions o;
+    o.config = "tiny";
+    o.layout = Layout::Official;
+    o.dtype = dtype;
+    o.dit_only = true;
+    o.out = t / "ck";
+    gen::make_checkpoint(o);
+    CheckpointInfo info = detect_checkpoint(o.out + "/high_noise_model");  // dit_only: the expert folder
+    store = open_weights(info, info.components.at(0).role);
+    plan.add(*store);
+    uint64_t most = 0;
+    for (const PlanTensor& p : plan.tensors)
+      if (fs::file_size(p.span.path) > most) most = fs::file_size(p.span.path), big = p.span.path;
+  }
+};
+
+struct Ring {
+  std::vector<std::shared_ptr<void>> bufs;
+  std::vector<void*> ptrs;
+  Ring(int K, size_t bytes) {
+    for (int i = 0; i < K; ++i) {
+      bufs.push_back(aligned_alloc_shared(bytes));
+      ptrs.push_back(bufs.back().get());
+    }
+  }
+};
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    guarded(f);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(StreamLoader, FileTruncatedBeforeLoadIsOneClearError) {
+  Damaged d(DType::F32);
+  const uint64_t size = fs::file_size(d.big);
+  fs::resize_file(d.big, size / 2);
+  Ring r(2, 4096);
+  StreamOptions o;
+  o.chunk_bytes = 4096;
+  o.threads = 4;
+  std::atomic<int> calls{0};
+  std::string msg = error_of([&] {
+    StreamLoader(o).run(d.plan, r.ptrs, 4096, [&](const Chunk&, const void*, StagingLease) { ++calls; });
+  });
+  ASSERT_FALSE(msg.empty());
+  EXPECT_NE(msg.find(d.big), std::string::npos) << msg;
+  EXPECT_NE(msg.find("tensor '"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("past the end of the file"), std::string::npos) << msg;
+  EXPECT_EQ(calls.load(), 0);  // checked before any read
+}
+
+TEST(StreamLoader, FileTruncatedDuringLoadIsOneClearError) {
+  for (int threads : {1, 4}) {
+    Damaged d(DType::BF16);
+    const uint64_t size = fs::file_size(d.big);
+    Ring r(3, 1024);
+    StreamOptions o;
+    o.chunk_bytes = 1024;
+    o.threads = threads;
+    std::atomic<int> outstanding{0}, calls{0};
+    std::string msg = error_of([&] {
+      StreamLoader(o).run(d.plan, r.ptrs, 1024, [&](const Chunk&, const void*, StagingLease l) {
+        EXPECT_LE(++outstanding, 3);
+        if (calls++ == 0) fs::resize_file(d.big, size / 3);  // under the loader's feet
+        --outstanding;
+        l.release();
+      });
+    });
+    ASSERT_FALSE(msg.empty()) << "threads " << threads;
+    EXPECT_NE(msg.find(d.big), std::string::npos) << msg;
+    EXPECT_NE(msg.find("tensor '"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("truncated while loading"), std::string::npos) << msg;
+    EXPECT_GE(calls.load(), 1);
+  }
+}
+
+TEST(StreamLoader, SinkErrorsPropagateWithoutHanging) {
+  Damaged d(DType::F32);
+  for (int threads : {1, 4})
+    for (bool keep : {false, true}) {
+      SCOPED_TRACE(cat("threads ", threads, keep ? ", leases kept by the sink" : ""));
+      Ring r(2, 2048);
+      StreamOptions o;
+      o.chunk_bytes = 2048;
+      o.threads = threads;
+      std::deque<StagingLease> kept;
+      if (keep) {
+        o.reclaim = [&] {
+          if (!kept.empty()) kept.pop_front();  // dropping the last copy releases
+        };
+      }
+      std::atomic<int> calls{0};
+      std::string msg = error_of([&] {
+        StreamLoader(o).run(d.plan, r.ptrs, 2048, [&](const Chunk&, const void*, StagingLease l) {
+          if (keep) kept.push_back(l);
+          if (++calls == 7) WAN_THROW("sink boom");
+        });
+      });
+      EXPECT_NE(msg.find("sink boom"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("tensor '"), std::string::npos) << msg;
+      EXPECT_EQ(calls.load(), 7);  // nothing delivered after the failure
+      kept.clear();                // late releases after run() returned are harmless
+    }
+  // Another exception type keeps its type.
+  Ring r(2, 2048);
+  StreamOptions o;
+  o.chunk_bytes = 2048;
+  o.threads = 4;
+  EXPECT_THROW(guarded([&] {
+                 StreamLoader(o).run(d.plan, r.ptrs, 2048, [&](const Chunk& c, const void*, StagingLease) {
+                   if (c.offset > 0) throw std::out_of_range("custom");
+                 });
+               }),
+               std::out_of_range);
+}
+
+TEST(StreamLoader, ReclaimThatThrowsPropagates) {
+  Damaged d(DType::F32);
+  Ring r(2, 1024);
+  StreamOptions o;
+  o.chunk_bytes = 1024;
+  o.threads = 4;
+  std::deque<StagingLease> kept;
+  o.reclaim = [&] { WAN_THROW("reclaim boom"); };
+  std::string msg = error_of([&] {
+    StreamLoader(o).run(d.plan, r.ptrs, 1024,
+                        [&](const Chunk&, const void*, StagingLease l) { kept.push_back(std::move(l)); });
+  });
+  EXPECT_NE(msg.find("reclaim boom"), std::string::npos) << msg;
+}
+
+}  // namespace
