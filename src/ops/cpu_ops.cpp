@@ -1,7 +1,8 @@
 // CPU float32 reference ops (see cpu_ops.h for layouts and numerics).
 // The GEMM packs W into column panels of kNR outputs so the innermost loop runs across output
 // columns with one broadcast x value: it vectorises without reassociating any sum (each lane is one
-// output element summed over k in order). An AVX2 clone is selected at run time when available.
+// output element summed over k in order). An AVX2 clone of that kernel (gemm_packed, also used by the
+// VAE convolutions) is selected at run time when available.
 #include "ops/cpu_ops.h"
 
 #include <algorithm>
@@ -22,7 +23,7 @@ namespace {
 // GEMM tiling. kNR = 16 columns: two AVX registers per row, so a kMR x kNR accumulator tile (8
 // registers) stays in registers; kKC x kNR packed panel = 16 KiB stays in L1; a task covers
 // kMC x kNC of y so its packed W block (kNC x kKC = 128 KiB) stays in L2 while its rows stream.
-constexpr int64_t kNR = 16;
+constexpr int64_t kNR = kGemmNR;
 constexpr int64_t kMR = 4;
 constexpr int64_t kKC = 256;
 constexpr int64_t kMC = 64;
@@ -39,15 +40,18 @@ typedef float v8f __attribute__((vector_size(32)));
 }
 [[gnu::always_inline]] inline void store8(float* p, v8f v) { std::memcpy(p, &v, sizeof(v)); }
 
+// y[MR, ncols] (ldy) = init + x[MR, kc] (ldx) · wp, wp one packed kc x kNR panel. init: bias[r] when
+// first (bias may be null -> 0), else the current y. ncols <= kNR.
 template <int MR>
 [[gnu::always_inline]] inline void micro_tile(const float* x, int64_t ldx, const float* wp, int64_t kc, float* y,
-                                              int64_t ldy, int64_t ncols, bool first) {
+                                              int64_t ldy, int64_t ncols, bool first, const float* bias) {
   static_assert(kNR == 16, "micro_tile holds two 8-wide vectors per row");
   v8f a0[MR], a1[MR];
   if (first || ncols < kNR) {
     float tmp[kNR];
     for (int r = 0; r < MR; ++r) {
-      for (int64_t j = 0; j < kNR; ++j) tmp[j] = (first || j >= ncols) ? 0.0f : y[r * ldy + j];
+      for (int64_t j = 0; j < kNR; ++j)
+        tmp[j] = first ? (bias ? bias[r] : 0.0f) : (j >= ncols ? 0.0f : y[r * ldy + j]);
       a0[r] = load8(tmp);
       a1[r] = load8(tmp + 8);
     }
@@ -81,9 +85,8 @@ template <int MR>
 }
 
 // One task: y[m0:m1, n0:n1] = x[m0:m1, :] · w[n0:n1, :]ᵀ (no bias). pack holds kNC x kKC floats.
-__attribute__((target_clones("avx2", "default"))) void linear_task(const float* x, const float* w, float* y,
-                                                                    int64_t K, int64_t N, int64_t m0, int64_t m1,
-                                                                    int64_t n0, int64_t n1, float* pack) {
+void linear_task(const float* x, const float* w, float* y, int64_t K, int64_t N, int64_t m0, int64_t m1, int64_t n0,
+                 int64_t n1, float* pack) {
   const int64_t npanels = (n1 - n0 + kNR - 1) / kNR;
   for (int64_t k0 = 0; k0 < K; k0 += kKC) {
     const int64_t kc = std::min(kKC, K - k0);
@@ -99,26 +102,35 @@ __attribute__((target_clones("avx2", "default"))) void linear_task(const float* 
         }
       }
     }
-    const bool first = k0 == 0;
-    for (int64_t m = m0; m < m1; m += kMR) {
-      const int64_t mr = std::min(kMR, m1 - m);
-      for (int64_t p = 0; p < npanels; ++p) {
-        const int64_t nc = std::min(kNR, n1 - (n0 + p * kNR));
-        const float* xs = x + m * K + k0;
-        const float* wp = pack + p * kc * kNR;
-        float* ys = y + m * N + n0 + p * kNR;
-        switch (mr) {
-          case 4: micro_tile<4>(xs, K, wp, kc, ys, N, nc, first); break;
-          case 3: micro_tile<3>(xs, K, wp, kc, ys, N, nc, first); break;
-          case 2: micro_tile<2>(xs, K, wp, kc, ys, N, nc, first); break;
-          default: micro_tile<1>(xs, K, wp, kc, ys, N, nc, first); break;
-        }
-      }
-    }
+    gemm_packed(x + m0 * K, K, m1 - m0, k0, kc, pack, n1 - n0, y + m0 * N + n0, N, k0 == 0, nullptr);
   }
 }
 
 }  // namespace
+
+__attribute__((target_clones("avx2", "default"))) void gemm_packed(const float* A, int64_t lda, int64_t M,
+                                                                    int64_t k0, int64_t kc, const float* bp,
+                                                                    int64_t ncols, float* C, int64_t ldc, bool first,
+                                                                    const float* bias) {
+  const int64_t panels = (ncols + kNR - 1) / kNR;
+  for (int64_t m0 = 0; m0 < M; m0 += kMR) {
+    const int64_t mr = std::min(kMR, M - m0);
+    const float* a = A + m0 * lda + k0;
+    const float* b = bias ? bias + m0 : nullptr;
+    for (int64_t p = 0; p < panels; ++p) {
+      const int64_t n0 = p * kNR;
+      const int64_t nc = std::min(kNR, ncols - n0);
+      const float* wp = bp + p * kc * kNR;
+      float* c = C + m0 * ldc + n0;
+      switch (mr) {
+        case 4: micro_tile<4>(a, lda, wp, kc, c, ldc, nc, first, b); break;
+        case 3: micro_tile<3>(a, lda, wp, kc, c, ldc, nc, first, b); break;
+        case 2: micro_tile<2>(a, lda, wp, kc, c, ldc, nc, first, b); break;
+        default: micro_tile<1>(a, lda, wp, kc, c, ldc, nc, first, b); break;
+      }
+    }
+  }
+}
 
 void linear(const float* x, const float* w, const float* b, float* y, int64_t M, int64_t K, int64_t N) {
   WAN_ASSERT(M >= 0 && K >= 0 && N >= 0, "linear dims ", M, " ", K, " ", N);

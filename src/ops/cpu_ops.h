@@ -20,6 +20,18 @@ namespace wan::ops {
 // b may be null. y must not alias x or w.
 void linear(const float* x, const float* w, const float* b, float* y, int64_t M, int64_t K, int64_t N);
 
+// The register-blocked kernel behind linear, shared with the VAE convolutions (serial: callers
+// parallelise over blocks). The B operand is packed into column panels of kGemmNR: panel p holds
+// columns [p·kGemmNR, (p+1)·kGemmNR) as kc rows of kGemmNR floats (row kk at (p·kc + kk)·kGemmNR),
+// zero beyond ncols.
+// C[M, ncols] (row stride ldc) = init + A[:, k0:k0+kc] · Bp, where row m of A starts at A + m·lda.
+// init: bias[m] when first (bias may be null -> 0), else the current C. Each element is one fp32 sum,
+// init first, then k in increasing order; C round-trips fp32 exactly, so calling this per k block
+// (first on the first block only) sums exactly as one call over all of K would.
+constexpr int64_t kGemmNR = 16;
+void gemm_packed(const float* A, int64_t lda, int64_t M, int64_t k0, int64_t kc, const float* bp, int64_t ncols,
+                 float* C, int64_t ldc, bool first, const float* bias);
+
 // ---- normalisation ----
 // Per row of x[rows, dim]: y = (x - mean) / sqrt(var + eps) (biased var), then y·w + b when w/b are
 // non-null (w and b are both null for norm1/norm2/head.norm, both set for norm3).

@@ -1,9 +1,9 @@
 // CPU float32 VAE ops (see vae_ops.h for layouts and semantics).
 // Convolution = im2col + GEMM without materialising the im2col matrix: a task owns one output frame
 // and a tile of output positions, packs kKC rows of the (virtual) im2col matrix at a time into
-// 16-column panels in thread-local scratch, and runs a 4 x 16 register-blocked kernel over them
-// with the weight rows read in place. Each output element is one vector lane summed over k in
-// order, so vectorisation never reassociates a sum. An AVX2 clone is picked at run time.
+// 16-column panels in thread-local scratch, and runs ops::gemm_packed (the DiT linear's 4 x 16
+// register-blocked kernel) over them with the weight rows read in place. Each output element is one
+// vector lane summed over k in order, so vectorisation never reassociates a sum.
 #include "vae/vae_ops.h"
 
 #include <algorithm>
@@ -13,91 +13,16 @@
 
 #include "core/error.h"
 #include "core/thread_pool.h"
-
-// The 32-byte vector helpers are always inlined, so the ABI note GCC emits about passing them in
-// the default clone never applies to a real call.
-#pragma GCC diagnostic ignored "-Wpsabi"
+#include "ops/cpu_ops.h"
 
 namespace wan::vae {
 namespace {
 
-// kNR = 16 columns = two 8-wide vectors per row; a kMR x kNR accumulator tile is 8 AVX registers.
-// kKC rows x (up to kNC columns) of packed im2col = 256 KiB: stays in L2 while every weight row
-// panel streams over it.
-constexpr int64_t kMR = 4;
-constexpr int64_t kNR = 16;
+// Panels are ops::gemm_packed's (kNR = 16 columns). kKC rows x (up to kNC columns) of packed im2col
+// = 256 KiB: stays in L2 while every weight row panel streams over it.
+constexpr int64_t kNR = ops::kGemmNR;
 constexpr int64_t kKC = 256;
 constexpr int64_t kNC = 256;
-
-typedef float v8f __attribute__((vector_size(32)));
-
-[[gnu::always_inline]] inline v8f load8(const float* p) {
-  v8f v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
-}
-[[gnu::always_inline]] inline void store8(float* p, v8f v) { std::memcpy(p, &v, sizeof(v)); }
-
-// C[rows, cols] (ldc) = init + A[rows, kc] · Bp, where A rows are a[r][0..kc) and Bp is one packed
-// kc x kNR panel. init: bias[r] when first (bias may be null -> 0), else the current C.
-// rows <= kMR, cols <= kNR; a[] has kMR valid pointers (callers repeat the last row).
-[[gnu::always_inline]] inline void micro_tile(const float* const* a, const float* bp, int64_t kc, float* c,
-                                              int64_t ldc, int rows, int64_t cols, bool first, const float* bias) {
-  v8f acc0[kMR], acc1[kMR];
-  for (int r = 0; r < kMR; ++r) {
-    float tmp[kNR];
-    for (int64_t j = 0; j < kNR; ++j) {
-      if (first) tmp[j] = bias ? bias[std::min(r, rows - 1)] : 0.0f;
-      else tmp[j] = (r < rows && j < cols) ? c[r * ldc + j] : 0.0f;
-    }
-    acc0[r] = load8(tmp);
-    acc1[r] = load8(tmp + 8);
-  }
-  const float* a0 = a[0];
-  const float* a1 = a[1];
-  const float* a2 = a[2];
-  const float* a3 = a[3];
-  for (int64_t k = 0; k < kc; ++k) {
-    const v8f b0 = load8(bp + k * kNR), b1 = load8(bp + k * kNR + 8);
-    acc0[0] += a0[k] * b0;
-    acc1[0] += a0[k] * b1;
-    acc0[1] += a1[k] * b0;
-    acc1[1] += a1[k] * b1;
-    acc0[2] += a2[k] * b0;
-    acc1[2] += a2[k] * b1;
-    acc0[3] += a3[k] * b0;
-    acc1[3] += a3[k] * b1;
-  }
-  for (int r = 0; r < rows; ++r) {
-    if (cols == kNR) {
-      store8(c + r * ldc, acc0[r]);
-      store8(c + r * ldc + 8, acc1[r]);
-    } else {
-      float tmp[kNR];
-      store8(tmp, acc0[r]);
-      store8(tmp + 8, acc1[r]);
-      for (int64_t j = 0; j < cols; ++j) c[r * ldc + j] = tmp[j];
-    }
-  }
-}
-
-// C[M, ncols] (ldc) (+)= A[M, k0:k0+kc] (row stride lda, starting at column k0) · packed panels.
-// Panels: ceil(ncols / kNR) blocks of kc x kNR floats, zero beyond ncols.
-[[gnu::always_inline]] inline void gemm_panels(const float* A, int64_t lda, int64_t M, int64_t k0, int64_t kc,
-                                               const float* bp, int64_t ncols, float* C, int64_t ldc, bool first,
-                                               const float* bias) {
-  const int64_t panels = (ncols + kNR - 1) / kNR;
-  for (int64_t m0 = 0; m0 < M; m0 += kMR) {
-    const int rows = static_cast<int>(std::min(kMR, M - m0));
-    const float* a[kMR];
-    for (int r = 0; r < kMR; ++r) a[r] = A + (m0 + std::min(r, rows - 1)) * lda + k0;
-    for (int64_t p = 0; p < panels; ++p) {
-      const int64_t n0 = p * kNR;
-      micro_tile(a, bp + p * kc * kNR, kc, C + m0 * ldc + n0, ldc, rows, std::min(kNR, ncols - n0), first,
-                 bias ? bias + m0 : nullptr);
-    }
-  }
-}
 
 // Everything a conv task needs (plain values; one per conv3d call).
 struct ConvJob {
@@ -150,12 +75,12 @@ __attribute__((target_clones("avx2", "default"))) void conv_tile(const ConvJob& 
         }
       }
     }
-    gemm_panels(j.w, j.K, j.M, k0, kc, scratch, nc, out_t, j.N, k0 == 0, j.bias);
+    ops::gemm_packed(j.w, j.K, j.M, k0, kc, scratch, nc, out_t, j.N, k0 == 0, j.bias);
   }
 }
 
 // Packs B[k, n] = src[k * sk + n * sn] for k in [0, K), n in [0, ncols) into kc-row panels in the
-// layout gemm_panels reads for one k block: returns panels for rows [k0, k0 + kc).
+// layout ops::gemm_packed reads for one k block: returns panels for rows [k0, k0 + kc).
 void pack_panels(const float* src, int64_t sk, int64_t sn, int64_t k0, int64_t kc, int64_t ncols, float* dst) {
   const int64_t panels = (ncols + kNR - 1) / kNR;
   for (int64_t p = 0; p < panels; ++p)
@@ -180,7 +105,7 @@ __attribute__((target_clones("avx2", "default"))) void gemm_serial(const float* 
       const size_t need = static_cast<size_t>(((nc + kNR - 1) / kNR) * kc * kNR);
       if (scratch.size() < need) scratch.resize(need);
       pack_panels(src + n0 * sn, sk, sn, k0, kc, nc, scratch.data());
-      gemm_panels(A, lda, M, k0, kc, scratch.data(), nc, C + n0, ldc, k0 == 0, nullptr);
+      ops::gemm_packed(A, lda, M, k0, kc, scratch.data(), nc, C + n0, ldc, k0 == 0, nullptr);
     }
   }
 }

@@ -21,6 +21,7 @@
 
 #include "core/error.h"
 #include "st/safetensors.h"
+#include "test_util.h"
 
 namespace fs = std::filesystem;
 using wan::cat;
@@ -30,22 +31,7 @@ namespace {
 const std::string kFix = std::string(WAN_FIXTURES) + "/pipeline";
 const std::string kModel = kFix + "/model";
 
-struct TmpDir {
-  fs::path p;
-  TmpDir() {
-    static int n = 0;
-    p = fs::temp_directory_path() / cat("wan_test_generate_cli_", getpid(), "_", n++);
-    fs::remove_all(p);
-    fs::create_directories(p);
-  }
-  ~TmpDir() { fs::remove_all(p); }
-  std::string operator/(const std::string& f) const { return (p / f).string(); }
-  std::set<std::string> files() const {
-    std::set<std::string> s;
-    for (const auto& e : fs::recursive_directory_iterator(p)) s.insert(fs::relative(e.path(), p).string());
-    return s;
-  }
-};
+using wan::test::TempDir;
 
 std::string read_file(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
@@ -72,7 +58,7 @@ struct Result {
 
 // Runs `wan args...` with stdout / stderr captured in files.
 Result run_wan(const std::vector<std::string>& args) {
-  TmpDir io;
+  TempDir io;
   const std::string out = io / "stdout", err = io / "stderr";
   pid_t pid = fork();
   if (pid == 0) {
@@ -113,7 +99,7 @@ std::string fixture_prompt() {
 }
 
 // The fixture's run (tests/fixtures/pipeline/README.md).
-std::vector<std::string> golden_args(const TmpDir& t) {
+std::vector<std::string> golden_args(const TempDir& t) {
   return {"generate", "--model", kModel, "--prompt-embeds", kFix + "/prompt_embeds.safetensors",
           "--negative-prompt-embeds", kFix + "/negative_prompt_embeds.safetensors", "--init-latents",
           kFix + "/init_latents.safetensors", "--steps", "4", "--schedule", "diffusers", "--guide-scale", "3,4",
@@ -170,7 +156,7 @@ Y4m parse_y4m(const std::string& path) {
 }  // namespace
 
 TEST(GenerateCli, GoldenRunMatchesDiffusersAndWritesY4m) {
-  TmpDir t;
+  TempDir t;
   Result r = run_wan(with(golden_args(t), "--save-latents", t / "lat.safetensors"));
   ASSERT_EQ(r.code, 0) << r.err;
   const double rel = max_rel(load(t / "lat.safetensors", "latents"), load(kFix + "/expected.safetensors", "latents"));
@@ -191,7 +177,7 @@ TEST(GenerateCli, GoldenRunMatchesDiffusersAndWritesY4m) {
 }
 
 TEST(GenerateCli, EncodePromptThenGenerateFromTheFiles) {
-  TmpDir t;
+  TempDir t;
   Result r = run_wan({"encode-prompt", "--model", kModel, "--prompt", fixture_prompt(), "--output", t / "p.safetensors"});
   ASSERT_EQ(r.code, 0) << r.err;
   r = run_wan({"encode-prompt", "--model", kModel, "--default-negative", "--output", t / "n.safetensors", "--quiet"});
@@ -211,7 +197,7 @@ TEST(GenerateCli, EncodePromptThenGenerateFromTheFiles) {
 }
 
 TEST(GenerateCli, SameSeedGivesIdenticalFilesAndDecodeReproducesTheVideo) {
-  TmpDir t;
+  TempDir t;
   auto base = with(with(with(golden_args(t), "--init-latents", "", true), "--size", "48x32"), "--frames", "5");
   base = with(with(base, "--seed", "42"), "--steps", "3");
   Result a = run_wan(with(with(base, "--save-latents", t / "a.safetensors"), "--output", t / "a.y4m"));
@@ -239,7 +225,7 @@ TEST(GenerateCli, SameSeedGivesIdenticalFilesAndDecodeReproducesTheVideo) {
 }
 
 TEST(GenerateCli, TimingsJsonReportsEveryStage) {
-  TmpDir t;
+  TempDir t;
   Result r = run_wan(with(golden_args(t), "--timings-json", t / "t.json"));
   ASSERT_EQ(r.code, 0) << r.err;
   auto j = nlohmann::json::parse(read_file(t / "t.json"));
@@ -272,7 +258,7 @@ TEST(GenerateCli, TimingsJsonReportsEveryStage) {
 }
 
 TEST(GenerateCli, BadInputExitsTwoWithOneLineAndNoOutput) {
-  TmpDir t;
+  TempDir t;
   fs::create_directories(t.p / "empty_dir");
   { std::ofstream(t / "empty.safetensors"); }
   // A valid safetensors file of the wrong kind, and latents of the wrong shape.
@@ -338,7 +324,7 @@ TEST(GenerateCli, BadInputExitsTwoWithOneLineAndNoOutput) {
 }
 
 TEST(GenerateCli, CtrlCStopsCleanlyWithoutOutputs) {
-  TmpDir t;
+  TempDir t;
   // Many cheap steps (one token), so the run is certainly still sampling when the signal arrives.
   auto args = with(with(with(golden_args(t), "--init-latents", "", true), "--size", "16x16"), "--frames", "1");
   args = with(with(with(args, "--steps", "3000"), "--seed", "1"), "--save-latents", t / "lat.safetensors");
@@ -384,7 +370,7 @@ TEST(GenerateCli, TinyCheckpointFromPromptTextInBothLayouts) {
   // The README's first command: a random-weight tiny model from `wan make-checkpoint`, then generate
   // from a prompt (tokenizer + UMT5 + both experts + VAE). Both layouts hold the same values, so
   // they must give the same bytes.
-  TmpDir t;
+  TempDir t;
   std::string lat[2];
   int i = 0;
   for (const char* layout : {"official", "diffusers"}) {

@@ -23,23 +23,14 @@
 #include "pipeline/models.h"
 #include "pipeline/pipeline.h"
 #include "st/safetensors.h"
+#include "test_util.h"
 
 namespace fs = std::filesystem;
 using namespace wan;
 
 namespace {
 
-struct TmpDir {
-  fs::path p;
-  TmpDir() {
-    static int n = 0;
-    p = fs::temp_directory_path() / cat("wan_test_generate_random_", getpid(), "_", n++);
-    fs::remove_all(p);
-    fs::create_directories(p);
-  }
-  ~TmpDir() { fs::remove_all(p); }
-  std::string operator/(const std::string& f) const { return (p / f).string(); }
-};
+using wan::test::TempDir;
 
 GenerateOptions tiny(uint64_t seed = 3) {
   GenerateOptions o;
@@ -95,7 +86,7 @@ std::string slurp(const std::string& path) {
 }
 
 Result run_wan(const std::vector<std::string>& args) {
-  TmpDir io;
+  TempDir io;
   const std::string out = io / "stdout", err = io / "stderr";
   pid_t pid = fork();
   if (pid == 0) {
@@ -239,7 +230,7 @@ TEST(GenerateRandom, PlanRefusesBadInputBeforeHeavyWork) {
 }
 
 TEST(GenerateRandom, ResumedRunsEqualUninterruptedOnesForEverySolver) {
-  TmpDir t;
+  TempDir t;
   // The text once (drawing the tiny encoder's 16M-row embedding dominates a tiny run), then embeddings.
   GenerateOptions first = tiny();
   first.stop_after_steps = 1;
@@ -303,7 +294,7 @@ TEST(GenerateRandom, ResumedRunsEqualUninterruptedOnesForEverySolver) {
 }
 
 TEST(GenerateRandom, ResumeRefusesStatesOfOtherRunsAndBrokenFiles) {
-  TmpDir t;
+  TempDir t;
   GenerateOptions a = tiny();
   a.stop_after_steps = 2;
   const RunState st = *run(a).state;
@@ -370,7 +361,7 @@ TEST(GenerateRandom, ResumeRefusesStatesOfOtherRunsAndBrokenFiles) {
 }
 
 TEST(GenerateRandom, CliSaveStateThenResumeEqualsOneRun) {
-  TmpDir t;
+  TempDir t;
   const std::vector<std::string> base = {"generate", "--weights", "random", "--config", "tiny", "--weights-seed", "4",
                                          "--prompt", "a red fox", "--size", "64x48", "--frames", "9",
                                          "--steps", "4", "--seed", "9", "--quiet"};

@@ -21,6 +21,7 @@
 #include "ckpt/names.h"
 #include "pth/pth.h"
 #include "st/safetensors.h"
+#include "test_util.h"
 
 namespace wan {
 namespace {
@@ -29,20 +30,7 @@ namespace fs = std::filesystem;
 
 // ---- fixtures -------------------------------------------------------------------------------
 
-struct TmpDir {
-  fs::path p;
-  TmpDir() {
-    static std::atomic<int> n{0};
-    p = fs::temp_directory_path() / cat("wan_test_layout_", getpid(), "_", n++);
-    fs::remove_all(p);
-    fs::create_directories(p);
-  }
-  ~TmpDir() {
-    std::error_code ec;
-    fs::remove_all(p, ec);
-  }
-  std::string str() const { return p.string(); }
-};
+using wan::test::TempDir;
 
 void write_text(const fs::path& p, const std::string& s) {
   fs::create_directories(p.parent_path());
@@ -337,7 +325,7 @@ TEST(Layout, ExpectedShapesMatchParamCount) {
 
 TEST(Layout, OfficialA14B) {
   for (const char* mt : {"t2v", "i2v"}) {
-    TmpDir t;
+    TempDir t;
     DiTConfig cfg = test_cfg(mt);
     build_official_a14b(t.p, cfg);
     CheckpointInfo info = detect_checkpoint(t.str());
@@ -382,7 +370,7 @@ TEST(Layout, OfficialA14B) {
 }
 
 TEST(Layout, OfficialWithoutConfigInfersFromShapes) {
-  TmpDir t;
+  TempDir t;
   DiTConfig cfg = test_cfg("i2v");
   cfg.num_layers = 3;
   build_official_a14b(t.p, cfg, false);
@@ -393,7 +381,7 @@ TEST(Layout, OfficialWithoutConfigInfersFromShapes) {
 }
 
 TEST(Layout, OfficialExpertsMustAgree) {
-  TmpDir t;
+  TempDir t;
   DiTConfig cfg = test_cfg("t2v");
   build_official_a14b(t.p, cfg);
   DiTConfig other = cfg;
@@ -405,7 +393,7 @@ TEST(Layout, OfficialExpertsMustAgree) {
 }
 
 TEST(Layout, Official5B) {
-  TmpDir t;
+  TempDir t;
   DiTConfig cfg = test_cfg("ti2v");
   write_dit(t.p, cfg, 5, {});
   write_component(t.p / "models_t5_umt5-xxl-enc-bf16.pth", kT5, kT5Seed, true, same, {});
@@ -424,7 +412,7 @@ TEST(Layout, Official5B) {
 }
 
 TEST(Layout, Diffusers) {
-  TmpDir t;
+  TempDir t;
   DiTConfig cfg = test_cfg("t2v");
   DitWriteOptions low;
   low.drop = {"blocks.1.ffn.2.bias"};
@@ -460,7 +448,7 @@ TEST(Layout, Diffusers) {
 
 TEST(Layout, DiffusersI2VAndTI2V) {
   {
-    TmpDir t;
+    TempDir t;
     DiTConfig cfg = test_cfg("i2v");
     build_diffusers(t.p, cfg, kI2VIndex);
     CheckpointInfo info = detect_checkpoint(t.str());
@@ -473,7 +461,7 @@ TEST(Layout, DiffusersI2VAndTI2V) {
     expect_error(t.str(), "in_channels 16");
   }
   {
-    TmpDir t;
+    TempDir t;
     DiTConfig cfg = test_cfg("ti2v");
     build_diffusers(t.p, cfg, kTI2VIndex);
     CheckpointInfo info = detect_checkpoint(t.str());
@@ -486,7 +474,7 @@ TEST(Layout, DiffusersI2VAndTI2V) {
 }
 
 TEST(Layout, ComfyUIBf16WithAndWithoutPrefix) {
-  TmpDir t;
+  TempDir t;
   DiTConfig cfg = test_cfg("t2v");
   DitWriteOptions o;
   o.style = Style::ComfyPrefixed;
@@ -534,7 +522,7 @@ TEST(Layout, ComfyUIBf16WithAndWithoutPrefix) {
 }
 
 TEST(Layout, ComfyUIFp8Scaled) {
-  TmpDir t;
+  TempDir t;
   DiTConfig cfg = test_cfg("i2v");
   DitWriteOptions o;
   o.style = Style::ComfyPrefixed;
@@ -571,7 +559,7 @@ TEST(Layout, ComfyUIFp8Scaled) {
 }
 
 TEST(Layout, Errors) {
-  TmpDir t;
+  TempDir t;
   expect_error((t.p / "nope").string(), "no such file or folder");
   fs::create_directories(t.p / "empty");
   expect_error((t.p / "empty").string(), "folder is empty");
@@ -624,8 +612,8 @@ RunResult run_wan(const std::string& args, const fs::path& tmp) {
 
 TEST(Layout, InspectCommand) {
   ASSERT_TRUE(fs::exists(WAN_BINARY)) << "the wan binary was not built: " << WAN_BINARY;
-  TmpDir t;
-  TmpDir out;
+  TempDir t;
+  TempDir out;
   DiTConfig cfg = test_cfg("t2v");
   build_official_a14b(t.p, cfg);
   RunResult r = run_wan(cat("inspect '", t.str(), "'"), out.p);
@@ -651,7 +639,7 @@ TEST(Layout, InspectCommand) {
   EXPECT_EQ(j["components"][2]["unexpected"], nlohmann::json::array({"bogus.weight"}));
 
   // Missing and unexpected DiT tensors are listed; the exit code stays 0.
-  TmpDir d;
+  TempDir d;
   DitWriteOptions low;
   low.drop = {"blocks.1.ffn.2.bias"};
   low.extra = {"blocks.0.attn2.add_k_proj.weight"};

@@ -35,6 +35,7 @@
 #include "gen/tokenizer_files.h"
 #include "gen/weight_init.h"
 #include "st/safetensors.h"
+#include "test_util.h"
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
@@ -43,20 +44,7 @@ using namespace wan::gen;
 
 namespace {
 
-struct TempDir {
-  std::string path;
-  TempDir() {
-    char tmpl[] = "/tmp/wan_mkckpt_test_XXXXXX";
-    char* p = ::mkdtemp(tmpl);
-    if (!p) throw std::runtime_error("mkdtemp failed");
-    path = p;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string operator/(const std::string& s) const { return path + "/" + s; }
-};
+using wan::test::TempDir;
 
 struct RunResult {
   int code = -1;
@@ -464,7 +452,7 @@ TEST(MakeCheckpointFiles, BothLayoutsHaveTheReleaseFileNames) {
   auto set = SafetensorsSet::open(t / "sharded/transformer");
   EXPECT_GT(set.files().size(), 1u);
   EXPECT_EQ(set.names().size(), dit_params(make_plan("tiny").dit).size());
-  EXPECT_TRUE(siblings_with(t.path, "partial").empty());
+  EXPECT_TRUE(siblings_with(t.str(), "partial").empty());
 }
 
 TEST(MakeCheckpointFiles, DeterministicAndSeeded) {
@@ -545,7 +533,7 @@ TEST(MakeCheckpointCli, WritesAndRefusesBadInput) {
   EXPECT_TRUE(fs::exists(t / "empty/model_index.json"));
   EXPECT_TRUE(siblings_with(t / "x", "partial").empty());
   EXPECT_TRUE(siblings_with(t / "x", ".old-").empty());
-  EXPECT_TRUE(siblings_with(t.path, "partial").empty());
+  EXPECT_TRUE(siblings_with(t.str(), "partial").empty());
 }
 
 TEST(MakeCheckpointCli, FailureMidwayLeavesNothingBehind) {
@@ -563,8 +551,8 @@ TEST(MakeCheckpointCli, FailureMidwayLeavesNothingBehind) {
   EXPECT_NE(b.code, 0) << b.out;
   EXPECT_EQ(slurp(t / "keep/marker"), "old checkpoint");
   EXPECT_EQ(files_under(t / "keep"), std::vector<std::string>{"marker"});
-  EXPECT_TRUE(siblings_with(t.path, "partial").empty()) << "partial folder left behind";
-  EXPECT_TRUE(siblings_with(t.path, ".old-").empty());
+  EXPECT_TRUE(siblings_with(t.str(), "partial").empty()) << "partial folder left behind";
+  EXPECT_TRUE(siblings_with(t.str(), ".old-").empty());
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -19,6 +19,7 @@
 #include "pipeline/models.h"
 #include "pipeline/pipeline.h"
 #include "st/safetensors.h"
+#include "test_util.h"
 
 namespace fs = std::filesystem;
 using namespace wan;
@@ -29,17 +30,7 @@ const std::string kFix = std::string(WAN_FIXTURES) + "/pipeline";
 const std::string kModel = kFix + "/model";
 constexpr double kTol = 1e-4;
 
-struct TmpDir {
-  fs::path p;
-  TmpDir() {
-    static int n = 0;
-    p = fs::temp_directory_path() / cat("wan_test_pipeline_", getpid(), "_", n++);
-    fs::remove_all(p);
-    fs::create_directories(p);
-  }
-  ~TmpDir() { fs::remove_all(p); }
-  std::string operator/(const std::string& f) const { return (p / f).string(); }
-};
+using wan::test::TempDir;
 
 Tensor expected(const std::string& name) {
   auto f = SafetensorsFile::open(kFix + "/expected.safetensors");
@@ -224,7 +215,7 @@ TEST(Pipeline, PlanDefaultsFollowTheTaskAndCheckpoint) {
 }
 
 TEST(Pipeline, PlanRejectsBadInputBeforeHeavyWork) {
-  TmpDir tmp;
+  TempDir tmp;
   write_raw(tmp / "empty.safetensors", "");
   write_latents(tmp / "lat_bad.safetensors", Tensor::f32(Shape{16, 2, 6, 8}));
   write_prompt_embeds(tmp / "wide.safetensors", Tensor::f32(Shape{3, 32}));
@@ -267,7 +258,7 @@ TEST(Pipeline, PlanRejectsBadInputBeforeHeavyWork) {
 
 TEST(Pipeline, MissingTextEncoderIsReportedWhenTextMustBeEncoded) {
   // A copy of the checkpoint without text_encoder/ and tokenizer/ (symlinked components).
-  TmpDir tmp;
+  TempDir tmp;
   const fs::path ck = tmp.p / "ckpt";
   fs::create_directories(ck);
   for (const char* c : {"model_index.json", "transformer", "transformer_2", "vae", "scheduler"})
@@ -366,7 +357,7 @@ TEST(Pipeline, ParseSizeAndGuideScale) {
 }
 
 TEST(PipelineFiles, EmbeddingsAndLatentsRoundTripAndValidation) {
-  TmpDir tmp;
+  TempDir tmp;
   Tensor e = Tensor::f32(Shape{5, 24});
   philox_normal_fill(3, 0, e.f32(), static_cast<size_t>(e.numel()));
   write_prompt_embeds(tmp / "e.safetensors", e, {{"prompt", "x"}});
@@ -408,7 +399,7 @@ TEST(PipelineFiles, EmbeddingsAndLatentsRoundTripAndValidation) {
 }
 
 TEST(PipelineFiles, OutputPathsAndAllOrNothingOutputs) {
-  TmpDir tmp;
+  TempDir tmp;
   EXPECT_NO_THROW(check_output_path(tmp / "x.mp4", "--output"));
   expect_bad_input([&] { check_output_path(tmp / "nodir/x.mp4", "--output"); }, "does not exist");
   expect_bad_input([&] { check_output_path(tmp.p.string(), "--output"); }, "is a folder");

@@ -24,6 +24,7 @@
 
 #include "core/error.h"
 #include "st/safetensors.h"
+#include "test_util.h"
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
@@ -31,20 +32,7 @@ using namespace wan;
 
 namespace {
 
-struct TempDir {
-  std::string path;
-  TempDir() {
-    char tmpl[] = "/tmp/wan_st_test_XXXXXX";
-    char* p = ::mkdtemp(tmpl);
-    if (!p) throw std::runtime_error("mkdtemp failed");
-    path = p;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string file(const std::string& name) const { return path + "/" + name; }
-};
+using wan::test::TempDir;
 
 uint64_t fresh_seed() { return (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}(); }
 
@@ -349,7 +337,7 @@ TEST(Safetensors, MissingTensorNamesFileAndTensor) {
   expect_error([&] { set.get("nope"); }, {path, "tensor 'nope'", "not found"});
   expect_error([&] { set.info("nope"); }, {path, "tensor 'nope'", "not found"});
   expect_error([&] { SafetensorsFile::open(tmp.file("absent.safetensors")); }, {"absent.safetensors", "cannot open"});
-  expect_error([&] { SafetensorsFile::open(tmp.path); }, {tmp.path, "directory"});
+  expect_error([&] { SafetensorsFile::open(tmp.str()); }, {tmp.str(), "directory"});
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -509,7 +497,7 @@ TEST(Safetensors, ShardedWriteAndRead) {
   RandomData data(seed);
   const auto specs = shard_specs(data);
   const size_t limit = 300;
-  auto paths = write_safetensors_sharded(tmp.path, "model", specs, data.fill(), limit);
+  auto paths = write_safetensors_sharded(tmp.str(), "model", specs, data.fill(), limit);
   ASSERT_GE(paths.size(), 4u);
   const std::string index = tmp.file("model.safetensors.index.json");
   EXPECT_EQ(paths.back(), index);
@@ -524,7 +512,7 @@ TEST(Safetensors, ShardedWriteAndRead) {
     EXPECT_TRUE(bytes <= limit || f->tensors().size() == 1) << paths[i];
     EXPECT_EQ(f->metadata().at("format"), "pt");
   }
-  for (const auto& p : fs::directory_iterator(tmp.path)) EXPECT_NE(p.path().extension(), ".tmp");
+  for (const auto& p : fs::directory_iterator(tmp.str())) EXPECT_NE(p.path().extension(), ".tmp");
 
   json j = json::parse(read_all(index));
   size_t total = 0;
@@ -533,7 +521,7 @@ TEST(Safetensors, ShardedWriteAndRead) {
   EXPECT_EQ(j["weight_map"].size(), specs.size());
   EXPECT_EQ(SafetensorsFile::open(tmp.file(j["weight_map"]["huge"].get<std::string>()))->tensors().size(), 1u);
 
-  for (const std::string& src : {index, tmp.path}) {
+  for (const std::string& src : {index, tmp.str()}) {
     SCOPED_TRACE(src);
     auto set = SafetensorsSet::open(src);
     EXPECT_EQ(set.files().size(), nshards);
@@ -560,11 +548,11 @@ TEST(Safetensors, ShardedSingleShardWritesNoIndex) {
   TempDir tmp;
   RandomData data(fresh_seed());
   const auto specs = shard_specs(data);
-  auto paths = write_safetensors_sharded(tmp.path, "small", specs, data.fill(), size_t{1} << 20);
+  auto paths = write_safetensors_sharded(tmp.str(), "small", specs, data.fill(), size_t{1} << 20);
   ASSERT_EQ(paths.size(), 1u);
   EXPECT_EQ(paths[0], tmp.file("small.safetensors"));
   EXPECT_FALSE(fs::exists(tmp.file("small.safetensors.index.json")));
-  auto set = SafetensorsSet::open(tmp.path);  // folder with one file
+  auto set = SafetensorsSet::open(tmp.str());  // folder with one file
   EXPECT_EQ(set.names().size(), specs.size());
   EXPECT_EQ(0, std::memcmp(set.get("b.weight").data(), data.bytes["b.weight"].data(), 200));
 }
@@ -624,14 +612,14 @@ TEST(Safetensors, IndexErrors) {
   expect_error([&] { SafetensorsSet::open(p); }, {p, "shard 'bad.safetensors'", "tensor 'w'", "exceed the data section"});
 
   // Folders: several index files, several files without an index, nothing at all.
-  expect_error([&] { SafetensorsSet::open(tmp.path); }, {tmp.path, "several index files"});
+  expect_error([&] { SafetensorsSet::open(tmp.str()); }, {tmp.str(), "several index files"});
   TempDir d2;
   write_safetensors(d2.file("one.safetensors"), {{"a", DType::F32, {2, 2}}}, data.fill());
   write_raw(d2.file("two.safetensors"), st_bytes("{}", 0));
-  expect_error([&] { SafetensorsSet::open(d2.path); }, {d2.path, "2 .safetensors files", "no .safetensors.index.json"});
+  expect_error([&] { SafetensorsSet::open(d2.str()); }, {d2.str(), "2 .safetensors files", "no .safetensors.index.json"});
   TempDir d3;
   write_raw(d3.file("readme.txt"), "hi");
-  expect_error([&] { SafetensorsSet::open(d3.path); }, {d3.path, "no .safetensors"});
+  expect_error([&] { SafetensorsSet::open(d3.str()); }, {d3.str(), "no .safetensors"});
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -646,11 +634,11 @@ TEST(Safetensors, WriterRejectsBadSpecsBeforeWriting) {
   EXPECT_FALSE(fs::exists(p + ".tmp"));
   expect_error([&] { write_safetensors(p, {{"__metadata__", DType::F32, {1}}}, fill); }, {p, "reserved"});
   expect_error([&] { write_safetensors(p, {{"neg", DType::F32, {-1}}}, fill); }, {p, "tensor 'neg'", "negative"});
-  expect_error([&] { write_safetensors_sharded(tmp.path, "m", {{"w", DType::F32, {1}}, {"w", DType::F32, {1}}}, fill, 100); },
+  expect_error([&] { write_safetensors_sharded(tmp.str(), "m", {{"w", DType::F32, {1}}, {"w", DType::F32, {1}}}, fill, 100); },
                {"tensor 'w' is listed twice"});
   const std::string nodir = tmp.file("no/such/dir/x.safetensors");
   expect_error([&] { write_safetensors(nodir, {{"w", DType::F32, {1}}}, fill); }, {nodir + ".tmp", "cannot create"});
-  EXPECT_TRUE(fs::is_empty(tmp.path));
+  EXPECT_TRUE(fs::is_empty(tmp.str()));
 }
 
 TEST(Safetensors, FailingFillRemovesTmpAndKeepsOldFile) {
@@ -676,14 +664,14 @@ TEST(Safetensors, FailingFillRemovesTmpAndKeepsOldFile) {
   TempDir d;
   calls = 0;
   std::vector<TensorSpec> specs = {{"a", DType::F32, {64}}, {"b", DType::F32, {64}}, {"c", DType::F32, {64}}};
-  EXPECT_THROW(write_safetensors_sharded(d.path, "m", specs,
+  EXPECT_THROW(write_safetensors_sharded(d.str(), "m", specs,
                                          [&](const TensorSpec& s, void* dst) {
                                            if (++calls == 3) throw Error("fill failed for " + s.name);
                                            std::memset(dst, 2, s.nbytes());
                                          },
                                          300),
                Error);
-  EXPECT_TRUE(fs::is_empty(d.path));
+  EXPECT_TRUE(fs::is_empty(d.str()));
 }
 
 TEST(Safetensors, WriteFailureIsReported) {

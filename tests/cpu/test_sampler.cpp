@@ -19,6 +19,7 @@
 
 #include "core/error.h"
 #include "sampler/sampler.h"
+#include "test_util.h"
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
@@ -139,19 +140,7 @@ void check_fixture(const std::string& dir, const std::string& name) {
               exact_steps, f.steps);
 }
 
-struct TempDir {
-  std::string path;
-  TempDir() {
-    char tmpl[] = "/tmp/wan_sampler_test_XXXXXX";
-    char* p = ::mkdtemp(tmpl);
-    if (!p) throw std::runtime_error("mkdtemp failed");
-    path = p;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
+using wan::test::TempDir;
 
 }  // namespace
 
@@ -283,15 +272,15 @@ TEST(SamplerOracle, RegeneratedFixturesMatch) {
   ASSERT_TRUE(fs::exists(WAN_PYTHON)) << "python oracle missing: " << WAN_PYTHON;
   TempDir tmp;
   const std::string cmd = std::string("'") + WAN_PYTHON + "' '" + WAN_SOURCE_DIR +
-                          "/tools/make_sampler_fixtures.py' --out '" + tmp.path + "' > '" + tmp.path +
+                          "/tools/make_sampler_fixtures.py' --out '" + tmp.str() + "' > '" + tmp.str() +
                           "/log' 2>&1";
   const int rc = std::system(cmd.c_str());
   if (rc != 0) {
-    std::ifstream log(tmp.path + "/log");
+    std::ifstream log(tmp.str() + "/log");
     FAIL() << "make_sampler_fixtures.py failed (rc " << rc << "):\n"
            << std::string(std::istreambuf_iterator<char>(log), {});
   }
-  for (const std::string& name : kCases) check_fixture(tmp.path, name);
+  for (const std::string& name : kCases) check_fixture(tmp.str(), name);
 }
 
 // ---------------------------------------------------------------------------------------------

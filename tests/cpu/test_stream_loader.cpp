@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "ckpt/layout.h"
+#include "test_util.h"
 #include "ckpt/stream.h"
 #include "core/dtype.h"
 #include "core/error.h"
@@ -40,20 +41,7 @@ using namespace wan;
 
 namespace {
 
-struct TempDir {
-  std::string path;
-  TempDir() {
-    char tmpl[] = "/tmp/wan_stream_test_XXXXXX";
-    char* p = ::mkdtemp(tmpl);
-    if (!p) throw std::runtime_error("mkdtemp failed");
-    path = p;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string operator/(const std::string& s) const { return path + "/" + s; }
-};
+using wan::test::TempDir;
 
 // Runs f on another thread; a hang past 30 s fails the whole test binary at once.
 template <typename F>

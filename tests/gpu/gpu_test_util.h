@@ -1,4 +1,4 @@
-// Helpers shared by the GPU tests (tests/gpu/*.cu): device buffers, seeded random inputs, bf16
+// Helpers shared by the GPU tests (tests/gpu/*.cu): device buffers, streams, seeded random inputs, bf16
 // rounding and the error metrics of the precision rule (issue 4: GPU error vs the fp32 reference at
 // most twice that of the same maths done plainly in bf16).
 #pragma once
@@ -39,6 +39,15 @@ struct DevBuf {
     return h;
   }
   void poison() { CUDA_CHECK(cudaMemset(p, 0xFF, n * sizeof(T))); }  // NaN in bf16 and fp32
+};
+
+// A non-blocking CUDA stream owned for one test's scope.
+struct StreamGuard {
+  cudaStream_t s = nullptr;
+  StreamGuard() { CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)); }
+  ~StreamGuard() { cudaStreamDestroy(s); }
+  StreamGuard(const StreamGuard&) = delete;
+  StreamGuard& operator=(const StreamGuard&) = delete;
 };
 
 // n values normal(seed, i) * scale + offset (Philox, the engine's RNG).

@@ -288,12 +288,6 @@ CaseResult run_case(CudnnAttention& attn, const Case& c, cudaStream_t stream) {
   return res;
 }
 
-struct StreamGuard {
-  cudaStream_t s = nullptr;
-  StreamGuard() { CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)); }
-  ~StreamGuard() { cudaStreamDestroy(s); }
-};
-
 }  // namespace
 
 TEST(GpuAttentionCudnn, SelfAttentionOddLengths) {

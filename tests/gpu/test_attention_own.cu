@@ -272,12 +272,6 @@ Result run_case(CudnnAttention& cudnn, const Case& c, cudaStream_t stream) {
   return r;
 }
 
-struct StreamGuard {
-  cudaStream_t s = nullptr;
-  StreamGuard() { CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)); }
-  ~StreamGuard() { cudaStreamDestroy(s); }
-};
-
 }  // namespace
 
 TEST(GpuAttentionOwn, SmallOddLengthsEveryRow) {
