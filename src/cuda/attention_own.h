@@ -5,12 +5,15 @@
 // free token stride, so Q/K/V may be views into a fused QKV output), optional per-sample key lengths
 // (k_lens, device int32 [B], 1 <= k_lens[b] <= Lk) and optional log-sum-exp output [B, H, Lq] (natural log).
 //
-// Kernel (attention_own.cu): one CTA per (128 query rows, head, sample); 3 warpgroups:
+// Kernel (attention_own.cu): work items of (128 query rows, head, sample); one CTA per item for long key
+// sequences, a persistent grid (one CTA per SM looping over items) for short ones (<= 1024 keys, the text);
+// 3 warpgroups:
 //   - producer (1 thread issues, registers released with setmaxnreg): TMA (cp.async.bulk.tensor, 128-byte
-//     swizzle) loads of Q once and of K/V tiles of 128 keys into a 2-stage shared-memory ring, completion
+//     swizzle) loads of Q once per item and of K/V tiles (176 keys, or 128 for short sequences) into a
+//     2-stage shared-memory ring, completion
 //     on mbarriers (separate K and V barriers so Q·Kᵀ starts before V lands), consumers free a stage with
 //     an mbarrier arrive;
-//   - 2 consumers (64 query rows each): S = Q·Kᵀ with wgmma m64n128k16 (both operands from shared memory),
+//   - 2 consumers (64 query rows each): S = Q·Kᵀ with wgmma m64nNk16 (both operands from shared memory),
 //     online softmax in fp32 (exp2 with the scale folded into one FMA, row max over the quad by shuffles),
 //     P rounded to bf16 and kept in registers as the A operand of O += P·V (wgmma, V read N-major through
 //     the descriptor: no transpose pass). The next tile's Q·Kᵀ is issued before this tile's softmax

@@ -40,52 +40,33 @@ namespace dit_gpu_detail {
 
 namespace {
 
-constexpr size_t kGroupAlign = 256;
+constexpr size_t kStagingFloats = size_t{8} << 20;  // host bf16 conversion chunk (16 MB)
+
+}  // namespace
 
 size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
-class TableBuilder {
- public:
-  // A tensor starting a new 256-byte aligned range.
-  void add(const std::string& name, DType t, Shape s, float scale, float offset = 0.0f) {
-    put(name, t, s, scale, offset, align_up(table_.bytes, kGroupAlign));
-  }
-  // A tensor placed right after the previous one (a fused GEMM operand); must stay 16-byte aligned.
-  void append(const std::string& name, DType t, Shape s, float scale, float offset = 0.0f) {
-    WAN_ASSERT(table_.bytes % 16 == 0, "weight ", name, " would start unaligned at byte ", table_.bytes);
-    put(name, t, s, scale, offset, table_.bytes);
-  }
-  // Linear layer `name` [out, in] (+ bias [out]) with the default-init scale of its fan-in.
-  void linear(const std::string& name, DType t, int64_t out, int64_t in) {
-    const float sc = linear_scale(in);
-    add(name + ".weight", t, {out, in}, sc);
-    add(name + ".bias", t, {out}, sc);
-  }
-  WeightTable take() {
-    table_.bytes = align_up(table_.bytes, kGroupAlign);
-    return std::move(table_);
-  }
-  static float linear_scale(int64_t fan_in) { return static_cast<float>(1.0 / std::sqrt(3.0 * fan_in)); }
+float TableBuilder::linear_scale(int64_t fan_in) { return static_cast<float>(1.0 / std::sqrt(3.0 * fan_in)); }
 
- private:
-  void put(const std::string& name, DType t, Shape s, float scale, float offset, size_t at) {
-    WeightEntry e;
-    e.name = name;
-    e.dtype = t;
-    e.shape = s;
-    e.offset = at;
-    e.bytes = static_cast<size_t>(s.numel()) * dtype_size(t);
-    e.scale = scale;
-    e.offset_value = offset;
-    WAN_ASSERT(!table_.index.count(name), "duplicate weight ", name);
-    table_.index[name] = table_.entries.size();
-    table_.entries.push_back(e);
-    table_.bytes = at + e.bytes;
-  }
-  WeightTable table_;
-};
+void TableBuilder::append(const std::string& name, DType t, Shape s, float scale, float offset) {
+  WAN_ASSERT(table_.bytes % 16 == 0, "weight ", name, " would start unaligned at byte ", table_.bytes);
+  put(name, t, s, scale, offset, table_.bytes);
+}
 
-}  // namespace
+void TableBuilder::put(const std::string& name, DType t, Shape s, float scale, float offset, size_t at) {
+  WeightEntry e;
+  e.name = name;
+  e.dtype = t;
+  e.shape = s;
+  e.offset = at;
+  e.bytes = static_cast<size_t>(s.numel()) * dtype_size(t);
+  e.scale = scale;
+  e.offset_value = offset;
+  WAN_ASSERT(!table_.index.count(name), "duplicate weight ", name);
+  table_.index[name] = table_.entries.size();
+  table_.entries.push_back(e);
+  table_.bytes = at + e.bytes;
+}
 
 const WeightEntry& WeightTable::at(const std::string& name) const {
   auto it = index.find(name);
@@ -155,32 +136,35 @@ WeightTable build_weight_table(const DiTConfig& c) {
   return t.take();
 }
 
-void upload_weights(const WeightTable& table, void* dev, const DiTWeightGetter& get) {
-  WAN_CHECK(static_cast<bool>(get), "DiT GPU weights: no weight callback");
+void upload_weights(const WeightTable& table, void* dev, const DiTWeightGetter& get, const char* what) {
+  WAN_CHECK(static_cast<bool>(get), what, " GPU weights: no weight callback");
   std::vector<uint16_t> staging;
   for (const WeightEntry& e : table.entries) {
     Tensor t;
-    WAN_WITH_CONTEXT(cat("DiT weight ", e.name), t = get(e.name));
-    WAN_CHECK(t.defined(), "DiT weight ", e.name, ": missing");
-    WAN_CHECK(t.shape() == e.shape, "DiT weight ", e.name, ": shape ", t.shape().str(), ", expected ",
+    WAN_WITH_CONTEXT(cat(what, " weight ", e.name), t = get(e.name));
+    WAN_CHECK(t.defined(), what, " weight ", e.name, ": missing");
+    WAN_CHECK(t.shape() == e.shape, what, " weight ", e.name, ": shape ", t.shape().str(), ", expected ",
               e.shape.str());
-    WAN_CHECK(dtype_is_float(t.dtype()), "DiT weight ", e.name, ": dtype ", dtype_name(t.dtype()),
+    WAN_CHECK(dtype_is_float(t.dtype()), what, " weight ", e.name, ": dtype ", dtype_name(t.dtype()),
               " is not a float type");
-    const void* src = nullptr;
-    Tensor f;
+    char* dst = static_cast<char*>(dev) + e.offset;
     if (t.dtype() == e.dtype && t.view().is_contiguous()) {
-      src = t.data();
-    } else {
-      f = t.to_f32();
-      if (e.dtype == DType::F32) {
-        src = f.data();
-      } else {
-        staging.resize(static_cast<size_t>(f.numel()));
-        convert_from_f32(DType::BF16, f.f32(), staging.data(), staging.size());
-        src = staging.data();
-      }
+      CUDA_CHECK(cudaMemcpy(dst, t.data(), e.bytes, cudaMemcpyHostToDevice));
+      continue;
     }
-    CUDA_CHECK(cudaMemcpy(static_cast<char*>(dev) + e.offset, src, e.bytes, cudaMemcpyHostToDevice));
+    Tensor f = (t.dtype() == DType::F32 && t.view().is_contiguous()) ? t : t.to_f32();
+    t = Tensor();
+    if (e.dtype == DType::F32) {
+      CUDA_CHECK(cudaMemcpy(dst, f.data(), e.bytes, cudaMemcpyHostToDevice));
+      continue;
+    }
+    const size_t n = static_cast<size_t>(f.numel());
+    staging.resize(std::min(n, kStagingFloats));
+    for (size_t i0 = 0; i0 < n; i0 += kStagingFloats) {
+      const size_t m = std::min(kStagingFloats, n - i0);
+      convert_from_f32(DType::BF16, f.f32() + i0, staging.data(), m);
+      CUDA_CHECK(cudaMemcpy(dst + i0 * 2, staging.data(), m * 2, cudaMemcpyHostToDevice));
+    }
   }
 }
 

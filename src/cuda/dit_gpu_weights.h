@@ -38,12 +38,43 @@ struct WeightTable {
   const WeightEntry& at(const std::string& name) const;  // throws wan::Error naming the tensor
 };
 
+size_t align_up(size_t v, size_t a);
+constexpr size_t kGroupAlign = 256;  // a new group of tensors starts on this boundary
+
+// Builds a WeightTable (shared by the GPU DiT and the GPU text encoder, t5_gpu.cpp): tensors are placed in
+// order; add() starts a new kGroupAlign-aligned range, append() places a tensor right after the previous
+// one (a fused GEMM operand; must stay 16-byte aligned). scale/offset are the random init.
+class TableBuilder {
+ public:
+  void add(const std::string& name, DType t, Shape s, float scale, float offset = 0.0f) {
+    put(name, t, s, scale, offset, align_up(table_.bytes, kGroupAlign));
+  }
+  void append(const std::string& name, DType t, Shape s, float scale, float offset = 0.0f);
+  // Linear layer `name` [out, in] (+ bias [out]) with the default-init scale of its fan-in.
+  void linear(const std::string& name, DType t, int64_t out, int64_t in) {
+    const float sc = linear_scale(in);
+    add(name + ".weight", t, {out, in}, sc);
+    add(name + ".bias", t, {out}, sc);
+  }
+  WeightTable take() {
+    table_.bytes = align_up(table_.bytes, kGroupAlign);
+    return std::move(table_);
+  }
+  // PyTorch's default Linear init U(±1/√fan_in) approximated by N(0, 1/(3·fan_in)).
+  static float linear_scale(int64_t fan_in);
+
+ private:
+  void put(const std::string& name, DType t, Shape s, float scale, float offset, size_t at);
+  WeightTable table_;
+};
+
 // Checks the parts of cfg this engine relies on (head_dim 128, widths multiples of 8, ...).
 void check_config(const DiTConfig& cfg);
 WeightTable build_weight_table(const DiTConfig& cfg);
 
-// Fills dev (table.bytes) from the callback, converting each tensor on the host; errors name the tensor.
-void upload_weights(const WeightTable& table, void* dev, const DiTWeightGetter& get);
+// Fills dev (table.bytes) from the callback, one tensor at a time, converting on the host in chunks (host
+// peak: the source tensor + a 16 MB staging chunk); errors name the tensor ("<what> weight <name>").
+void upload_weights(const WeightTable& table, void* dev, const DiTWeightGetter& get, const char* what = "DiT");
 // Draws every tensor on the GPU (see random_weight_seed); scratch holds at least max_small_floats()
 // floats (staging of the bf16 tensors that have an offset).
 void draw_random_weights(const WeightTable& table, void* dev, uint64_t seed, float* scratch, size_t scratch_floats,

@@ -24,7 +24,9 @@ namespace wan::cuda {
 
 using bf16 = __nv_bfloat16;
 using dit_gpu_detail::WeightEntry;
+using dit_gpu_detail::TableBuilder;
 using dit_gpu_detail::WeightTable;
+using dit_gpu_detail::align_up;
 using t5_gpu_detail::kMaxTokens;
 
 namespace t5_gpu_detail {
@@ -48,12 +50,8 @@ int relative_bucket(int64_t rel, int num_buckets, int max_distance) {
 
 namespace {
 
-constexpr size_t kAlign = 256;
 constexpr size_t kReserveBytes = size_t{512} << 20;     // context, handles, kernels
 constexpr size_t kCublasWorkspace = size_t{32} << 20;   // the batched attention GEMMs
-constexpr size_t kStagingFloats = size_t{8} << 20;      // host bf16 conversion chunk (16 MB)
-
-size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
 void check_config(const T5Config& c) {
   WAN_CHECK(c.vocab >= 1 && c.num_layers >= 1, "T5 GPU: vocab and num_layers must be positive");
@@ -70,45 +68,12 @@ void check_config(const T5Config& c) {
 
 // The weight table, DiT-style (dit_gpu_weights.h): each tensor one range of one allocation; q|k|v and
 // gate|fc1 placed back to back (fused GEMM operands). Scales/offsets are the random init (t5_gpu.h).
-class TableBuilder {
- public:
-  void add(const std::string& name, DType t, Shape s, float scale, float offset = 0.0f) {
-    put(name, t, s, scale, offset, align_up(table_.bytes, kAlign));
-  }
-  void append(const std::string& name, DType t, Shape s, float scale) {
-    WAN_ASSERT(table_.bytes % 16 == 0, "T5 weight ", name, " would start unaligned");
-    put(name, t, s, scale, 0.0f, table_.bytes);
-  }
-  WeightTable take() {
-    table_.bytes = align_up(table_.bytes, kAlign);
-    return std::move(table_);
-  }
-
- private:
-  void put(const std::string& name, DType t, Shape s, float scale, float offset, size_t at) {
-    WeightEntry e;
-    e.name = name;
-    e.dtype = t;
-    e.shape = s;
-    e.offset = at;
-    e.bytes = static_cast<size_t>(s.numel()) * dtype_size(t);
-    e.scale = scale;
-    e.offset_value = offset;
-    WAN_ASSERT(!table_.index.count(name), "duplicate T5 weight ", name);
-    table_.index[name] = table_.entries.size();
-    table_.entries.push_back(e);
-    table_.bytes = at + e.bytes;
-  }
-  WeightTable table_;
-};
-
-float linear_scale(int64_t fan_in) { return static_cast<float>(1.0 / std::sqrt(3.0 * static_cast<double>(fan_in))); }
-
 WeightTable build_table(const T5Config& c) {
   check_config(c);
   const int64_t D = c.dim, A = c.dim_attn, F = c.dim_ffn;
   const DType bf = DType::BF16, f32 = DType::F32;
   constexpr float kNormScale = 0.05f;
+  const auto linear_scale = TableBuilder::linear_scale;
   TableBuilder t;
   t.add("token_embedding.weight", bf, {c.vocab, D}, 1.0f);
   for (int i = 0; i < c.num_layers; ++i) {
@@ -138,7 +103,7 @@ Arena plan_arena(const T5Config& c) {
   size_t off = 0;
   auto take = [&](size_t bytes) {
     const size_t at = off;
-    off = align_up(off + bytes, kAlign);
+    off = align_up(off + bytes, dit_gpu_detail::kGroupAlign);
     return at;
   };
   r.ids = take(L * 4);
@@ -159,39 +124,6 @@ Arena plan_arena(const T5Config& c) {
 }
 
 double mib(size_t b) { return static_cast<double>(b) / (1024.0 * 1024.0); }
-
-// Host → device, one tensor at a time (host peak: the source tensor + a 16 MB staging chunk).
-void upload_t5_weights(const WeightTable& table, void* dev, const std::function<Tensor(const std::string&)>& get) {
-  WAN_CHECK(static_cast<bool>(get), "T5 GPU weights: no weight callback");
-  std::vector<uint16_t> staging;
-  for (const WeightEntry& e : table.entries) {
-    Tensor t;
-    WAN_WITH_CONTEXT(cat("T5 weight ", e.name), t = get(e.name));
-    WAN_CHECK(t.defined(), "T5 weight ", e.name, ": missing");
-    WAN_CHECK(t.shape() == e.shape, "T5 weight ", e.name, ": shape ", t.shape().str(), ", expected ",
-              e.shape.str());
-    WAN_CHECK(dtype_is_float(t.dtype()), "T5 weight ", e.name, ": dtype ", dtype_name(t.dtype()),
-              " is not a float type");
-    char* dst = static_cast<char*>(dev) + e.offset;
-    if (t.dtype() == e.dtype && t.view().is_contiguous()) {
-      CUDA_CHECK(cudaMemcpy(dst, t.data(), e.bytes, cudaMemcpyHostToDevice));
-      continue;
-    }
-    Tensor f = (t.dtype() == DType::F32 && t.view().is_contiguous()) ? t : t.to_f32();
-    t = Tensor();
-    if (e.dtype == DType::F32) {
-      CUDA_CHECK(cudaMemcpy(dst, f.data(), e.bytes, cudaMemcpyHostToDevice));
-      continue;
-    }
-    const size_t n = static_cast<size_t>(f.numel());
-    staging.resize(std::min(n, kStagingFloats));
-    for (size_t i0 = 0; i0 < n; i0 += kStagingFloats) {
-      const size_t m = std::min(kStagingFloats, n - i0);
-      convert_from_f32(DType::BF16, f.f32() + i0, staging.data(), m);
-      CUDA_CHECK(cudaMemcpy(dst + i0 * 2, staging.data(), m * 2, cudaMemcpyHostToDevice));
-    }
-  }
-}
 
 struct BlockPtrs {
   const bf16 *qkv, *o, *gf, *fc2;
@@ -271,7 +203,7 @@ void T5EncoderGpu::Impl::init(const T5Config& c, const T5WeightSource& src, int 
     WAN_ASSERT(dit_gpu_detail::max_small_floats(table) == 0, "T5 random weights need no scratch");
     dit_gpu_detail::draw_random_weights(table, weights, src.seed, nullptr, 0, stream);
   } else {
-    upload_t5_weights(table, weights, src.get);
+    dit_gpu_detail::upload_weights(table, weights, src.get, "T5");
   }
 
   // Relative buckets for every rel in (−kMaxTokens, kMaxTokens), indexed rel + kMaxTokens − 1.
