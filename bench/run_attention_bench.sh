@@ -28,40 +28,20 @@ if [ "$MODE" = merge ]; then
   WORK=${2:?usage: bench/run_attention_bench.sh merge <work dir>}
 fi
 case $MODE in full | quick | merge) ;; *) echo "usage: bench/run_attention_bench.sh [full|quick|merge <dir> [out.json]]"; exit 2 ;; esac
-START=$(date +%s)
-BUDGET=${WAN_BENCH_BUDGET_S:-540}
-HARD_END=$((START + BUDGET - 15))  # leaves time for the merge and the copies
-OUTDIR=${OUT:-/tmp/wan-bench-out}
-RES=bench/results
-mkdir -p "$OUTDIR" "$RES"
-DATE=$(date -u +%Y-%m-%d)
+source bench/lib.sh
+bench_init 540 15  # HARD_END leaves time for the merge and the copies
 NAME=attention-$DATE
 [ "$MODE" = quick ] && NAME=attention-quick-$DATE
 DST=$RES/$NAME.json
 [ "$MODE" = merge ] && DST=${3:-$DST}
-export WAN_COMMIT=${WAN_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
-export PATH=/usr/local/cuda/bin:$PATH PYTHONUNBUFFERED=1
-elapsed() { echo "[$(($(date +%s) - START)) s]"; }
-left() { echo $((HARD_END - $(date +%s))); }
 
 if [ "$MODE" != merge ]; then
   rm -rf "$WORK"
   mkdir -p "$WORK"
   exec > >(tee "$OUTDIR/attention-bench.log") 2>&1
   echo "$(elapsed) mode $MODE, commit $WAN_COMMIT, budget $BUDGET s"
-  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm,power.limit --format=csv,noheader
-
-  if [ -n "${WAN_BIN:-}" ] && [ -x "$WAN_BIN" ]; then
-    WAN=$WAN_BIN
-    echo "$(elapsed) using $WAN"
-  else
-    cmake -S . -B build-bench -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=OFF -DWAN_ENABLE_FFMPEG=OFF \
-      -DCMAKE_PREFIX_PATH="$PWD/.carry/prefix" >"$OUTDIR/build.log" 2>&1 &&
-      cmake --build build-bench -j 16 --target wan >>"$OUTDIR/build.log" 2>&1 ||
-      { tail -40 "$OUTDIR/build.log"; exit 1; }
-    echo "$(elapsed) built"
-    WAN=build-bench/wan
-  fi
+  bench_gpu_info
+  bench_build_wan || exit 1
 
   REPS=10
   LAYOUTS=views,bshd,bhsd

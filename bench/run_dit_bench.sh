@@ -12,43 +12,25 @@
 #   full  (default) 480p and 720p, 81 frames; about 9 minutes on an H100
 #   quick           480p only (engine 1/3/40 layers, diffusers eager + compile 1/3 blocks): a check
 # Needs, carried in ignored folders: .carry/prefix (nlohmann_json, as scripts/device_test.sh) and .whl/
-# (the diffusers wheel: the device image has torch but not diffusers). WAN_BENCH_BUDGET_S (default 540)
+# (the diffusers wheel: the device image has torch but not diffusers). WAN_BIN=<path to wan> skips the
+# build. WAN_BENCH_BUDGET_S (default 540)
 # bounds the whole run: the baseline script starts no configuration it cannot finish in time and is
 # killed at the hard limit; whatever it measured is still merged (skips are listed in the JSON).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 MODE=${1:-full}
-START=$(date +%s)
-BUDGET=${WAN_BENCH_BUDGET_S:-540}
-HARD_END=$((START + BUDGET - 20))  # leaves time for the merge and the copies
-OUTDIR=${OUT:-/tmp/wan-bench-out}
-RES=bench/results
+source bench/lib.sh
+bench_init 540 20  # HARD_END leaves time for the merge and the copies
 WORK=/tmp/wan-bench
-mkdir -p "$OUTDIR" "$RES" "$WORK"
-DATE=$(date -u +%Y-%m-%d)
+mkdir -p "$WORK"
 NAME=dit-step-$DATE
 [ "$MODE" = quick ] && NAME=dit-step-quick-$DATE
-export WAN_COMMIT=${WAN_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
-export PATH=/usr/local/cuda/bin:$PATH PYTHONUNBUFFERED=1
 exec > >(tee "$OUTDIR/bench.log") 2>&1
-elapsed() { echo "[$(($(date +%s) - START)) s]"; }
 
 echo "$(elapsed) mode $MODE, commit $WAN_COMMIT, budget $BUDGET s"
-nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader
-
-# diffusers (and nothing else) from the carried wheels, into a private folder
-if ! python3 -c "import diffusers" 2>/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl ||
-    { echo "cannot install the carried wheels (.whl/)"; exit 1; }
-  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-fi
-
-cmake -S . -B build-bench -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=OFF -DWAN_ENABLE_FFMPEG=OFF \
-  -DCMAKE_PREFIX_PATH="$PWD/.carry/prefix" >"$OUTDIR/build.log" 2>&1 &&
-  cmake --build build-bench -j 16 --target wan >>"$OUTDIR/build.log" 2>&1 ||
-  { tail -40 "$OUTDIR/build.log"; exit 1; }
-echo "$(elapsed) built"
-WAN=build-bench/wan
+bench_gpu_info
+bench_wheels || exit 1  # diffusers (and nothing else) from the carried wheels, into a private folder
+bench_build_wan || exit 1
 
 engine() {  # name, then wan bench options
   local name=$1

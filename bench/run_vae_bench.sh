@@ -18,48 +18,23 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 MODE=${1:-full}
-START=$(date +%s)
-BUDGET=${WAN_BENCH_BUDGET_S:-420}
-HARD_END=$((START + BUDGET - 15))  # leaves time for the merge and the copies
-OUTDIR=${OUT:-/tmp/wan-bench-out}
-RES=bench/results
+source bench/lib.sh
+bench_init 420 15  # HARD_END leaves time for the merge and the copies
 WORK=/tmp/wan-vae-bench
 rm -rf "$WORK"
-mkdir -p "$OUTDIR" "$RES" "$WORK"
-DATE=$(date -u +%Y-%m-%d)
+mkdir -p "$WORK"
 NAME=vae-decode-$DATE
 [ "$MODE" = quick ] && NAME=vae-decode-quick-$DATE
-export WAN_COMMIT=${WAN_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
-export PATH=/usr/local/cuda/bin:$PATH PYTHONUNBUFFERED=1
 exec > >(tee "$OUTDIR/vae-bench.log") 2>&1
-elapsed() { echo "[$(($(date +%s) - START)) s]"; }
 
 echo "$(elapsed) mode $MODE, commit $WAN_COMMIT, budget $BUDGET s"
-nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader
-
-# diffusers (and nothing else) from the carried wheels, into a private folder
-if ! python3 -c "import diffusers" 2>/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl ||
-    { echo "cannot install the carried wheels (.whl/)"; exit 1; }
-  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-fi
-
-if [ -n "${WAN_BIN:-}" ] && [ -x "$WAN_BIN" ]; then
-  WAN=$WAN_BIN
-  echo "$(elapsed) using $WAN"
-else
-  cmake -S . -B build-bench -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=OFF -DWAN_ENABLE_FFMPEG=OFF \
-    -DCMAKE_PREFIX_PATH="$PWD/.carry/prefix" >"$OUTDIR/build.log" 2>&1 &&
-    cmake --build build-bench -j 16 --target wan >>"$OUTDIR/build.log" 2>&1 ||
-    { tail -40 "$OUTDIR/build.log"; exit 1; }
-  echo "$(elapsed) built"
-  WAN=build-bench/wan
-fi
+bench_gpu_info
+bench_wheels || exit 1  # diffusers (and nothing else) from the carried wheels, into a private folder
+bench_build_wan || exit 1
 
 SIZES="1280x720 832x480"
 [ "$MODE" = quick ] && SIZES=1280x720
 REPS=${WAN_VAE_REPS:-3}
-left() { echo $((HARD_END - $(date +%s))); }
 for size in $SIZES; do
   # about 4 engine decodes (~2 s each at 720p) and 4 fp32 baseline decodes (~8 s each) + start-up
   need=90
