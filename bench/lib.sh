@@ -44,3 +44,14 @@ bench_build_wan() {
   echo "$(elapsed) built"
   WAN=build-bench/wan
 }
+# bench_smi_start FILE / bench_smi_stop: samples SM clock, power and the clock-event (throttle) reasons every
+# 100 ms into FILE (CSV) while the benchmark runs, so sustained-power clock drops show up next to timings.
+bench_smi_start() {
+  nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu,clocks_event_reasons.active \
+    --format=csv,noheader -lms 100 >"$1" 2>/dev/null &
+  BENCH_SMI_PID=$!
+}
+bench_smi_stop() {
+  [ -n "${BENCH_SMI_PID:-}" ] && kill "$BENCH_SMI_PID" 2>/dev/null
+  BENCH_SMI_PID=""
+}

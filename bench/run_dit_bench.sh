@@ -31,6 +31,8 @@ echo "$(elapsed) mode $MODE, commit $WAN_COMMIT, budget $BUDGET s"
 bench_gpu_info
 bench_wheels || exit 1  # diffusers (and nothing else) from the carried wheels, into a private folder
 bench_build_wan || exit 1
+bench_smi_start "$OUTDIR/smi.csv"  # clocks and power next to the timings (bench_smi_stop at the end)
+trap bench_smi_stop EXIT
 
 engine() {  # name, then wan bench options
   local name=$1
