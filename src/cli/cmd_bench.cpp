@@ -33,10 +33,17 @@
 #include "config/config.h"
 #include "core/error.h"
 
+#include "dist/parallel_layout.h"
+
 #ifdef WAN_HAVE_CUDA
 #include "cuda/check.h"
 #include "cuda/dit_bench.h"
 #include "cuda/rng.h"
+#endif
+#if defined(WAN_HAVE_CUDA) && defined(WAN_HAVE_NCCL)
+#include "dist/comm.h"
+#include "dist/launch.h"
+#include "dist/parallel_groups.h"
 #endif
 
 namespace wan::cli {
@@ -61,7 +68,13 @@ void print_help() {
       "  --device N           CUDA device (default 0)\n"
       "  --attention K        auto (default: the engine's own kernel on sm_90, cuDNN elsewhere) | own | cudnn\n"
       "  --json FILE          write the results as JSON (commit from $WAN_COMMIT)\n"
-      "  --verbose            print the memory plan\n");
+      "  --verbose            print the memory plan\n"
+      "Multi-GPU (issue 5; one thread per GPU, or one process per GPU under mpirun/srun/WAN_RANK):\n"
+      "  --gpus N | --devices 0,1,...  run the step on these GPUs (no per-op breakdown)\n"
+      "  --cfg-parallel       cond and uncond on two halves of the GPUs\n"
+      "  --ulysses U          all-to-all sequence parallel over U GPUs (U divides the heads)\n"
+      "  --ring R             ring attention over R GPUs (Ulysses inside, ring across)\n"
+      "                       none of the three: automatic (cfg first, then Ulysses, then ring)\n");
 }
 
 struct Geometry {
@@ -129,13 +142,161 @@ Flops anchors_flops(const DiTConfig& c, int64_t batch, int64_t tokens, int layer
 }
 #endif  // WAN_HAVE_CUDA
 
+#if defined(WAN_HAVE_CUDA)
+// `wan bench --gpus N [--cfg-parallel] [--ulysses U] [--ring R]`: the step of one layout on N GPUs. Every
+// rank times its own forwards (CUDA events, as one GPU); a step's time is the maximum of the ranks'
+// medians (the slowest rank sets the pace). The 40-layer figure is measured or extrapolated like the
+// single-GPU bench, by the same method, so the two are comparable (efficiency = t1 / (N · tN)).
+int bench_parallel(const Args& args, const std::string& task, const DiTConfig& full, const Geometry& geo,
+                   const std::vector<int>& layer_counts, int steps, int warmup, int64_t batch, uint64_t seed,
+                   bool graphs, bool verbose, const std::string& json_path, const std::string& attention_name) {
+#ifndef WAN_HAVE_NCCL
+  (void)args, (void)task, (void)full, (void)geo, (void)layer_counts, (void)steps, (void)warmup, (void)batch;
+  (void)seed, (void)graphs, (void)verbose, (void)json_path, (void)attention_name;
+  WAN_THROW("wan bench --gpus/--cfg-parallel/--ulysses/--ring: this wan was built without NCCL");
+#else
+  using namespace wan::cuda;
+  const dist::LaunchOptions lo = dist::parse_launch_options(args.get_or("gpus", ""), args.get_or("devices", ""));
+  const bool cfg_flag = args.flag("cfg-parallel");
+  const long long U = args.get_int("ulysses", 0), R = args.get_int("ring", 0);
+  WAN_CHECK(U >= 0 && U <= 1024 && R >= 0 && R <= 1024, "--ulysses / --ring: expected 1..1024");
+  const DiTShape shape{batch, geo.T, geo.H, geo.W};
+  const DiTGpu::Attention attention_req = DiTGpu::parse_attention(attention_name);
+  // Filled by rank 0.
+  std::vector<ForwardTiming> runs;
+  std::vector<double> step_ms;  // per layer count: the slowest rank's median
+  dist::Layout layout;
+  BenchDevice bd;
+  std::string attention_used;
+  bool rank0 = false;
+  dist::launch(lo, [&](dist::RankContext& ctx) {
+    const dist::Layout l =
+        dist::resolve_layout(ctx.world, full.num_heads, cfg_flag, static_cast<int>(U), static_cast<int>(R), batch == 2);
+    const DiTGpu::Attention attention = DiTGpu::resolve_attention(attention_req);
+    if (ctx.rank == 0) {
+      layout = l, rank0 = true, bd = bench_device(ctx.device);
+      attention_used = attention == DiTGpu::Attention::Own ? "own" : "cudnn";
+      printf("wan bench: %s %lldx%lld, %lld frames, %lld tokens/sample, batch %lld, %d GPUs: %s, %s attention\n",
+             task.c_str(), (long long)geo.width, (long long)geo.height, (long long)geo.frames, (long long)geo.tokens,
+             (long long)batch, ctx.world, dist::describe(l).c_str(), attention_used.c_str());
+      fflush(stdout);
+    }
+    const dist::ParallelGroups groups = dist::make_groups(ctx.comm, l, [&](ncclComm_t c) { ctx.register_comm(c); });
+    dist::Comm world(ctx.comm, false);
+    cudaStream_t s = nullptr;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    try {
+      for (int n : layer_counts) {
+        DiTConfig c = full;
+        c.num_layers = n;
+        const ForwardTiming r = time_forward(c, shape, warmup, steps, graphs, seed, ctx.device,
+                                             verbose && ctx.rank == 0, attention, groups.view());
+        ctx.check_abort();
+        const double slowest = world.all_reduce_max_host(r.median_ms, s);
+        ctx.check_abort();
+        if (ctx.rank == 0) {
+          printf("layers %2d: %10.2f ms/step (slowest rank's median; rank 0: median %.2f, min %.2f; %d timed after %d "
+                 "warm-up, %s)  create %.1f s, warm-up %.1f s\n",
+                 n, slowest, r.median_ms, r.min_ms, steps, warmup, graphs ? "graph replay" : "eager", r.create_s,
+                 r.warmup_s);
+          fflush(stdout);
+          runs.push_back(r);
+          step_ms.push_back(slowest);
+        }
+      }
+    } catch (...) {
+      cudaStreamDestroy(s);
+      throw;
+    }
+    CUDA_CHECK(cudaStreamDestroy(s));
+  });
+  if (!rank0) return 0;  // another process's rank 0 reports
+
+  const int target = full.num_layers;
+  size_t lo_i = 0, hi_i = 0;
+  for (size_t i = 0; i < runs.size(); ++i) {
+    if (runs[i].layers < runs[lo_i].layers) lo_i = i;
+    if (runs[i].layers > runs[hi_i].layers) hi_i = i;
+  }
+  double step_s = 0, per_block_ms = 0;
+  std::string method;
+  nlohmann::json J;
+  if (runs[hi_i].layers == target) {
+    step_s = step_ms[hi_i] / 1e3;
+    method = cat("measured (", target, " layers)");
+  } else if (runs[hi_i].layers != runs[lo_i].layers) {
+    per_block_ms = (step_ms[hi_i] - step_ms[lo_i]) / (runs[hi_i].layers - runs[lo_i].layers);
+    J["per_block_ms"] = per_block_ms;
+    J["fixed_ms"] = step_ms[lo_i] - runs[lo_i].layers * per_block_ms;
+    step_s = per_block_ms * target / 1e3;
+    method = cat("extrapolated: (t", runs[hi_i].layers, " - t", runs[lo_i].layers, ")/",
+                 runs[hi_i].layers - runs[lo_i].layers, " per block x ", target,
+                 " (ANCHORS.md method, non-block time excluded)");
+  } else {
+    step_s = step_ms[lo_i] * target / runs[lo_i].layers / 1e3;
+    method = cat("extrapolated proportionally from ", runs[lo_i].layers, " layer(s)");
+  }
+  if (runs[hi_i].layers != runs[lo_i].layers) {
+    const double pb = (step_ms[hi_i] - step_ms[lo_i]) / (runs[hi_i].layers - runs[lo_i].layers);
+    J["extrapolated_step_s"] = pb * target / 1e3;
+  }
+  printf("s/step at %d layers on %d GPUs (%s): %.3f s  [%s]\n", target, layout.world(), dist::describe(layout).c_str(),
+         step_s, method.c_str());
+  const Flops fl = anchors_flops(full, batch, geo.tokens, target);
+  printf("achieved: %.1f TFLOP/s per GPU over the step (ANCHORS FLOP count)\n", fl.total() / step_s / 1e12 / layout.world());
+  const char* commit = std::getenv("WAN_COMMIT");
+  J["tool"] = "wan bench";
+  J["commit"] = commit ? commit : "unknown";
+  J["date"] = utc_now();
+  J["device"] = {{"name", bd.name}, {"sm_count", bd.sm_count}, {"memory_gib", bd.total_bytes / kGiB},
+                 {"driver", bd.driver_version}, {"runtime", bd.runtime_version}, {"cudnn", bd.cudnn_version},
+                 {"cublaslt", bd.cublaslt_version}};
+  J["task"] = task;
+  J["size"] = {geo.width, geo.height};
+  J["frames"] = geo.frames;
+  J["latent"] = {geo.T, geo.H, geo.W};
+  J["tokens_per_sample"] = geo.tokens;
+  J["batch"] = batch;
+  J["graphs"] = graphs;
+  J["attention"] = attention_used;
+  J["config"] = {{"dim", full.dim}, {"ffn_dim", full.ffn_dim}, {"heads", full.num_heads}, {"layers", target},
+                 {"text_len", full.text_len}};
+  J["parallel"] = {{"gpus", layout.world()}, {"cfg", layout.cfg}, {"ulysses", layout.ulysses}, {"ring", layout.ring},
+                   {"timing", "per layer count: the slowest rank's median of CUDA-event step times"}};
+  nlohmann::json jruns = nlohmann::json::array();
+  for (size_t i = 0; i < runs.size(); ++i) {
+    const ForwardTiming& r = runs[i];
+    jruns.push_back({{"layers", r.layers},
+                     {"median_ms", step_ms[i]},
+                     {"rank0_step_ms", r.step_ms},
+                     {"rank0_median_ms", r.median_ms},
+                     {"create_s", r.create_s},
+                     {"warmup_s", r.warmup_s},
+                     {"plan_total_bytes", r.plan.total_bytes()},
+                     {"rank0_device_used_peak_bytes", r.device_used_peak}});
+  }
+  J["runs"] = jruns;
+  J["step_s"] = {{"layers", target}, {"value", step_s}, {"method", method}};
+  J["achieved_tflops_per_gpu"] = fl.total() / step_s / 1e12 / layout.world();
+  if (!json_path.empty()) {
+    std::ofstream f(json_path);
+    WAN_CHECK(f.good(), "--json ", json_path, ": cannot open for writing");
+    f << J.dump(2) << "\n";
+    WAN_CHECK(f.good(), "--json ", json_path, ": write failed");
+    printf("wrote %s\n", json_path.c_str());
+  }
+  return 0;
+#endif  // WAN_HAVE_NCCL
+}
+#endif  // WAN_HAVE_CUDA
+
 }  // namespace
 
 int cmd_bench(int argc, char** argv) {
   const Args args(argc, argv,
                   {"task", "size", "frames", "layers", "steps", "warmup", "batch", "seed", "breakdown-reps", "device",
-                   "json", "attention"},
-                  {"help", "no-graphs", "no-breakdown", "verbose"});
+                   "json", "attention", "gpus", "devices", "ulysses", "ring"},
+                  {"help", "no-graphs", "no-breakdown", "verbose", "cfg-parallel"});
   if (args.flag("help")) {
     print_help();
     return 0;
@@ -167,6 +328,9 @@ int cmd_bench(int argc, char** argv) {
 #else
   using namespace wan::cuda;
   WAN_CHECK(device_count() > 0, "wan bench: no CUDA device is visible");
+  if (args.get("gpus") || args.get("devices") || args.get("ulysses") || args.get("ring") || args.flag("cfg-parallel"))
+    return bench_parallel(args, task, full, geo, layer_counts, static_cast<int>(steps), static_cast<int>(warmup), batch,
+                          static_cast<uint64_t>(seed), graphs, verbose, json_path, attention_name);
   const int dev = static_cast<int>(device);
   const BenchDevice bd = bench_device(dev);
   CUDA_CHECK(cudaSetDevice(dev));

@@ -26,6 +26,7 @@
 #include <cmath>
 #include <cstdint>
 #include <mutex>
+#include <vector>
 
 #include "core/error.h"
 #include "cuda/check.h"
@@ -480,17 +481,25 @@ void OwnAttention::run(const AttentionShape& s, const AttentionArgs& a, cudaStre
   WAN_CHECK(!s.lse || a.lse, "attention_own: lse requested without a buffer");
   for (const void* ptr : {a.q, a.k, a.v, static_cast<const void*>(a.o)})
     WAN_CHECK(reinterpret_cast<uintptr_t>(ptr) % 16 == 0, "attention_own: pointers must be 16-byte aligned");
-  static std::once_flag attr_once;
-  static int num_sms = 0;
-  std::call_once(attr_once, [] {
-    CUDA_CHECK(cudaFuncSetAttribute(attn_fwd_sm90<128>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    static_cast<int>(smem_bytes(128))));
-    CUDA_CHECK(cudaFuncSetAttribute(attn_fwd_sm90<176>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    static_cast<int>(smem_bytes(176))));
+  // Function attributes are per device: set them once for every device this process launches on
+  // (multi-GPU runs drive several devices from one process, issue 5).
+  static std::mutex attr_mu;
+  static std::vector<int> sms_of_device;  // 0: not set up yet
+  int num_sms = 0;
+  {
     int dev = 0;
     CUDA_CHECK(cudaGetDevice(&dev));
-    CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, dev));
-  });
+    std::lock_guard<std::mutex> lock(attr_mu);
+    if (sms_of_device.size() <= static_cast<size_t>(dev)) sms_of_device.resize(static_cast<size_t>(dev) + 1, 0);
+    if (sms_of_device[static_cast<size_t>(dev)] == 0) {
+      CUDA_CHECK(cudaFuncSetAttribute(attn_fwd_sm90<128>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      static_cast<int>(smem_bytes(128))));
+      CUDA_CHECK(cudaFuncSetAttribute(attn_fwd_sm90<176>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      static_cast<int>(smem_bytes(176))));
+      CUDA_CHECK(cudaDeviceGetAttribute(&sms_of_device[static_cast<size_t>(dev)], cudaDevAttrMultiProcessorCount, dev));
+    }
+    num_sms = sms_of_device[static_cast<size_t>(dev)];
+  }
   // Key tile: 128 for short key sequences (512 text tokens: 4 full tiles), else 176.
   int bn = s.Lk <= 1024 ? 128 : 176;
   if (const char* e = std::getenv("WAN_ATTN_BN")) bn = std::atoi(e) == 128 ? 128 : 176;  // experiments

@@ -79,8 +79,12 @@ struct ForwardTiming {
 };
 // cfg.num_layers blocks; `warmup` untimed forwards first (>= 1: the first forward is the eager one
 // that builds the cuBLASLt/cuDNN plans; with graphs the second captures), then `steps` timed ones.
+// `parallel`: one rank of a multi-GPU forward (issue 5); every rank of the layout calls time_forward
+// with the same arguments (same seed: the weights and inputs are the same on every rank), and each
+// rank's step time includes its waits on the others.
 ForwardTiming time_forward(const DiTConfig& cfg, const DiTShape& shape, int warmup, int steps, bool graphs,
                            uint64_t seed, int device, bool verbose,
-                           DiTGpu::Attention attention = DiTGpu::Attention::Auto);
+                           DiTGpu::Attention attention = DiTGpu::Attention::Auto,
+                           const DiTGpu::Options::Parallel& parallel = {});
 
 }  // namespace wan::cuda

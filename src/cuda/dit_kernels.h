@@ -63,7 +63,7 @@ struct RmsNormJob {
   bf16* y = nullptr;        // [rows, D]
   int64_t rows = 0;         // B·S
 };
-// 3D RoPE geometry. Row r is token n = r % seq of its sample; n < f·h·w sits at grid position
+// 3D RoPE geometry. Row r is token n = offset + r % seq of its sample; n < f·h·w sits at grid position
 // (n / (h·w), (n / w) % h, n % w); tokens n >= f·h·w (padding) are normalised but not rotated.
 struct RopeArgs {
   const float* table = nullptr;  // device copy of rope_table_f32(head_dim, max_pos)
@@ -71,6 +71,9 @@ struct RopeArgs {
   int head_dim = 128;
   int64_t seq = 0;               // S: rows per sample
   int64_t f = 0, h = 0, w = 0;   // latent grid after patching
+  // Sequence parallel (spec §8): the rows are the slice [offset, offset + seq) of each sample's padded
+  // sequence of `total` tokens, so row r is token n = offset + r % seq. total = 0: whole sequences.
+  int64_t offset = 0, total = 0;
 };
 // Host: cos/sin of pos·inv_j for every position and complex pair of a head, computed in float64 exactly
 // as wan::ops::rope_table and rounded to fp32: [max_pos][head_dim/2][2] = (cos, sin). Pair j belongs to

@@ -110,6 +110,7 @@ void launch_layernorm(const float* x, OutT* y, int64_t rows, int64_t D, const Mo
 struct RopeDev {
   const float* table;  // [max_pos][half][2]
   int64_t seq, f, h, w;
+  int64_t offset;      // first token of the rows' slice (sequence parallel), 0 for whole sequences
   int half;            // pairs per head
   int p_f, p_fh;       // pairs [0, p_f) frame axis, [p_f, p_fh) height, [p_fh, half) width
   int head_dim;
@@ -154,7 +155,7 @@ __global__ void __launch_bounds__(kMaxRowThreads)
   bool rotate = false;
   int64_t pf = 0, ph = 0, pw = 0;
   if constexpr (kRope) {
-    const int64_t n = r % rope.seq;
+    const int64_t n = rope.offset + r % rope.seq;
     if (n < rope.f * rope.h * rope.w) {
       rotate = true;
       pf = n / (rope.h * rope.w);
@@ -272,13 +273,16 @@ RopeDev check_qk(const RmsNormJob& q, const RmsNormJob* k, int64_t D, const Rope
                   rope->h <= rope->max_pos && rope->w <= rope->max_pos,
               "qk_rmsnorm_rope: grid (", rope->f, ", ", rope->h, ", ", rope->w, ") outside the table's ",
               rope->max_pos, " positions per axis");
-    WAN_CHECK(rope->seq >= rope->f * rope->h * rope->w, "qk_rmsnorm_rope: grid has ", rope->f * rope->h * rope->w,
-              " tokens but the sequence only ", rope->seq);
+    const int64_t total = rope->total > 0 ? rope->total : rope->seq;
+    WAN_CHECK(total >= rope->f * rope->h * rope->w, "qk_rmsnorm_rope: grid has ", rope->f * rope->h * rope->w,
+              " tokens but the sequence only ", total);
+    WAN_CHECK(rope->offset >= 0 && rope->offset + rope->seq <= total, "qk_rmsnorm_rope: slice [", rope->offset, ", ",
+              rope->offset + rope->seq, ") outside the sequence of ", total, " tokens");
     WAN_CHECK(q.rows % rope->seq == 0 && (!k || k->rows % rope->seq == 0), "qk_rmsnorm_rope: rows are not whole ",
               "sequences of ", rope->seq);
     WAN_CHECK(aligned16(rope->table), "qk_rmsnorm_rope: rope table must be 16-byte aligned");
     const int half = hd / 2;
-    rd = RopeDev{rope->table, rope->seq, rope->f, rope->h, rope->w, half, half - 2 * (half / 3),
+    rd = RopeDev{rope->table, rope->seq, rope->f, rope->h, rope->w, rope->offset, half, half - 2 * (half / 3),
                  half - 2 * (half / 3) + half / 3, hd};
   }
   return rd;
