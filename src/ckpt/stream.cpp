@@ -56,7 +56,9 @@ std::vector<Chunk> plan_chunks(const LoadPlan& plan, size_t chunk_bytes) {
   std::vector<size_t> order(plan.tensors.size());
   std::iota(order.begin(), order.end(), size_t{0});
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-    const RawSpan &x = plan.tensors[a].span, &y = plan.tensors[b].span;
+    const PlanTensor &ta = plan.tensors[a], &tb = plan.tensors[b];
+    if (ta.priority != tb.priority) return ta.priority < tb.priority;
+    const RawSpan &x = ta.span, &y = tb.span;
     return x.path != y.path ? x.path < y.path : x.offset < y.offset;
   });
   std::vector<Chunk> out;

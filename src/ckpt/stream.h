@@ -2,10 +2,10 @@
 // A LoadPlan lists the tensors to load and where their bytes lie (WeightStore::raw_span: file,
 // offset, length, stored dtype, fp8 scale). StreamLoader cuts every tensor into chunks of at most
 // chunk_bytes, reads them with `threads` reader threads (pread, sequential per file, whole plan in
-// file order) into a ring of K caller-provided staging buffers (pinned memory on the GPU path), and
-// hands each filled buffer to a sink with a StagingLease. The sink consumes the buffer (on the GPU:
-// enqueue the H2D copy and the conversion kernel, record an event) and releases the lease, now or
-// later, from any thread; only then is that buffer refilled.
+// priority, then file order) into a ring of K caller-provided staging buffers (pinned memory on the
+// GPU path), and hands each filled buffer to a sink with a StagingLease. The sink consumes the
+// buffer (on the GPU, cuda/load_gpu.h: enqueue the H2D copy and the conversion kernel, record an
+// event) and releases the lease, now or later, from any thread; only then is that buffer refilled.
 // Invariants:
 // - Ring bound: at most K buffers are being filled or held by the sink at any time, so the host
 //   memory the load needs is the K staging buffers, whatever the checkpoint size; no shard is ever
@@ -39,6 +39,7 @@ namespace wan {
 struct PlanTensor {
   std::string name;  // as the caller names it (internal name; may repeat across components)
   RawSpan span;
+  int priority = 0;  // read order: lower first (e.g. the text encoder before the DiT experts)
 };
 
 struct LoadPlan {
@@ -49,7 +50,9 @@ struct LoadPlan {
   // Adds the named tensors of a store (all of store.names() when `names` is empty). Returns the
   // index of the first tensor added (they are consecutive, in the order of `names`).
   size_t add(const WeightStore& store, const std::vector<std::string>& names = {});
-  void add(std::string name, RawSpan span) { tensors.push_back({std::move(name), std::move(span)}); }
+  void add(std::string name, RawSpan span, int priority = 0) {
+    tensors.push_back({std::move(name), std::move(span), priority});
+  }
   uint64_t total_bytes() const;
 };
 
@@ -63,7 +66,7 @@ struct Chunk {
   bool last = false;         // the tensor's last chunk (by offset, not by arrival)
 };
 
-// Chunks of a plan in read order (by file, then file offset); zero-byte tensors give none.
+// Chunks of a plan in read order (by priority, then file, then file offset); zero-byte tensors give none.
 // chunk_bytes is rounded down to a multiple of 64 (at least 64).
 std::vector<Chunk> plan_chunks(const LoadPlan& plan, size_t chunk_bytes);
 

@@ -192,6 +192,7 @@ int cmd_generate(int argc, char** argv) {
   }
 
   const GeneratePlan plan = plan_generate(o);
+  const double plan_done_at = process_age_seconds();  // process start -> plan checked (start-up breakdown)
   if (!quiet) fprintf(stderr, "%s", plan.describe().c_str());
 
   ProgressPrinter printer = ProgressPrinter::for_stderr(quiet);
@@ -277,6 +278,12 @@ int cmd_generate(int argc, char** argv) {
     j["device_bytes_at_start"] = res.device_bytes_at_start;
     j["peak_device_bytes"] = res.peak_device_bytes;
     j["peak_device_gib"] = static_cast<double>(res.peak_device_bytes) / (1024.0 * 1024.0 * 1024.0);
+    j["plan_done_at_s"] = plan_done_at;
+    if (res.load_bytes > 0) {
+      j["load_bytes"] = res.load_bytes;
+      j["load_gb_per_s"] = res.load_gb_per_s;
+      j["load_setup_s"] = res.load_setup_s;
+    }
     j["first_step"] = res.first_step;
     j["last_step"] = res.first_step + static_cast<int>(res.timings.step_seconds.size());
     if (res.state) j["state"] = save_state;
@@ -286,6 +293,7 @@ int cmd_generate(int argc, char** argv) {
     w["text_encode_s"] = whole.text_encode;
     w["load_dit_s"] = whole.load_dit;
     w["load_vae_s"] = whole.load_vae;
+    w["warm_up_s"] = whole.warm_up;
     w["denoise_s"] = whole.denoise;
     w["steps"] = whole.step_seconds.size();
     w["mean_step_s"] = whole.mean_step();
@@ -312,6 +320,9 @@ int cmd_generate(int argc, char** argv) {
     if (!save_latents.empty()) printf("wrote %s (latents %s)\n", save_latents.c_str(), res.latents.shape().str().c_str());
     if (!timings_json.empty()) printf("wrote %s\n", timings_json.c_str());
     printf("%s", format_summary(rep).c_str());
+    if (res.load_bytes > 0)
+      printf("weights streamed to the GPU: %.2f GB at %.2f GB/s\n", static_cast<double>(res.load_bytes) / 1e9,
+             res.load_gb_per_s);
     if (parse_device(plan.device) >= 0)
       printf("peak device memory %.2f GiB in use (cudaMemGetInfo at stage ends and steps; %.2f GiB before the run)\n",
              static_cast<double>(res.peak_device_bytes) / gib, static_cast<double>(res.device_bytes_at_start) / gib);

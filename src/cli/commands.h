@@ -11,4 +11,5 @@ int cmd_decode(int argc, char** argv);           // src/cli/cmd_decode.cpp (late
 int cmd_bench(int argc, char** argv);            // src/cli/cmd_bench.cpp (GPU DiT step timing, random weights)
 int cmd_bench_vae(int argc, char** argv);        // src/cli/cmd_bench_vae.cpp (GPU VAE decode timing, random weights)
 int cmd_bench_attention(int argc, char** argv);  // src/cli/cmd_bench_attention.cpp (own vs cuDNN attention timing)
+int cmd_bench_load(int argc, char** argv);       // src/cli/cmd_bench_load.cpp (`wan bench --load PATH`: start-up)
 }  // namespace wan::cli

@@ -25,6 +25,7 @@ constexpr Command kCommands[] = {
     {"bench", wan::cli::cmd_bench, "time DiT denoising steps on the GPU with random weights (s/step, breakdown)"},
     {"bench-vae", wan::cli::cmd_bench_vae, "time the GPU VAE decode with random weights (s, peak memory)"},
     {"bench-attention", wan::cli::cmd_bench_attention, "time the own and the cuDNN attention kernels (ms, TFLOP/s)"},
+    {"bench-load", wan::cli::cmd_bench_load, "checkpoint load to the GPU vs page-cache read and H2D (= bench --load)"},
 };
 
 void usage(FILE* f) {
@@ -48,6 +49,10 @@ int main(int argc, char** argv) {
     printf("wan 0.1.0\n");
     return 0;
   }
+  // `wan bench --load PATH` is the load benchmark (cmd_bench_load.cpp), not the DiT step benchmark.
+  if (cmd == "bench")
+    for (int i = 2; i < argc; ++i)
+      if (std::strcmp(argv[i], "--load") == 0 || std::strncmp(argv[i], "--load=", 7) == 0) cmd = "bench-load";
   for (const auto& c : kCommands) {
     if (cmd != c.name) continue;
     try {

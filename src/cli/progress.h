@@ -60,8 +60,10 @@ struct RunReport {
 };
 std::string format_summary(const RunReport& r);  // human, several lines
 // {"command": .., "task": .., ..., "timings": {"load_s": .., "load_text_encoder_s": .., "load_dit_s": ..,
-//  "load_vae_s": .., "text_encode_s": .., "denoise_s": .., "steps": N, "mean_step_s": .., "step_s": [..],
+//  "load_vae_s": .., "load_overlapped": bool, "warm_up_s": .., "text_encode_s": ..,
+//  "startup_to_first_step_s": .., "denoise_s": .., "steps": N, "mean_step_s": .., "step_s": [..],
 //  "vae_decode_s": .., "write_s": .., "total_s": ..}, "peak_rss_bytes": .., "peak_rss_mib": ..}
+// (load_overlapped: the GPU fast start, load_s is the load's wall time, see pipeline.h Timings)
 std::string format_timings_json(const RunReport& r);
 
 }  // namespace wan::cli

@@ -28,6 +28,8 @@
 #include "cuda/check.h"
 #include "cuda/dit_gpu_weights.h"
 #include "cuda/dit_kernels.h"
+#include "cuda/dit_parallel_kernels.h"
+#include "cuda/dit_seq_attention.h"
 #include "cuda/gemm.h"
 
 namespace wan::cuda {
@@ -45,16 +47,20 @@ constexpr double kMiB = 1024.0 * 1024.0;
 
 size_t align_up(size_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
 
-// Everything derived from (config, shape).
+// Everything derived from (config, shape, parallel degrees). Single-GPU: Bg = B, S = Lpad = L.
 struct Geometry {
-  int64_t B, C, Co, T, H, W;
+  int64_t B, C, Co, T, H, W;   // B: samples this rank runs (the global batch / the cfg degree)
   int pt, ph, pw;
-  int64_t f, gh, gw, L, rows;  // grid after patching, tokens per sample, B·L
+  int64_t f, gh, gw, L, rows;  // grid after patching, real tokens per sample, B·S rows on this rank
   int64_t K, OP;               // patch features (C·P), head features (Co·P)
   int64_t D, F, NH, TL, TD, FQ;
+  int64_t Bg;                  // the global batch (forward()'s inputs and output)
+  int64_t S, Lpad;             // tokens per sample on this rank (its slice), padded tokens per sample
+  ParallelDegrees par;
+  bool seq_parallel() const { return par.seq() > 1; }
 };
 
-Geometry geometry(const DiTConfig& c, const DiTShape& s) {
+Geometry geometry(const DiTConfig& c, const DiTShape& s, const ParallelDegrees& par = {}) {
   Geometry g{};
   g.B = s.batch, g.C = c.in_dim, g.Co = c.out_dim, g.T = s.frames, g.H = s.height, g.W = s.width;
   g.pt = c.patch[0], g.ph = c.patch[1], g.pw = c.patch[2];
@@ -70,7 +76,24 @@ Geometry geometry(const DiTConfig& c, const DiTShape& s) {
   const int64_t P = static_cast<int64_t>(g.pt) * g.ph * g.pw;
   g.K = g.C * P, g.OP = g.Co * P;
   g.D = c.dim, g.F = c.ffn_dim, g.NH = c.num_heads, g.TL = c.text_len, g.TD = c.text_dim, g.FQ = c.freq_dim;
+  // Parallel split (spec §8): cfg halves the batch, the sequence is padded to a multiple of U·R tokens.
+  g.par = par, g.Bg = g.B, g.S = g.L, g.Lpad = g.L;
+  WAN_CHECK(par.cfg == 1 || par.cfg == 2, "DiT GPU: CFG-parallel degree ", par.cfg, " (expected 1 or 2)");
+  WAN_CHECK(par.ulysses >= 1 && par.ring >= 1, "DiT GPU: parallel degrees must be >= 1");
+  WAN_CHECK(g.Bg % par.cfg == 0, "DiT GPU: CFG-parallel needs an even batch (cond, uncond), got ", g.Bg);
+  WAN_CHECK(g.NH % par.ulysses == 0, "DiT GPU: Ulysses degree ", par.ulysses, " does not divide the ", g.NH,
+            " heads");
+  g.B = g.Bg / par.cfg;
+  const SeqSplit sp = seq_split(g.L, par.seq());
+  g.Lpad = sp.padded, g.S = sp.per_rank;
+  g.rows = g.B * g.S;
   return g;
+}
+
+SeqParallelAttention::Geometry spa_geometry(const Geometry& g) {
+  SeqParallelAttention::Geometry a;
+  a.B = g.B, a.S = g.S, a.L = g.L, a.heads = g.NH, a.U = g.par.ulysses, a.R = g.par.ring;
+  return a;
 }
 
 class PlanBuilder {
@@ -92,6 +115,7 @@ class PlanBuilder {
 };
 
 AttentionShape self_attn_shape(const Geometry& g) {
+  if (g.seq_parallel()) return SeqParallelAttention::attention_shape(spa_geometry(g));
   AttentionShape s;
   s.B = g.B, s.Lq = g.L, s.Lk = g.L, s.H = g.NH, s.D = 128;
   s.v_ld = 3 * g.D;  // v is the last third of the fused qkv rows
@@ -99,7 +123,7 @@ AttentionShape self_attn_shape(const Geometry& g) {
 }
 AttentionShape cross_attn_shape(const Geometry& g) {
   AttentionShape s;
-  s.B = g.B, s.Lq = g.L, s.Lk = g.TL, s.H = g.NH, s.D = 128;
+  s.B = g.B, s.Lq = g.S, s.Lk = g.TL, s.H = g.NH, s.D = 128;
   s.v_ld = 2 * g.D;  // v is the second half of the fused context kv rows
   return s;
 }
@@ -112,14 +136,14 @@ std::string gib(size_t b) {
 
 // Throws when the plan of (shape, experts) does not fit `free_bytes`, naming the frames that would.
 void check_fit(const DiTConfig& cfg, const DiTShape& shape, int experts, size_t attn_ws, size_t free_bytes,
-               int device) {
-  const MemoryPlan p = DiTGpu::plan(cfg, shape, experts, attn_ws);
+               int device, const ParallelDegrees& par = {}) {
+  const MemoryPlan p = DiTGpu::plan(cfg, shape, experts, attn_ws, par);
   if (p.total_bytes() <= free_bytes) return;
   const int64_t pt = cfg.patch[0];
   auto fits = [&](int64_t frames) {
     DiTShape s = shape;
     s.frames = frames;
-    return DiTGpu::plan(cfg, s, experts, attn_ws).total_bytes() <= free_bytes;
+    return DiTGpu::plan(cfg, s, experts, attn_ws, par).total_bytes() <= free_bytes;
   };
   // Largest multiple of pt below the request that fits (the plan grows with the frames).
   int64_t lo = 0, hi = shape.frames / pt;  // fits(lo·pt) unknown for lo = 0 (means none), !fits(hi·pt)
@@ -210,7 +234,11 @@ const MemoryPlan::Buffer& MemoryPlan::get(const std::string& name) const {
 
 std::string MemoryPlan::str() const {
   std::string s = cat("DiT GPU memory plan (batch ", shape.batch, ", latent ", shape.frames, "x", shape.height, "x",
-                      shape.width, ", ", experts, " expert(s)):\n");
+                      shape.width, ", ", experts, " expert(s)",
+                      parallel.active() ? cat(", this rank of cfg ", parallel.cfg, " x Ulysses ", parallel.ulysses,
+                                              " x Ring ", parallel.ring)
+                                        : std::string(),
+                      "):\n");
   char line[160];
   for (const Buffer& b : buffers) {
     std::snprintf(line, sizeof line, "  %-22s %s offset %10.2f MiB  size %10.2f MiB\n", b.name.c_str(),
@@ -225,12 +253,30 @@ std::string MemoryPlan::str() const {
   return s;
 }
 
-MemoryPlan DiTGpu::plan(const DiTConfig& cfg, const DiTShape& shape, int experts, size_t attn_workspace) {
+SeqSplit seq_split(int64_t tokens, int seq_ranks) {
+  WAN_CHECK(tokens >= 1 && seq_ranks >= 1, "sequence split: ", tokens, " tokens over ", seq_ranks, " ranks");
+  SeqSplit s;
+  s.per_rank = (tokens + seq_ranks - 1) / seq_ranks;
+  s.padded = s.per_rank * seq_ranks;
+  return s;
+}
+
+ParallelDegrees DiTGpu::Options::Parallel::degrees() const {
+  ParallelDegrees d;
+  d.cfg = cfg ? cfg->size() : 1;
+  d.ulysses = ulysses ? ulysses->size() : 1;
+  d.ring = ring ? ring->size() : 1;
+  return d;
+}
+
+MemoryPlan DiTGpu::plan(const DiTConfig& cfg, const DiTShape& shape, int experts, size_t attn_workspace,
+                        const ParallelDegrees& par) {
   WAN_CHECK(experts >= 1, "DiT GPU: at least one expert");
   const WeightTable wt = dit_gpu_detail::build_weight_table(cfg);  // also checks the config
-  const Geometry g = geometry(cfg, shape);
+  const Geometry g = geometry(cfg, shape, par);
   MemoryPlan p;
   p.shape = shape;
+  p.parallel = par;
   p.experts = experts;
   p.weight_bytes = wt.bytes;
   p.reserve_bytes = kReserveBytes;
@@ -264,8 +310,13 @@ MemoryPlan DiTGpu::plan(const DiTConfig& cfg, const DiTShape& shape, int experts
   a.view("big.ffn", big, 0, rows * static_cast<size_t>(g.F) * b2);
   a.view("big.patch_rows", big, 0, rows * static_cast<size_t>(g.K) * b2);
   a.view("big.head_in", big, 0, rows * D * f4);
-  a.add("head_out", rows * static_cast<size_t>(g.OP) * f4);
-  a.add("out", static_cast<size_t>(g.B * g.Co * g.T * g.H * g.W) * f4);
+  // head rows: with a split sequence, all ranks' rows [P][B·S] (this rank's written in place, then
+  // all-gathered) and, for B > 1, the same rows in sample order [B][P·S]
+  const size_t P = static_cast<size_t>(par.seq());
+  a.add("head_out", P * rows * static_cast<size_t>(g.OP) * f4);
+  if (P > 1 && g.B > 1) a.add("head_seq", P * rows * static_cast<size_t>(g.OP) * f4);
+  a.add("out", static_cast<size_t>(g.Bg * g.Co * g.T * g.H * g.W) * f4);  // all samples (CFG-parallel: gathered)
+  for (const auto& [name, bytes] : SeqParallelAttention::plan_buffers(spa_geometry(g))) a.add(name, bytes);
   a.add("cublaslt_workspace", GemmRunner::kWorkspaceBytes);
   a.add("cudnn_workspace", attn_workspace);
   return p;
@@ -288,6 +339,11 @@ struct DiTGpu::Impl {
   cudaEvent_t ev_in = nullptr, ev_out = nullptr;
   std::unique_ptr<CudnnAttention> attn;  // null when the own kernel runs the attention
   std::unique_ptr<GemmRunner> gemm;
+  // Parallel forward (null / 0 / 1 on one GPU): the groups, this rank's place, the split self-attention.
+  ParallelDegrees par;
+  int cfg_rank = 0, seq_rank = 0;
+  std::unique_ptr<SeqParallelAttention> spa;
+  float* head_seq = nullptr;
   using Key = std::tuple<int, int64_t, int64_t, int64_t, int64_t>;  // expert, B, T, H, W
   std::map<Key, cudaGraphExec_t> graphs;
   std::set<Key> warmed;
@@ -301,6 +357,7 @@ struct DiTGpu::Impl {
     // No throws from here: let queued work finish, then release in reverse order of creation,
     // ignoring errors.
     if (stream) cudaStreamSynchronize(stream);
+    spa.reset();
     for (auto& [k, g] : graphs) cudaGraphExecDestroy(g);
     gemm.reset();
     attn.reset();
@@ -325,34 +382,53 @@ struct DiTGpu::Impl {
     head_out = buf<float>("head_out"), out = buf<float>("out");
     gemm_ws = buf<void>("cublaslt_workspace"), attn_ws = buf<void>("cudnn_workspace");
   }
+  // The parallel part of create(): checks the groups against each other, creates the split
+  // self-attention and binds its arena buffers (after bind_buffers).
+  void setup_parallel();
+  void run_attention(const AttentionShape& sh, const AttentionArgs& a, cudaStream_t s) {
+    if (attn) attn->run(sh, a, attn_ws, attn_ws_bytes, s);
+    else OwnAttention::run(sh, a, s);
+  }
+  void head_and_output(const ExpertPtrs& w, const Geometry& g, cudaStream_t s);
 
+  // The activation arena and what lives in it (bound buffers, parallel setup, GEMM runner, RoPE table):
+  // in create(), or later with Options::defer_arena. Checks the free memory first.
+  void allocate_arena();
+  // Captures and instantiates the graph of (key) without running it (warm_up).
+  void capture(const Key& key, const ExpertPtrs& w, const Geometry& g, cudaStream_t s);
   void stage_inputs(const Geometry& g, const DiTInputs& in, cudaStream_t s);
   void run_body(const ExpertPtrs& w, const Geometry& g, cudaStream_t s);
   void block(const BlockPtrs& w, const Geometry& g, const RopeArgs& rope_args, cudaStream_t s);
 };
 
 void DiTGpu::Impl::stage_inputs(const Geometry& g, const DiTInputs& in, cudaStream_t s) {
-  CUDA_CHECK(cudaMemcpyAsync(x_in, in.x, static_cast<size_t>(g.B * g.C * g.T * g.H * g.W) * 4, cudaMemcpyDefault, s));
-  CUDA_CHECK(cudaMemcpyAsync(t, in.t, static_cast<size_t>(g.B) * 4, cudaMemcpyDefault, s));
+  // This rank's samples [b0, b0 + B) of the global batch (all of it without CFG-parallel).
+  const int64_t b0 = cfg_rank * g.B, x_sample = g.C * g.T * g.H * g.W;
+  CUDA_CHECK(cudaMemcpyAsync(x_in, in.x + b0 * x_sample, static_cast<size_t>(g.B * x_sample) * 4, cudaMemcpyDefault,
+                             s));
+  CUDA_CHECK(cudaMemcpyAsync(t, in.t + b0, static_cast<size_t>(g.B) * 4, cudaMemcpyDefault, s));
   // Each prompt zero-padded to text_len before the text MLP (spec §2.5).
   const bool f32 = in.context_dtype == DType::F32;
   const size_t es = f32 ? 4 : 2, row = static_cast<size_t>(g.TD) * es;
   char* dst = f32 ? reinterpret_cast<char*>(ctx_f32) : reinterpret_cast<char*>(ctx_in);
   const char* src = static_cast<const char*>(in.context);
   for (int64_t b = 0; b < g.B; ++b) {
-    const size_t n = static_cast<size_t>(in.ctx_lens[b]);
+    const size_t n = static_cast<size_t>(in.ctx_lens[b0 + b]);
     char* d = dst + static_cast<size_t>(b * g.TL) * row;
-    if (n > 0) CUDA_CHECK(cudaMemcpyAsync(d, src + static_cast<size_t>(b * in.ctx_rows) * row, n * row, cudaMemcpyDefault, s));
+    if (n > 0)
+      CUDA_CHECK(cudaMemcpyAsync(d, src + static_cast<size_t>((b0 + b) * in.ctx_rows) * row, n * row,
+                                 cudaMemcpyDefault, s));
     if (n < static_cast<size_t>(g.TL)) CUDA_CHECK(cudaMemsetAsync(d + n * row, 0, (g.TL - n) * row, s));
   }
   if (f32) convert_f32_to_bf16(ctx_f32, ctx_in, g.B * g.TL * g.TD, s);
+  if (spa) spa->set_key_lengths(spa_geometry(g), s);
 }
 
 void DiTGpu::Impl::block(const BlockPtrs& w, const Geometry& g, const RopeArgs& rope_args, cudaStream_t s) {
-  const int64_t D = g.D, rows = g.rows, L = g.L, crow = g.B * g.TL;
+  const int64_t D = g.D, rows = g.rows, S = g.S, crow = g.B * g.TL;
   const float eps = cfg.eps;
   // m = modulation + e0 (fp32) folded into the consumers: chunk k of sample b is mod[k] + e0[b, k]
-  auto chunk = [&](int k) { return ModVec{w.mod + k * D, e0 + k * D, 6 * D, L}; };
+  auto chunk = [&](int k) { return ModVec{w.mod + k * D, e0 + k * D, 6 * D, S}; };
   bf16* qkv = big;                 // [rows, 3D]
   bf16* q = big + rows * 3 * D;    // [rows, D]
   bf16* k = big + rows * 4 * D;    // [rows, D]
@@ -363,11 +439,16 @@ void DiTGpu::Impl::block(const BlockPtrs& w, const Geometry& g, const RopeArgs& 
   gemm->linear(h, w.qkv_w, w.qkv_b, qkv, rows, D, 3 * D, Act::None, s);
   const RmsNormJob jq{qkv, 3 * D, w.nq, q, rows}, jk{qkv + D, 3 * D, w.nk, k, rows};
   qk_rmsnorm_rope(jq, &jk, D, eps, &rope_args, s);
-  const AttentionShape ss = self_attn_shape(g);
-  AttentionArgs sa;
-  sa.q = q, sa.k = k, sa.v = qkv + 2 * D, sa.o = att;
-  if (attn) attn->run(ss, sa, attn_ws, attn_ws_bytes, s);
-  else OwnAttention::run(ss, sa, s);
+  if (spa) {  // the sequence is split over ranks: Ulysses / Ring / 2D (dit_seq_attention.h)
+    spa->run(spa_geometry(g), q, k, qkv + 2 * D, 3 * D, att,
+             [this](const AttentionShape& sh, const AttentionArgs& a, cudaStream_t st) { run_attention(sh, a, st); },
+             s);
+  } else {
+    const AttentionShape ss = self_attn_shape(g);
+    AttentionArgs sa;
+    sa.q = q, sa.k = k, sa.v = qkv + 2 * D, sa.o = att;
+    run_attention(ss, sa, s);
+  }
   gemm->linear(att, w.o_w, w.o_b, h, rows, D, D, Act::None, s);
   gated_residual_add(resid, h, rows, D, chunk(2), s);
 
@@ -380,8 +461,7 @@ void DiTGpu::Impl::block(const BlockPtrs& w, const Geometry& g, const RopeArgs& 
   const AttentionShape cs = cross_attn_shape(g);
   AttentionArgs ca;
   ca.q = q, ca.k = ck, ca.v = ckv + D, ca.o = att;
-  if (attn) attn->run(cs, ca, attn_ws, attn_ws_bytes, s);
-  else OwnAttention::run(cs, ca, s);
+  run_attention(cs, ca, s);
   gemm->linear(att, w.co_w, w.co_b, h, rows, D, D, Act::None, s);
   residual_add(resid, h, rows * D, s);
 
@@ -396,7 +476,10 @@ void DiTGpu::Impl::run_body(const ExpertPtrs& w, const Geometry& g, cudaStream_t
   const int64_t D = g.D, rows = g.rows;
   // patch embedding: bf16 GEMM output (the reference's autocast Conv3d), then the fp32 residual
   bf16* patch_rows = big;  // [rows, K]
-  patchify_bf16(x_in, patch_rows, g.B, g.C, g.T, g.H, g.W, g.pt, g.ph, g.pw, g.L, s);
+  if (g.seq_parallel())  // this rank's slice of every sample
+    patchify_slice_bf16(x_in, patch_rows, g.B, g.C, g.T, g.H, g.W, g.pt, g.ph, g.pw, seq_rank * g.S, g.S, s);
+  else
+    patchify_bf16(x_in, patch_rows, g.B, g.C, g.T, g.H, g.W, g.pt, g.ph, g.pw, g.L, s);
   gemm->linear(patch_rows, w.pe_w, w.pe_b, h, rows, g.K, D, Act::None, s);
   convert_bf16_to_f32(h, resid, rows * D, s);
 
@@ -413,15 +496,71 @@ void DiTGpu::Impl::run_body(const ExpertPtrs& w, const Geometry& g, cudaStream_t
   gemm->linear(ctx_hidden, w.te2_w, w.te2_b, ctx, g.B * g.TL, D, D, Act::None, s);
 
   RopeArgs ra;
-  ra.table = rope, ra.max_pos = kRopeMaxPos, ra.head_dim = 128, ra.seq = g.L, ra.f = g.f, ra.h = g.gh, ra.w = g.gw;
+  ra.table = rope, ra.max_pos = kRopeMaxPos, ra.head_dim = 128, ra.seq = g.S, ra.f = g.f, ra.h = g.gh, ra.w = g.gw;
+  if (g.seq_parallel()) ra.offset = seq_rank * g.S, ra.total = g.Lpad;  // global positions of the slice (§8)
   for (const BlockPtrs& b : w.blocks) block(b, g, ra, s);
+  head_and_output(w, g, s);
+}
 
+void DiTGpu::Impl::head_and_output(const ExpertPtrs& w, const Geometry& g, cudaStream_t s) {
+  const int64_t D = g.D, rows = g.rows, P = g.par.seq();
   // head (fp32 region): LN(x)·(1 + scale) + shift with (shift, scale) = head.modulation + e, fp32 Linear
   float* head_in = reinterpret_cast<float*>(big);  // [rows, D]
-  const ModVec shift{w.hmod, e, D, g.L}, scale{w.hmod + D, e, D, g.L};
+  const ModVec shift{w.hmod, e, D, g.S}, scale{w.hmod + D, e, D, g.S};
   layernorm_modulate(resid, head_in, rows, D, shift, scale, cfg.eps, s);
-  gemm->linear(head_in, w.head_w, w.head_b, head_out, rows, D, g.OP, Act::None, s);
-  unpatchify(head_out, out, g.B, g.L, g.Co, g.f, g.gh, g.gw, g.pt, g.ph, g.pw, s);
+  float* head_rows = head_out + seq_rank * rows * g.OP;  // [B, S, OP] this rank's rows
+  gemm->linear(head_in, w.head_w, w.head_b, head_rows, rows, D, g.OP, Act::None, s);
+  const float* seq_rows = head_out;  // [B, Lpad, OP] every token of this rank's samples
+  if (P > 1) {
+    // [P][B, S, OP] from every sequence rank (in place), then sample-major for unpatchify
+    const size_t bytes = static_cast<size_t>(rows * g.OP) * 4;
+    opt.parallel.seq->all_gather(head_rows, head_out, bytes, s);
+    if (g.B > 1) {
+      SeqMajor sm;
+      sm.s[0] = reinterpret_cast<char*>(head_seq);
+      seq_major_chunks(sm, reinterpret_cast<char*>(head_out), 1, P, g.B, g.S, g.OP * 4, false, s);
+      seq_rows = head_seq;
+    }
+  }
+  // CFG-parallel: this rank's samples land at their place in the batch, then the other half's arrive.
+  const int64_t n_out = g.B * g.Co * g.T * g.H * g.W;
+  float* my_out = out + cfg_rank * n_out;
+  unpatchify(seq_rows, my_out, g.B, g.Lpad, g.Co, g.f, g.gh, g.gw, g.pt, g.ph, g.pw, s);
+  if (g.par.cfg > 1) opt.parallel.cfg->all_gather(my_out, out, static_cast<size_t>(n_out) * 4, s);
+}
+
+void DiTGpu::Impl::setup_parallel() {
+  const Options::Parallel& pc = opt.parallel;
+  par = pc.degrees();
+  if (!par.active()) return;
+  WAN_CHECK(par.seq() == 1 || pc.seq, "DiT GPU: a split sequence (Ulysses ", par.ulysses, " x Ring ", par.ring,
+            ") needs the sequence group");
+  WAN_CHECK(!pc.seq || pc.seq->size() == par.seq(), "DiT GPU: the sequence group has ", pc.seq ? pc.seq->size() : 0,
+            " ranks, expected Ulysses x Ring = ", par.seq());
+  const int uly_rank = pc.ulysses ? pc.ulysses->rank() : 0, ring_rank = pc.ring ? pc.ring->rank() : 0;
+  seq_rank = pc.seq ? pc.seq->rank() : 0;
+  cfg_rank = pc.cfg ? pc.cfg->rank() : 0;
+  WAN_CHECK(seq_rank == ring_rank * par.ulysses + uly_rank, "DiT GPU: sequence rank ", seq_rank,
+            " is not ring rank x Ulysses + Ulysses rank (", ring_rank, " x ", par.ulysses, " + ", uly_rank, ")");
+  WAN_CHECK(cfg_rank >= 0 && cfg_rank < par.cfg && seq_rank >= 0 && seq_rank < par.seq(),
+            "DiT GPU: rank outside its group");
+  if (par.seq() > 1) {
+    spa = std::make_unique<SeqParallelAttention>(pc.ulysses, pc.ring);
+    SeqParallelAttention::Buffers b;
+    auto has = [&](const char* n) {
+      for (const MemoryPlan::Buffer& x : plan.buffers)
+        if (x.name == n) return true;
+      return false;
+    };
+    auto bb = [&](const char* n) { return has(n) ? buf<bf16>(n) : nullptr; };
+    auto bf = [&](const char* n) { return has(n) ? buf<float>(n) : nullptr; };
+    b.send = bb("sp.send"), b.recv = bb("sp.recv"), b.q = bb("sp.q");
+    b.kv[0] = bb("sp.kv0"), b.kv[1] = bb("sp.kv1"), b.o = bb("sp.o"), b.o_part = bb("sp.o_part");
+    b.lse_part = bf("sp.lse_part"), b.acc = bf("sp.acc"), b.acc_lse = bf("sp.acc_lse");
+    b.k_lens = buf<int32_t>("sp.k_lens");
+    spa->bind(b);
+    if (has("head_seq")) head_seq = buf<float>("head_seq");
+  }
 }
 
 DiTGpu::DiTGpu(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -429,21 +568,86 @@ DiTGpu::DiTGpu(DiTGpu&&) noexcept = default;
 DiTGpu& DiTGpu::operator=(DiTGpu&&) noexcept = default;
 DiTGpu::~DiTGpu() = default;
 
+void DiTGpu::Impl::allocate_arena() {
+  if (arena) return;
+  CUDA_CHECK(cudaSetDevice(opt.device));
+  size_t free_bytes = 0, total_bytes = 0;
+  CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  WAN_CHECK(plan.arena_bytes <= free_bytes, "DiT GPU: the activation arena (batch ", max_shape.batch, ", latent ",
+            max_shape.frames, "x", max_shape.height, "x", max_shape.width, ") needs ", gib(plan.arena_bytes),
+            " GiB, but only ", gib(free_bytes), " GiB is free on device ", opt.device);
+  CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&arena), plan.arena_bytes));
+  bind_buffers();
+  setup_parallel();
+  gemm = std::make_unique<GemmRunner>(gemm_ws, GemmRunner::kWorkspaceBytes);
+  const std::vector<float> rope_host = rope_table_f32(128, kRopeMaxPos);
+  WAN_ASSERT(rope_host.size() * 4 == plan.get("rope").bytes, "rope table size");
+  CUDA_CHECK(cudaMemcpy(rope, rope_host.data(), rope_host.size() * 4, cudaMemcpyHostToDevice));
+}
+
+void DiTGpu::Impl::capture(const Key& key, const ExpertPtrs& w, const Geometry& g, cudaStream_t s) {
+  if (graphs.count(key)) return;
+  cudaGraph_t graph = nullptr;
+  CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  try {
+    run_body(w, g, s);  // records; builds each GEMM / attention plan on first use (host work only)
+  } catch (...) {
+    cudaGraph_t broken = nullptr;
+    cudaStreamEndCapture(s, &broken);
+    if (broken) cudaGraphDestroy(broken);
+    throw;
+  }
+  CUDA_CHECK(cudaStreamEndCapture(s, &graph));
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t st = cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphDestroy(graph);
+  CUDA_CHECK(st);
+  graphs.emplace(key, exec);
+  warmed.insert(key);
+}
+
+void DiTGpu::warm_up(const std::vector<std::pair<int, DiTShape>>& uses) {
+  Impl& m = *impl_;
+  CUDA_CHECK(cudaSetDevice(m.opt.device));
+  m.allocate_arena();
+  for (const auto& [expert, shape] : uses) {
+    WAN_CHECK(expert >= 0 && expert < static_cast<int>(m.ptrs.size()), "DiT GPU warm-up: expert ", expert, " of ",
+              m.ptrs.size());
+    const Geometry g = geometry(m.cfg, shape, m.par);
+    WAN_CHECK(g.B <= m.max_geo.B && g.rows <= m.max_geo.rows, "DiT GPU warm-up: batch ", g.B, " x ", g.L,
+              " tokens exceeds the planned batch ", m.max_geo.B, " x ", m.max_geo.L, " tokens");
+    const Impl::Key key{expert, shape.batch, shape.frames, shape.height, shape.width};
+    m.capture(key, m.ptrs[static_cast<size_t>(expert)], g, m.stream);
+  }
+}
+
 DiTGpu DiTGpu::create(const DiTConfig& cfg, const std::vector<DiTWeightSource>& experts, const DiTShape& max_shape,
                       const Options& opt) {
   WAN_CHECK(!experts.empty(), "DiT GPU: no expert weights given");
   const int n = static_cast<int>(experts.size());
   // Everything checkable on the host first: config, shape, the plan without cuDNN's workspace.
-  MemoryPlan p = plan(cfg, max_shape, n, 0);
+  const ParallelDegrees par = opt.parallel.degrees();
+  MemoryPlan p = plan(cfg, max_shape, n, 0, par);
   CUDA_CHECK(cudaSetDevice(opt.device));
   size_t free_bytes = 0, total_bytes = 0;
   CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
-  check_fit(cfg, max_shape, n, 0, free_bytes, opt.device);
+  if (opt.defer_arena) {
+    // The arena comes later (warm_up / first forward, e.g. after a text encoder is freed): only the
+    // weights must fit now; the caller has checked the later phase (allocate_arena checks it again).
+    for (const DiTWeightSource& e : experts)
+      WAN_CHECK(!e.random, "DiT GPU: defer_arena needs loaded weights (random weights draw into the arena)");
+    const size_t need = p.weight_bytes * static_cast<size_t>(n) + p.reserve_bytes;
+    WAN_CHECK(need <= free_bytes, "DiT GPU: ", n, " expert(s) x ", gib(p.weight_bytes), " GiB of weights + ",
+              gib(p.reserve_bytes), " GiB reserve need ", gib(need), " GiB, but only ", gib(free_bytes),
+              " GiB is free on device ", opt.device);
+  } else {
+    check_fit(cfg, max_shape, n, 0, free_bytes, opt.device, par);
+  }
 
   auto im = std::make_unique<Impl>();
   im->cfg = cfg;
   im->max_shape = max_shape;
-  im->max_geo = geometry(cfg, max_shape);
+  im->max_geo = geometry(cfg, max_shape, par);
   im->opt = opt;
   im->table = dit_gpu_detail::build_weight_table(cfg);
   // cuDNN's workspace for the largest attentions (builds their plans), then the exact plan. The own
@@ -458,20 +662,15 @@ DiTGpu DiTGpu::create(const DiTConfig& cfg, const std::vector<DiTWeightSource>& 
     OwnAttention::validate(cross_attn_shape(im->max_geo));
   }
   CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
-  check_fit(cfg, max_shape, n, im->attn_ws_bytes, free_bytes, opt.device);
-  p = plan(cfg, max_shape, n, im->attn_ws_bytes);
+  if (!opt.defer_arena) check_fit(cfg, max_shape, n, im->attn_ws_bytes, free_bytes, opt.device, par);
+  p = plan(cfg, max_shape, n, im->attn_ws_bytes, par);
   im->plan = p;
   if (opt.verbose) std::fprintf(stderr, "%s", p.str().c_str());
 
   CUDA_CHECK(cudaStreamCreateWithFlags(&im->stream, cudaStreamNonBlocking));
   CUDA_CHECK(cudaEventCreateWithFlags(&im->ev_in, cudaEventDisableTiming));
   CUDA_CHECK(cudaEventCreateWithFlags(&im->ev_out, cudaEventDisableTiming));
-  CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&im->arena), p.arena_bytes));
-  im->bind_buffers();
-  im->gemm = std::make_unique<GemmRunner>(im->gemm_ws, GemmRunner::kWorkspaceBytes);
-  const std::vector<float> rope = rope_table_f32(128, kRopeMaxPos);
-  WAN_ASSERT(rope.size() * 4 == p.get("rope").bytes, "rope table size");
-  CUDA_CHECK(cudaMemcpy(im->rope, rope.data(), rope.size() * 4, cudaMemcpyHostToDevice));
+  if (!opt.defer_arena) im->allocate_arena();
 
   for (int i = 0; i < n; ++i) {
     void* w = nullptr;
@@ -483,7 +682,9 @@ DiTGpu DiTGpu::create(const DiTConfig& cfg, const std::vector<DiTWeightSource>& 
       dit_gpu_detail::draw_random_weights(im->table, w, experts[i].seed, reinterpret_cast<float*>(im->big), scratch,
                                           im->stream);
     } else {
-      WAN_WITH_CONTEXT(cat("DiT expert ", i), dit_gpu_detail::upload_weights(im->table, w, experts[i].get));
+      const DiTWeightSource& src = experts[i];
+      WAN_WITH_CONTEXT(cat("DiT expert ", i), dit_gpu_detail::upload_weights(im->table, w, src.get, "DiT", src.span,
+                                                                             src.loader, src.group));
     }
     im->ptrs.push_back(resolve(im->table, w, cfg.num_layers));
   }
@@ -495,7 +696,7 @@ void DiTGpu::forward(int expert, const DiTShape& shape, const DiTInputs& in, flo
   Impl& m = *impl_;
   WAN_CHECK(expert >= 0 && expert < static_cast<int>(m.ptrs.size()), "DiT GPU forward: expert ", expert, " of ",
             m.ptrs.size());
-  const Geometry g = geometry(m.cfg, shape);
+  const Geometry g = geometry(m.cfg, shape, m.par);
   WAN_CHECK(g.B <= m.max_geo.B && g.rows <= m.max_geo.rows, "DiT GPU forward: batch ", g.B, " x ", g.L,
             " tokens exceeds the planned batch ", m.max_geo.B, " x ", m.max_geo.L, " tokens");
   WAN_CHECK(in.x && in.t && in.context && in.ctx_lens && out, "DiT GPU forward: null input or output");
@@ -503,7 +704,7 @@ void DiTGpu::forward(int expert, const DiTShape& shape, const DiTInputs& in, flo
             "DiT GPU forward: context must be f32 or bf16, got ", dtype_name(in.context_dtype));
   WAN_CHECK(in.ctx_rows >= 1 && in.ctx_rows <= g.TL, "DiT GPU forward: context has ", in.ctx_rows,
             " rows per sample, expected 1..", g.TL);
-  for (int64_t b = 0; b < g.B; ++b)
+  for (int64_t b = 0; b < g.Bg; ++b)
     WAN_CHECK(in.ctx_lens[b] >= 0 && in.ctx_lens[b] <= in.ctx_rows, "DiT GPU forward: context length ",
               in.ctx_lens[b], " of sample ", b, " outside [0, ", in.ctx_rows, "]");
   // A shape smaller than the planned one may pick other cuDNN engines: their workspace must fit too.
@@ -513,6 +714,7 @@ void DiTGpu::forward(int expert, const DiTShape& shape, const DiTInputs& in, flo
                 m.attn->workspace_size(a), " B of workspace for this shape, the plan has ", m.attn_ws_bytes);
 
   CUDA_CHECK(cudaSetDevice(m.opt.device));
+  m.allocate_arena();  // Options::defer_arena without warm_up(): now
   cudaStream_t s = m.stream;
   CUDA_CHECK(cudaEventRecord(m.ev_in, stream));
   CUDA_CHECK(cudaStreamWaitEvent(s, m.ev_in, 0));
@@ -544,7 +746,7 @@ void DiTGpu::forward(int expert, const DiTShape& shape, const DiTInputs& in, flo
     m.run_body(w, g, s);  // the warm-up: builds every GEMM and attention plan before any capture
     m.warmed.insert(key);
   }
-  CUDA_CHECK(cudaMemcpyAsync(out, m.out, static_cast<size_t>(g.B * g.Co * g.T * g.H * g.W) * 4, cudaMemcpyDefault, s));
+  CUDA_CHECK(cudaMemcpyAsync(out, m.out, static_cast<size_t>(g.Bg * g.Co * g.T * g.H * g.W) * 4, cudaMemcpyDefault, s));
   CUDA_CHECK(cudaEventRecord(m.ev_out, s));
   CUDA_CHECK(cudaStreamWaitEvent(stream, m.ev_out, 0));
 }

@@ -13,10 +13,19 @@
 // - Sequence length = f·h·w (the single-GPU official seq_len): no padding rows, so self-attention
 //   attends to every key (the reference's k_lens = seq_lens is the full length); cross-attention attends
 //   to all text_len slots, zero-padded prompts included (spec §2.5).
+// - Parallel forward (Options::parallel, issue 5, spec §8): CFG-parallel runs one sample per half of the
+//   ranks; with a split sequence the tokens are padded to a multiple of Ulysses x Ring, each rank holds
+//   one contiguous slice (RoPE at the slice's global positions), padded keys are masked with k_lens,
+//   and only the self-attention communicates (dit_seq_attention.h); the modulation, time and text
+//   embeddings are computed on every rank, cross-attention uses the local queries against the whole
+//   text. The head rows are all-gathered (sequence, then CFG) so every rank returns the whole batch.
+//   NCCL calls are captured into the forward's CUDA graph like every other op (all ranks capture the
+//   same sequence, after the eager first forward has set up every NCCL connection).
 // - One timestep per sample (T2V/I2V A14B); the per-token timesteps of TI2V are not supported here.
 // - forward() is deterministic: the same inputs give bit-identical outputs, graph replay or not.
 // - The first forward of an (expert, shape) runs eagerly (it builds every cuBLASLt/cuDNN plan); the
-//   second captures a CUDA graph of the whole forward, later ones replay it. Inputs are copied into
+//   second captures a CUDA graph of the whole forward, later ones replay it. warm_up() instead builds
+//   the plans and captures the graph without running a forward, so the first forward replays. Inputs are copied into
 //   fixed arena buffers before the graph, the output copied out after it.
 // - All work runs on an internal stream ordered after / before the caller's stream with events.
 // - Not thread-safe; one object per device. Files: dit_gpu.cpp (plan, forward, graphs),
@@ -28,11 +37,15 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "ckpt/layout.h"    // RawSpan (plain data)
 #include "config/config.h"  // DiTConfig (used as plain data: wan_cuda does not link wan_config)
 #include "core/tensor.h"
+#include "cuda/seq_parallel.h"
 
 namespace wan::cuda {
 
@@ -47,12 +60,31 @@ struct DiTShape {
 // Where an expert's weights come from: a name -> tensor callback (official names, any float dtype,
 // converted on the host), or drawn on the GPU from the engine RNG at the real sizes (no files).
 using DiTWeightGetter = std::function<Tensor(const std::string& official_name)>;
+// Where a tensor's stored bytes lie in its file (WeightStore::raw_span); nullopt: read it with `get`.
+using DiTWeightSpan = std::function<std::optional<RawSpan>(const std::string& official_name)>;
+class DeviceLoader;  // cuda/load_gpu.h
 struct DiTWeightSource {
   DiTWeightGetter get;  // used when !random
   bool random = false;
   uint64_t seed = 0;
-  static DiTWeightSource from(DiTWeightGetter g) { return {std::move(g), false, 0}; }
-  static DiTWeightSource random_weights(uint64_t seed) { return {{}, true, seed}; }
+  // Streaming (issue 6, load_gpu.h): with `span`, the weights go file -> pinned staging -> device and
+  // are converted on the GPU (tensors without a span through `get`). With `loader` too, create() only
+  // adds them to that loader (not started; completion group `group`): the caller starts it and waits
+  // for it before the first forward.
+  DiTWeightSpan span;
+  DeviceLoader* loader = nullptr;
+  int group = 0;
+  static DiTWeightSource from(DiTWeightGetter g) {
+    DiTWeightSource s;
+    s.get = std::move(g);
+    return s;
+  }
+  static DiTWeightSource random_weights(uint64_t seed) {
+    DiTWeightSource s;
+    s.random = true;
+    s.seed = seed;
+    return s;
+  }
 };
 
 // Random weights: tensor `name` element i = round(philox_normal(random_weight_seed(seed, name), i) ·
@@ -60,6 +92,26 @@ struct DiTWeightSource {
 // weights and biases U(-1/√fan_in, 1/√fan_in) approximated by N(0, 1/(3·fan_in)); modulation tables
 // N(0, 1/dim) (the official init); norm weights 1 + N(0, 0.05²); norm3 bias N(0, 0.05²).
 uint64_t random_weight_seed(uint64_t seed, const std::string& official_name);
+
+// Degrees of a parallel forward (issue 5, spec §8): cfg = 2 splits the batch-2 CFG forward into one
+// sample per half of the ranks; ulysses x ring ranks share each sample's token sequence (Ulysses:
+// all-to-all over heads, ulysses must divide the heads; Ring: key/value blocks passed around the ring,
+// partial results merged with the log-sum-exp). The sequence is padded to a multiple of ulysses·ring
+// tokens and each rank holds one contiguous slice of it. All 1: the single-GPU forward.
+struct ParallelDegrees {
+  int cfg = 1, ulysses = 1, ring = 1;
+  int seq() const { return ulysses * ring; }
+  int world() const { return cfg * ulysses * ring; }
+  bool active() const { return world() > 1; }
+  bool operator==(const ParallelDegrees&) const = default;
+};
+
+// The token split of one sample's sequence of `tokens` real tokens over `seq` ranks: padded length,
+// tokens per rank.
+struct SeqSplit {
+  int64_t padded = 0, per_rank = 0;
+};
+SeqSplit seq_split(int64_t tokens, int seq_ranks);
 
 // The arena layout of one (config, shape): every buffer's byte offset and size. Views alias a region
 // whose live ranges never overlap (e.g. the FFN hidden reuses the QKV region).
@@ -71,6 +123,7 @@ struct MemoryPlan {
   };
   DiTShape shape;
   int experts = 1;
+  ParallelDegrees parallel;  // the plan of one rank of this layout (all 1: one GPU)
   std::vector<Buffer> buffers;
   size_t arena_bytes = 0;   // activations + workspaces
   size_t weight_bytes = 0;  // one expert
@@ -99,6 +152,25 @@ class DiTGpu {
     bool use_graphs = true;
     bool verbose = false;  // print the memory plan (MiB) to stderr at create
     Attention attention = Attention::Auto;
+    // Allocate the activation arena in warm_up() (or the first forward) instead of create(), so that a
+    // text encoder loaded next to the weights can be freed first (issue 6); create() then checks only
+    // the weights against the free memory. Loaded weights only (random ones are drawn into the arena).
+    bool defer_arena = false;
+    // Parallel forward (issue 5): the groups this rank belongs to, owned by the caller (src/dist
+    // implements them with NCCL) and alive as long as the DiTGpu. Null = degree 1. Ranks are laid out
+    // as rank = (cfg rank·ring + ring rank)·ulysses + Ulysses rank: `seq` is the group of the
+    // ulysses·ring ranks that share one sample (its rank = ring rank·ulysses + Ulysses rank, the index of
+    // this rank's token slice), `ulysses` the consecutive ranks inside it, `ring` the ranks of equal
+    // Ulysses rank, `cfg` the two ranks of equal sequence rank. With cfg, forward() takes the usual
+    // batch-2 inputs and output but runs only sample cfg->rank(); every rank ends with the whole output.
+    struct Parallel {
+      SeqComm* cfg = nullptr;
+      SeqComm* ulysses = nullptr;
+      SeqComm* ring = nullptr;
+      SeqComm* seq = nullptr;  // required when ulysses·ring > 1
+      ParallelDegrees degrees() const;
+    };
+    Parallel parallel;
   };
   // "auto" | "cudnn" | "own"; throws wan::Error otherwise.
   static Attention parse_attention(const std::string& s);
@@ -117,7 +189,10 @@ class DiTGpu {
   }
   // The plan create() would use; attn_workspace = cuDNN's workspace for the shape's attentions (create
   // asks cuDNN; 0 is the usual value on Hopper). Pure host arithmetic.
-  static MemoryPlan plan(const DiTConfig& cfg, const DiTShape& shape, int experts, size_t attn_workspace = 0);
+  // `par`: the per-rank plan of a parallel forward (activations of this rank's sample(s) and token slice
+  // plus the communication buffers); shape stays the global one.
+  static MemoryPlan plan(const DiTConfig& cfg, const DiTShape& shape, int experts, size_t attn_workspace = 0,
+                         const ParallelDegrees& par = {});
 
   DiTGpu(DiTGpu&&) noexcept;
   DiTGpu& operator=(DiTGpu&&) noexcept;
@@ -126,6 +201,12 @@ class DiTGpu {
   // Velocity prediction out[B, out_dim, T, H, W] f32 (host or device memory) of expert `expert` for
   // `shape`. Ordered on `stream` (may be 0); returns without synchronising when out is device memory.
   void forward(int expert, const DiTShape& shape, const DiTInputs& in, float* out, cudaStream_t stream);
+
+  // Warm-up (issue 6): allocates a deferred arena, then builds every cuBLASLt / cuDNN plan and captures
+  // and instantiates the CUDA graph of each (expert, shape) without running it. Capture records
+  // pointers, not data, so it may run while the weights are still streaming in; the first forward of
+  // such an (expert, shape) then replays the graph (bit-identical to an eager forward).
+  void warm_up(const std::vector<std::pair<int, DiTShape>>& uses);
 
   const MemoryPlan& memory_plan() const;
   const DiTConfig& config() const;

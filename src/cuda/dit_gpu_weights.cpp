@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "cuda/check.h"
 #include "cuda/dit_gpu_kernels.h"
+#include "cuda/load_gpu.h"
 #include "cuda/rng.h"
 
 namespace wan::cuda {
@@ -136,8 +137,20 @@ WeightTable build_weight_table(const DiTConfig& c) {
   return t.take();
 }
 
-void upload_weights(const WeightTable& table, void* dev, const DiTWeightGetter& get, const char* what) {
+void upload_weights(const WeightTable& table, void* dev, const DiTWeightGetter& get, const char* what,
+                    const DiTWeightSpan& span, DeviceLoader* loader, int group) {
   WAN_CHECK(static_cast<bool>(get), what, " GPU weights: no weight callback");
+  if (span || loader) {  // streaming (load_gpu.h)
+    std::vector<LoadTarget> targets = weight_targets(table, dev, get, what, span, group);
+    if (loader) {
+      for (LoadTarget& t : targets) loader->add(std::move(t));
+      return;
+    }
+    int device = 0;
+    CUDA_CHECK(cudaGetDevice(&device));
+    load_to_device(std::move(targets), LoadOptions::tuned(device));
+    return;
+  }
   std::vector<uint16_t> staging;
   for (const WeightEntry& e : table.entries) {
     Tensor t;
@@ -166,6 +179,24 @@ void upload_weights(const WeightTable& table, void* dev, const DiTWeightGetter& 
       CUDA_CHECK(cudaMemcpy(dst + i0 * 2, staging.data(), m * 2, cudaMemcpyHostToDevice));
     }
   }
+}
+
+std::vector<LoadTarget> weight_targets(const WeightTable& table, void* dev, const DiTWeightGetter& get, const char* what,
+                                       const DiTWeightSpan& span, int group) {
+  std::vector<LoadTarget> targets;
+  targets.reserve(table.entries.size());
+  for (const WeightEntry& e : table.entries) {
+    LoadTarget t;
+    t.name = cat(what, " weight ", e.name);
+    if (span) WAN_WITH_CONTEXT(t.name, t.span = span(e.name));
+    if (!t.span) t.fallback = [get, name = e.name] { return get(name); };
+    t.dst = static_cast<char*>(dev) + e.offset;
+    t.dtype = e.dtype;
+    t.shape = e.shape;
+    t.group = group;
+    targets.push_back(std::move(t));
+  }
+  return targets;
 }
 
 size_t max_small_floats(const WeightTable& table) {

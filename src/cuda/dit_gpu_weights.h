@@ -20,6 +20,7 @@
 #include "config/config.h"
 #include "core/tensor.h"
 #include "cuda/dit_gpu.h"
+#include "cuda/load_gpu.h"
 
 namespace wan::cuda::dit_gpu_detail {
 
@@ -72,9 +73,18 @@ class TableBuilder {
 void check_config(const DiTConfig& cfg);
 WeightTable build_weight_table(const DiTConfig& cfg);
 
-// Fills dev (table.bytes) from the callback, one tensor at a time, converting on the host in chunks (host
-// peak: the source tensor + a 16 MB staging chunk); errors name the tensor ("<what> weight <name>").
-void upload_weights(const WeightTable& table, void* dev, const DiTWeightGetter& get, const char* what = "DiT");
+// Fills dev (table.bytes). Without `span`: from the callback, one tensor at a time, converting on the
+// host in chunks (host peak: the source tensor + a 16 MB staging chunk). With `span`: streamed from the
+// files through pinned staging and converted on the GPU (load_gpu.h, LoadOptions::tuned() on the
+// current device); tensors without a byte range go through the callback. With `loader` (not started):
+// only adds the tensors to it as completion group `group`; the caller starts it and waits for it.
+// Errors name the tensor ("<what> weight <name>").
+void upload_weights(const WeightTable& table, void* dev, const DiTWeightGetter& get, const char* what = "DiT",
+                    const DiTWeightSpan& span = {}, DeviceLoader* loader = nullptr, int group = 0);
+// The streaming upload's targets of a table (what upload_weights hands the loader): one per tensor, its
+// span when `span` gives one, else the getter as the fallback.
+std::vector<LoadTarget> weight_targets(const WeightTable& table, void* dev, const DiTWeightGetter& get, const char* what,
+                                       const DiTWeightSpan& span, int group = 0);
 // Draws every tensor on the GPU (see random_weight_seed); scratch holds at least max_small_floats()
 // floats (staging of the bf16 tensors that have an offset).
 void draw_random_weights(const WeightTable& table, void* dev, uint64_t seed, float* scratch, size_t scratch_floats,

@@ -203,7 +203,7 @@ void T5EncoderGpu::Impl::init(const T5Config& c, const T5WeightSource& src, int 
     WAN_ASSERT(dit_gpu_detail::max_small_floats(table) == 0, "T5 random weights need no scratch");
     dit_gpu_detail::draw_random_weights(table, weights, src.seed, nullptr, 0, stream);
   } else {
-    dit_gpu_detail::upload_weights(table, weights, src.get, "T5");
+    dit_gpu_detail::upload_weights(table, weights, src.get, "T5", src.span, src.loader, src.group);
   }
 
   // Relative buckets for every rel in (−kMaxTokens, kMaxTokens), indexed rel + kMaxTokens − 1.

@@ -34,10 +34,12 @@
 #include <cstdint>
 #include <memory>
 
+#include "ckpt/layout.h"      // RawSpan (plain data)
 #include "config/config.h"  // T5Config (plain data)
 #include "core/tensor.h"
 
 #include <functional>
+#include <optional>
 #include <string>
 
 namespace wan {
@@ -45,6 +47,8 @@ struct T5Weights;
 }
 
 namespace wan::cuda {
+
+class DeviceLoader;  // cuda/load_gpu.h
 
 // Where the weights come from: official T5Encoder names (spec §4.4, e.g. "blocks.3.attn.q.weight"),
 // any float dtype, fetched one tensor at a time (host memory peaks at one tensor plus a 16 MB staging
@@ -57,6 +61,12 @@ struct T5WeightSource {
   std::function<Tensor(const std::string& official_name)> get;  // used when !random
   bool random = false;
   uint64_t seed = 0;
+  // Streaming (issue 6, as DiTWeightSource in dit_gpu.h): with `span` the weights go file -> pinned
+  // staging -> device, converted on the GPU; with `loader` too, the constructor only adds them to that
+  // loader (not started; completion group `group`) and encode() must wait until the group is loaded.
+  std::function<std::optional<RawSpan>(const std::string& official_name)> span;
+  DeviceLoader* loader = nullptr;
+  int group = 0;
 };
 
 class T5EncoderGpu {

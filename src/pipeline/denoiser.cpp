@@ -11,6 +11,7 @@ namespace wan {
 #ifdef WAN_HAVE_CUDA
 std::unique_ptr<Denoiser> make_gpu_denoiser(const CheckpointInfo& ckpt, const DenoiserSpec& spec, int device);
 void check_gpu_denoiser_impl(const CheckpointInfo& ckpt, const DenoiserSpec& spec, int device);
+bool gpu_concurrent_load_fits_impl(const CheckpointInfo& ckpt, const DenoiserSpec& spec, size_t other_bytes);
 void check_gpu_vae_impl(const VaeConfig& vae, const std::string& device);
 Tensor gpu_vae_decode_impl(const VaeConfig& vae, const VaeWeights& w, const Tensor& latents, int device);
 #endif
@@ -92,6 +93,17 @@ void check_gpu_denoiser(const CheckpointInfo& ckpt, const DenoiserSpec& spec) {
   check_gpu_denoiser_impl(ckpt, spec, device);
 #else
   WAN_THROW("--device ", spec.device, ": this build of wan has no CUDA support (configure with a CUDA toolkit)");
+#endif
+}
+
+bool gpu_concurrent_load_fits(const CheckpointInfo& ckpt, const DenoiserSpec& spec, size_t other_bytes) {
+#ifdef WAN_HAVE_CUDA
+  return gpu_concurrent_load_fits_impl(ckpt, spec, other_bytes);
+#else
+  (void)ckpt;
+  (void)spec;
+  (void)other_bytes;
+  return false;
 #endif
 }
 

@@ -11,6 +11,7 @@
 #pragma once
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ckpt/layout.h"
@@ -19,6 +20,10 @@
 #include "vae/vae.h"
 
 namespace wan {
+
+namespace cuda {
+class DeviceLoader;  // cuda/load_gpu.h (CUDA builds)
+}
 
 class Denoiser {
  public:
@@ -37,6 +42,10 @@ class Denoiser {
   // The current x (a host copy) and the run's history brought back into s, so that s.state() gives
   // the resumable state (save it with x). The run may go on with guided_step() afterwards.
   virtual Tensor sync_sampling(Sampler& s);
+  // Prepares the (expert, batch) forwards the run will make at the planned latent shape without
+  // running them (GPU: allocates a deferred arena, builds every GEMM / attention plan and captures the
+  // CUDA graphs, DiTGpu::warm_up); nothing to do on the CPU.
+  virtual void warm_up(const std::vector<std::pair<Expert, int>>& uses) { (void)uses; }
 
  protected:
   // The host path's run state (also the GPU denoiser's with DenoiserSpec::fused_sampler off).
@@ -61,6 +70,12 @@ struct DenoiserSpec {
   bool fused_sampler = true;
   // GPU attention kernel: "auto" (the engine's own on sm_90, cuDNN elsewhere) | "own" | "cudnn".
   std::string attention = "auto";
+  // GPU fast start (issue 6): the experts' weights are added to this not yet started loader as
+  // completion group `loader_group` instead of being loaded by make_denoiser (the caller starts the
+  // loader and waits for it before the first step), and the activation arena is allocated in
+  // warm_up(). Without a loader the weights still stream from the files, inside make_denoiser.
+  cuda::DeviceLoader* loader = nullptr;
+  int loader_group = 1;
 };
 
 // Loads the experts the schedule uses (CPU f32, or uploaded to the GPU).
@@ -71,6 +86,11 @@ int parse_device(const std::string& device);
 // Throws one clear wan::Error unless the CUDA path can run `spec` on this machine: built with CUDA, the
 // device exists, and the planned memory (experts + arena) fits its free memory. Cheap (no allocation).
 void check_gpu_denoiser(const CheckpointInfo& ckpt, const DenoiserSpec& spec);
+// GPU fast start (issue 6): true when the experts' weights, `other_bytes` already resident next to
+// them while they load (the text encoder) and the loader's staging fit the free memory now. The later
+// phase (weights + activations, the text encoder freed or kept) is check_gpu_denoiser's; the peak is
+// the larger of the two. False without CUDA.
+bool gpu_concurrent_load_fits(const CheckpointInfo& ckpt, const DenoiserSpec& spec, size_t other_bytes);
 
 // The VAE decode on the GPU (Wan 2.1 VAE, bf16, wan::cuda::VaeDecoderGpu).
 // check_gpu_vae: throws one clear wan::Error unless this build and VAE can decode on `device`.

@@ -1,5 +1,7 @@
 // GPU denoiser: both experts resident on one device through wan::cuda::DiTGpu (bf16 weights, planned
-// arena, batched CFG, CUDA graphs). Compiled only in CUDA builds.
+// arena, batched CFG, CUDA graphs). Compiled only in CUDA builds. Checkpoint weights stream from the
+// files (cuda/load_gpu.h), inside make_denoiser or through the caller's loader (DenoiserSpec::loader,
+// the fast start of pipeline/startup.h); warm_up() captures the graphs before the first step.
 // Sampling (fused_sampler, the default): x, the DiT output and the solver history stay in device
 // memory (cuda::SamplerGpu, x kept as the [2, n] CFG batch the DiT reads); each step is the DiT
 // forward, then one fused guidance + solver kernel with coefficients from Sampler::take_step().
@@ -8,6 +10,7 @@
 
 #include "cuda/check.h"
 #include "cuda/dit_gpu.h"
+#include "cuda/load_gpu.h"
 #include "cuda/rng.h"
 #include "cuda/sampler_gpu.h"
 #include "cuda/vae_gpu.h"
@@ -44,21 +47,27 @@ class GpuDenoiser : public Denoiser {
  public:
   GpuDenoiser(const CheckpointInfo& ckpt, const DenoiserSpec& spec, int device) : spec_(spec), device_(device) {
     CUDA_CHECK(cudaSetDevice(device));
-    std::vector<std::unique_ptr<WeightStore>> stores;
     std::vector<cuda::DiTWeightSource> sources;
     if (spec.random_weights) {  // drawn on the GPU at the real sizes
       if (spec.use_high) sources.push_back(cuda::DiTWeightSource::random_weights(spec.seed_high));
       if (spec.use_low) sources.push_back(cuda::DiTWeightSource::random_weights(spec.seed_low));
     }
+    // Checkpoint weights stream from the files (cuda/load_gpu.h); the stores stay open while a
+    // deferred load (spec.loader) may still call their getters.
     for (Role r : spec.random_weights ? std::vector<Role>{} : expert_roles(ckpt, spec)) {
-      stores.push_back(open_weights(ckpt, r));
-      WeightStore* ws = stores.back().get();
-      sources.push_back(cuda::DiTWeightSource::from([ws](const std::string& name) { return ws->get_f32(name); }));
+      stores_.push_back(open_weights(ckpt, r));
+      WeightStore* ws = stores_.back().get();
+      cuda::DiTWeightSource src = cuda::DiTWeightSource::from([ws](const std::string& name) { return ws->get_f32(name); });
+      src.span = [ws](const std::string& name) { return ws->raw_span(name); };
+      src.loader = spec.loader;
+      src.group = spec.loader_group;
+      sources.push_back(std::move(src));
     }
     cuda::DiTGpu::Options opt;
     opt.device = device;
     opt.verbose = spec.verbose;
     opt.attention = cuda::DiTGpu::parse_attention(spec.attention);
+    opt.defer_arena = spec.loader != nullptr && !spec.random_weights;
     dit_ = std::make_unique<cuda::DiTGpu>(cuda::DiTGpu::create(ckpt.dit, sources, max_shape(spec), opt));
     high_index_ = spec.use_high ? 0 : -1;
     low_index_ = spec.use_low ? (spec.use_high ? 1 : 0) : -1;
@@ -128,6 +137,17 @@ class GpuDenoiser : public Denoiser {
     CUDA_CHECK(cudaStreamSynchronize(nullptr));
   }
 
+  void warm_up(const std::vector<std::pair<Expert, int>>& uses) override {
+    std::vector<std::pair<int, cuda::DiTShape>> u;
+    const Shape& ls = spec_.latent_shape;
+    for (const auto& [e, batch] : uses) {
+      const int expert = e == Expert::High ? high_index_ : low_index_;
+      if (expert >= 0) u.push_back({expert, cuda::DiTShape{batch, ls[1], ls[2], ls[3]}});
+    }
+    CUDA_CHECK(cudaSetDevice(device_));
+    dit_->warm_up(u);
+  }
+
   Tensor sync_sampling(Sampler& s) override {
     if (!spec_.fused_sampler) return Denoiser::sync_sampling(s);
     WAN_ASSERT(samp_ && samp_->index() == s.index(), "sync_sampling: the GPU sampler is at step ",
@@ -141,6 +161,7 @@ class GpuDenoiser : public Denoiser {
  private:
   DenoiserSpec spec_;
   int device_ = 0;
+  std::vector<std::unique_ptr<WeightStore>> stores_;  // the experts' (checkpoint weights)
   std::unique_ptr<cuda::DiTGpu> dit_;
   int high_index_ = -1, low_index_ = -1;
   std::vector<float> xb_;
@@ -176,8 +197,23 @@ void check_gpu_denoiser_impl(const CheckpointInfo& ckpt, const DenoiserSpec& spe
             " but only ", free_b >> 20, " MiB are free");
 }
 
+bool gpu_concurrent_load_fits_impl(const CheckpointInfo& ckpt, const DenoiserSpec& spec, size_t other_bytes) {
+  const int device = parse_device(spec.device);
+  if (device < 0 || device >= cuda::device_count()) return false;
+  const int experts = static_cast<int>(expert_roles(ckpt, spec).size());
+  const cuda::MemoryPlan plan = cuda::DiTGpu::plan(ckpt.dit, max_shape(spec), experts);
+  CUDA_CHECK(cudaSetDevice(device));
+  size_t free_b = 0, total_b = 0;
+  CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  const size_t need = plan.weight_bytes * static_cast<size_t>(experts) + plan.reserve_bytes + other_bytes +
+                      cuda::DeviceLoader::device_bytes(cuda::LoadOptions::tuned(device));
+  return need <= free_b;
+}
+
 std::unique_ptr<Denoiser> make_gpu_denoiser(const CheckpointInfo& ckpt, const DenoiserSpec& spec, int device) {
-  check_gpu_denoiser_impl(ckpt, spec, device);
+  // With a loader (fast start) the text encoder is resident now and the arena comes after it is
+  // freed: plan_generate checked both phases; DiTGpu::create checks the weights, warm_up the arena.
+  if (!spec.loader) check_gpu_denoiser_impl(ckpt, spec, device);
   return std::make_unique<GpuDenoiser>(ckpt, spec, device);
 }
 

@@ -425,13 +425,14 @@ TextEncoder random_text_encoder(const T5Config& c, uint64_t t5_seed, PromptToken
 
 #ifndef WAN_HAVE_CUDA
 std::unique_ptr<GpuTextEncoder> make_gpu_text_encoder(const CheckpointInfo&, const T5Config&, bool, uint64_t,
-                                                      PromptTokenizer, int device) {
+                                                      PromptTokenizer, int device, cuda::DeviceLoader*, int) {
   WAN_THROW("--device cuda:", device, ": this build of wan has no CUDA support (configure with a CUDA toolkit)");
 }
 size_t check_gpu_text_encoder(const T5Config&, const std::string& device) {
   WAN_THROW("--device ", device, ": this build of wan has no CUDA support (configure with a CUDA toolkit)");
 }
 int64_t gpu_memory_in_use(int) { return 0; }
+std::future<void> gpu_prewarm(int) { return {}; }
 Tensor gpu_vae_decode_tracked(const VaeConfig&, const VaeWeights&, const Tensor&, int device, int64_t*) {
   WAN_THROW("device ", device, ": this build of wan has no CUDA support");
 }

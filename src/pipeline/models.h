@@ -5,6 +5,7 @@
 // pipeline calls them while validating, before any heavy work); the loaders check every shape.
 #pragma once
 #include <cstdint>
+#include <future>
 #include <memory>
 #include <optional>
 #include <string>
@@ -18,6 +19,10 @@
 #include "vae/vae.h"
 
 namespace wan {
+
+namespace cuda {
+class DeviceLoader;  // cuda/load_gpu.h (CUDA builds)
+}
 
 // The official default negative prompt (spec §1.1), used whenever the negative prompt is empty.
 extern const char* const kDefaultNegativePrompt;
@@ -96,19 +101,27 @@ TextEncoder random_text_encoder(const T5Config& c, uint64_t t5_seed, PromptToken
 class GpuTextEncoder {
  public:
   virtual ~GpuTextEncoder() = default;
-  virtual Tensor encode(const std::string& prompt) = 0;  // [L, dim] f32 host
-  virtual size_t device_bytes() const = 0;              // weights on the device
+  virtual Tensor encode(const std::string& prompt) = 0;             // [L, dim] f32 host
+  virtual Tensor encode_ids(const std::vector<int32_t>& ids) = 0;   // same, from token ids
+  virtual size_t device_bytes() const = 0;                         // weights on the device
 };
-// Weights from the checkpoint's text encoder tensor by tensor (host memory: one tensor at a time), or
-// drawn on the GPU (random, with random_t5_seed(S) as the seed).
+// Weights streamed from the checkpoint's text encoder file (cuda/load_gpu.h: host memory is the
+// loader's staging ring), or drawn on the GPU (random, with random_t5_seed(S) as the seed). With
+// `loader` (not started) the checkpoint's weights are only added to it as completion group
+// `loader_group`: encode only after the caller has waited for that group.
 std::unique_ptr<GpuTextEncoder> make_gpu_text_encoder(const CheckpointInfo& info, const T5Config& c, bool random,
-                                                      uint64_t t5_seed, PromptTokenizer tokens, int device);
+                                                      uint64_t t5_seed, PromptTokenizer tokens, int device,
+                                                      cuda::DeviceLoader* loader = nullptr, int loader_group = 0);
 // Device bytes of the GPU text encoder: weights, the 512-token activation arena and its reserve
 // (cuda::T5EncoderGpu::device_bytes). Throws one clear wan::Error unless this build has CUDA, the
 // device exists and those bytes fit its free memory now.
 size_t check_gpu_text_encoder(const T5Config& c, const std::string& device);
 // Device memory in use (cudaMemGetInfo: total - free) on `device`; 0 without CUDA or device.
 int64_t gpu_memory_in_use(int device);
+// Starts creating the CUDA context of `device` on another thread, so that it overlaps reading the
+// checkpoint's headers and configs; the first CUDA call elsewhere waits for it, and so does the
+// returned future's destructor. Errors are left to the next CUDA call. Without CUDA: nothing to do.
+std::future<void> gpu_prewarm(int device);
 // The GPU VAE decode (as gpu_vae_decode) that also reports the device memory in use while the
 // decoder is alive (after its arena is allocated and after decoding) through *in_use_peak (max with
 // the value there).

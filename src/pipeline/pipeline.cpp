@@ -6,12 +6,17 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
 #include <filesystem>
+#include <future>
 #include <random>
 #include <sstream>
 
@@ -24,6 +29,7 @@
 #include "gen/weight_init.h"
 #include "pipeline/files.h"
 #include "pipeline/models.h"
+#include "pipeline/startup.h"
 
 namespace wan {
 namespace {
@@ -146,6 +152,7 @@ const char* stage_name(Stage s) {
     case Stage::Denoise: return "denoise";
     case Stage::LoadVae: return "load VAE";
     case Stage::Decode: return "VAE decode";
+    case Stage::WarmUp: return "warm-up";
   }
   return "?";
 }
@@ -160,6 +167,10 @@ Timings merge_timings(const Timings& a, const Timings& b) {
   t.denoise = a.denoise + b.denoise;
   t.load_vae = a.load_vae + b.load_vae;
   t.vae_decode = a.vae_decode + b.vae_decode;
+  t.warm_up = a.warm_up + b.warm_up;
+  // Overlapped loads: each process's wall time, or its parts when it loaded one after the other.
+  t.load_wall = a.load_wall > 0 || b.load_wall > 0 ? a.load() + b.load() : 0;
+  t.startup = a.startup > 0 ? a.startup : b.startup;  // the whole run's first step
   t.step_seconds = a.step_seconds;
   t.step_seconds.insert(t.step_seconds.end(), b.step_seconds.begin(), b.step_seconds.end());
   return t;
@@ -193,6 +204,32 @@ Tensor seeded_latents(const Shape& shape, uint64_t seed) {
   Tensor x = Tensor::f32(shape);
   philox_normal_fill(seed, 0, x.f32(), static_cast<size_t>(x.numel()));
   return x;
+}
+
+double process_age_seconds() {
+  std::FILE* f = std::fopen("/proc/self/stat", "r");
+  if (!f) return 0;
+  char buf[1024];
+  const size_t n = std::fread(buf, 1, sizeof buf - 1, f);
+  std::fclose(f);
+  buf[n] = 0;
+  // Field 22 (starttime, clock ticks since boot) counts from the last ')' (the command may hold spaces).
+  const char* q = std::strrchr(buf, ')');
+  if (!q) return 0;
+  unsigned long long start = 0;
+  int field = 2;
+  for (const char* c = q + 1; *c; ++c) {
+    if (*c != ' ') continue;
+    if (++field == 22) {
+      start = std::strtoull(c + 1, nullptr, 10);
+      break;
+    }
+  }
+  struct timespec now {};
+  const long hz = sysconf(_SC_CLK_TCK);
+  if (start == 0 || hz <= 0 || clock_gettime(CLOCK_BOOTTIME, &now) != 0) return 0;
+  const double age = static_cast<double>(now.tv_sec) + now.tv_nsec * 1e-9 - static_cast<double>(start) / hz;
+  return age > 0 ? age : 0;
 }
 
 int64_t peak_rss_bytes() {
@@ -282,6 +319,9 @@ GeneratePlan plan_generate(const GenerateOptions& o) {
             "--attention: expected auto, own or cudnn, got '", o.attention, "'");
   WAN_CHECK(on_gpu || o.attention == "auto", "--attention ", o.attention, " applies to --device cuda only");
   p.attention = o.attention;
+  // The CUDA context is created while the checkpoint is read (the future waits for it on return).
+  std::future<void> cuda_context;
+  if (on_gpu) cuda_context = gpu_prewarm(parse_device(o.device));
 
   // Weights: the checkpoint's, or random at the sizes of the checkpoint or of a configuration.
   p.random_weights = o.random_weights;
@@ -466,6 +506,10 @@ GeneratePlan plan_generate(const GenerateOptions& o) {
     if (p.keep_text_encoder) spec.other_device_bytes = static_cast<size_t>(p.t5_device_bytes);
     check_gpu_denoiser(p.ckpt, spec);
     if (o.decode) check_gpu_vae(p.vae, p.device);
+    // Fast start: the text encoder and the experts stream in together when both fit next to each other
+    // (the arena comes after the encoder is freed: check_gpu_denoiser above is that phase).
+    p.fast_start = !p.random_weights &&
+                   gpu_concurrent_load_fits(p.ckpt, spec, p.text_on_gpu ? static_cast<size_t>(p.t5_device_bytes) : 0);
     // Host: the VAE's f32 weights, plus one tensor at a time while uploading (the largest: the text
     // encoder's embedding table, converted per tensor on the GPU's side).
     p.host_weights_bytes = vae_f32_bytes(p.vae);
@@ -500,7 +544,10 @@ std::string GeneratePlan::describe() const {
     os << "device   " << device << " (" << (text_on_gpu ? "text encoder, " : "") << "DiT and VAE decode in bf16";
     os << "; attention " << (attention == "auto" ? "auto: own on sm_90, else cuDNN" : attention);
     if (text_on_gpu)
-      os << (keep_text_encoder ? "; text encoder resident next to the DiT" : "; text encoder freed before the DiT loads");
+      os << (keep_text_encoder ? "; text encoder resident next to the DiT"
+             : fast_start      ? "; text encoder freed before the DiT's activations"
+                               : "; text encoder freed before the DiT loads");
+    if (fast_start) os << "; weights streamed to the GPU together, warm-up during the load";
     os << ")\n";
   }
   os << "video    " << width << "x" << height << ", " << frames << " frames at " << fps << " fps; latents "
@@ -611,42 +658,90 @@ GenerateResult run_generate(const GeneratePlan& p, const RunHooks& hooks, bool d
     r.earlier_peak_rss_bytes = p.resume->peak_rss_bytes;
   }
 
-  // 1. Text: load the encoder only when a prompt must be encoded; release it before the DiT loads
-  // (on the GPU: unless --keep-text-encoder, then it lives next to the DiT until the denoising ends).
+  // The (expert, batch) forwards of the remaining steps: the GPU warm-up captures their graphs.
+  std::vector<std::pair<Expert, int>> uses;
+  for (size_t i = static_cast<size_t>(r.first_step); i < p.experts.steps.size(); ++i) {
+    const ExpertStep& es = p.experts.steps[i];
+    const std::pair<Expert, int> u{es.expert, es.guide != 1.0f ? 2 : 1};
+    if (std::find(uses.begin(), uses.end(), u) == uses.end()) uses.push_back(u);
+  }
+  const DenoiserSpec spec = denoiser_spec(p);
   Tensor cond = p.prompt_embeds, uncond = p.negative_embeds;
   std::unique_ptr<GpuTextEncoder> te_gpu;
-  if (p.needs_text_encoder) {
-    TextEncoder te;
-    std::function<Tensor(const std::string&)> encode;
-    {
-      StageTimer st(hooks, Stage::LoadTextEncoder);
-      PromptTokenizer tokens = load_prompt_tokenizer(&p.ckpt, p.t5.vocab, /*allow_stand_in=*/p.random_weights);
-      const uint64_t t5_seed = random_t5_seed(p.weights_seed);
-      if (gpu >= 0) {
-        te_gpu = make_gpu_text_encoder(p.ckpt, p.t5, p.random_weights, t5_seed, std::move(tokens), gpu);
-        encode = [&](const std::string& s) { return te_gpu->encode(s); };
-      } else {
-        te = p.random_weights ? random_text_encoder(p.t5, t5_seed, std::move(tokens)) : load_text_encoder(p.ckpt);
-        encode = [&](const std::string& s) { return encode_prompt(te, s); };
+  std::unique_ptr<Denoiser> dit_model;
+  // Fast start: the VAE's weights are read on a host thread meanwhile (seconds of the read returned).
+  std::future<std::pair<VaeWeights, double>> vae_read;
+  if (p.fast_start) {
+    // 1-3. Text encoder and experts stream in together; encoding and warm-up overlap the load.
+    if (decode && p.stop_after_steps == 0)
+      vae_read = std::async(std::launch::async, [&p] {
+        const auto t0 = Clock::now();
+        VaeWeights w = load_vae(p.ckpt, p.vae);
+        return std::make_pair(std::move(w), seconds_since(t0));
+      });
+    FastStart fs = gpu_fast_start(p, spec, uses, hooks);
+    cond = fs.cond;
+    uncond = fs.uncond;
+    te_gpu = std::move(fs.text);
+    dit_model = std::move(fs.dit);
+    tm.load_text_encoder = fs.load_text_encoder;
+    tm.text_encode = fs.text_encode;
+    tm.warm_up = fs.warm_up;
+    tm.load_dit = fs.load_wall;
+    tm.load_wall = fs.load_wall;
+    r.load_bytes = fs.bytes;
+    r.load_gb_per_s = fs.gb_per_s;
+    r.load_setup_s = fs.setup;
+    probe();
+  } else {
+    // 1. Text: load the encoder only when a prompt must be encoded; release it before the DiT loads
+    // (on the GPU: unless --keep-text-encoder, then it lives next to the DiT until the denoising ends).
+    if (p.needs_text_encoder) {
+      TextEncoder te;
+      std::function<Tensor(const std::string&)> encode;
+      {
+        StageTimer st(hooks, Stage::LoadTextEncoder);
+        PromptTokenizer tokens = load_prompt_tokenizer(&p.ckpt, p.t5.vocab, /*allow_stand_in=*/p.random_weights);
+        const uint64_t t5_seed = random_t5_seed(p.weights_seed);
+        if (gpu >= 0) {
+          te_gpu = make_gpu_text_encoder(p.ckpt, p.t5, p.random_weights, t5_seed, std::move(tokens), gpu);
+          encode = [&](const std::string& s) { return te_gpu->encode(s); };
+        } else {
+          te = p.random_weights ? random_text_encoder(p.t5, t5_seed, std::move(tokens)) : load_text_encoder(p.ckpt);
+          encode = [&](const std::string& s) { return encode_prompt(te, s); };
+        }
+        tm.load_text_encoder = st.end();
+        probe();
       }
-      tm.load_text_encoder = st.end();
+      const int n = (cond.defined() ? 0 : 1) + (uncond.defined() ? 0 : 1);
+      StageTimer st(hooks, Stage::EncodeText, n);
+      int done = 0;
+      if (!cond.defined()) {
+        cond = encode(p.prompt);
+        st.advance(++done, "prompt");
+      }
+      if (!uncond.defined()) {
+        check_cancel(hooks);
+        uncond = encode(p.negative_prompt);
+        st.advance(++done, "negative prompt");
+      }
+      tm.text_encode = st.end();
+      probe();
+      if (!p.keep_text_encoder) te_gpu.reset();  // frees its device memory before the DiT is created
+    }
+    // 3. Experts actually used by the schedule, on the CPU or streamed to the GPU, then (GPU) the warm-up.
+    {
+      StageTimer st(hooks, Stage::LoadDiT, (spec.use_high ? 1 : 0) + (spec.use_low ? 1 : 0));
+      dit_model = make_denoiser(p.ckpt, spec);
+      tm.load_dit = st.end();
       probe();
     }
-    const int n = (cond.defined() ? 0 : 1) + (uncond.defined() ? 0 : 1);
-    StageTimer st(hooks, Stage::EncodeText, n);
-    int done = 0;
-    if (!cond.defined()) {
-      cond = encode(p.prompt);
-      st.advance(++done, "prompt");
+    if (gpu >= 0) {
+      StageTimer st(hooks, Stage::WarmUp);
+      dit_model->warm_up(uses);
+      tm.warm_up = st.end();
+      probe();
     }
-    if (!uncond.defined()) {
-      check_cancel(hooks);
-      uncond = encode(p.negative_prompt);
-      st.advance(++done, "negative prompt");
-    }
-    tm.text_encode = st.end();
-    probe();
-    if (!p.keep_text_encoder) te_gpu.reset();  // frees its device memory before the DiT is created
   }
   WAN_ASSERT(cond.dim(1) == dit.text_dim && uncond.dim(1) == dit.text_dim, "text width");
 
@@ -656,16 +751,6 @@ GenerateResult run_generate(const GeneratePlan& p, const RunHooks& hooks, bool d
                                         : seeded_latents(p.latent_shape, p.seed);
 
   {
-    // 3. Experts actually used by the schedule, on the CPU or uploaded to the GPU.
-    std::unique_ptr<Denoiser> dit_model;
-    {
-      const DenoiserSpec spec = denoiser_spec(p);
-      StageTimer st(hooks, Stage::LoadDiT, (spec.use_high ? 1 : 0) + (spec.use_low ? 1 : 0));
-      dit_model = make_denoiser(p.ckpt, spec);
-      tm.load_dit = st.end();
-      probe();
-    }
-
     // 4. Sampling.
     Sampler sampler(p.sampler);
     WAN_ASSERT(sampler.timesteps() == p.schedule.timesteps, "schedule differs from the plan");
@@ -688,6 +773,7 @@ GenerateResult run_generate(const GeneratePlan& p, const RunHooks& hooks, bool d
     StageTimer st(hooks, Stage::Denoise, sampler.steps() - r.first_step);
     for (int i = r.first_step; i < sampler.steps(); ++i) {
       check_cancel(hooks);
+      if (i == r.first_step) tm.startup = process_age_seconds();
       const auto t0 = Clock::now();
       const ExpertStep& es = p.experts.steps[static_cast<size_t>(i)];
       const float t = static_cast<float>(sampler.timestep());
@@ -700,6 +786,7 @@ GenerateResult run_generate(const GeneratePlan& p, const RunHooks& hooks, bool d
     }
     x = dit_model->sync_sampling(sampler);
     tm.denoise = st.end();
+    dit_model.reset();  // frees the experts before the VAE decoder is built
   }
   r.latents = x;
   if (r.state) {  // paused: the state carries the text and the timings so far; no decode
@@ -714,9 +801,17 @@ GenerateResult run_generate(const GeneratePlan& p, const RunHooks& hooks, bool d
   }
   te_gpu.reset();
   if (decode) {
-    auto load = [&] { return p.random_weights ? random_vae_weights(p.vae, random_vae_seed(p.weights_seed))
-                                              : load_vae(p.ckpt, p.vae); };
+    double vae_read_s = -1;
+    auto load = [&] {
+      if (vae_read.valid()) {  // fast start: read meanwhile
+        auto [w, sec] = vae_read.get();
+        vae_read_s = sec;
+        return std::move(w);
+      }
+      return p.random_weights ? random_vae_weights(p.vae, random_vae_seed(p.weights_seed)) : load_vae(p.ckpt, p.vae);
+    };
     r.video = decode_with(load, p.vae, x, hooks, &tm, p.device, &r.peak_device_bytes);
+    if (vae_read_s >= 0) tm.load_vae = vae_read_s;  // the overlapped read, not the (near zero) wait for it
   }
   return r;
 }

@@ -20,6 +20,10 @@
 // or, with a model, from the checkpoint (whose tokenizer is then used; without one, stand-in tokens).
 // Devices: "cpu" runs everything in float32; "cuda[:i]" encodes the text on the GPU (the encoder is
 // freed before the DiT is created unless keep_text_encoder), runs the DiT and decodes on the GPU.
+// With checkpoint weights on the GPU, when the text encoder and the experts' weights fit together
+// (plan.fast_start), they stream in concurrently through one loader and the encoding and the DiT's
+// warm-up overlap the load (pipeline/startup.h); the encoder is then freed before the DiT's
+// activation arena is allocated. Weights always stream from the files (cuda/load_gpu.h).
 // Pausing and resuming: with stop_after_steps = N the run stops after step N and returns its RunState
 // (latents, sampler history, the encoded text, the plan's fingerprint, the timings so far) instead of
 // decoding; a plan with `resume` continues from such a state (its fingerprint must equal the plan's)
@@ -125,6 +129,9 @@ struct GeneratePlan {
   bool keep_text_encoder = false;          // ... which stays resident next to the DiT
   int64_t t5_device_bytes = 0;             // its device bytes (weights + activation headroom)
   int64_t host_weights_bytes = 0;          // cuda: host memory for weights at once (VAE + one tensor)
+  // cuda, checkpoint weights: the text encoder and both experts stream to the device concurrently
+  // through one loader (pipeline/startup.h) when they fit next to each other; else one after the other.
+  bool fast_start = false;
   // Pausing and resuming.
   int stop_after_steps = 0;
   std::string resume_file;
@@ -144,8 +151,8 @@ std::string plan_fingerprint(const GeneratePlan& p);
 std::string fingerprint_differences(const std::string& saved, const std::string& now);
 
 // ---- running ----
-enum class Stage { LoadTextEncoder, EncodeText, LoadDiT, Denoise, LoadVae, Decode };
-const char* stage_name(Stage s);  // "load text encoder", "encode text", ...
+enum class Stage { LoadTextEncoder, EncodeText, LoadDiT, Denoise, LoadVae, Decode, WarmUp };
+const char* stage_name(Stage s);  // "load text encoder", "encode text", ..., "warm-up"
 
 struct ProgressEvent {
   enum Kind { Begin, Advance, End } kind = Begin;
@@ -161,10 +168,17 @@ struct RunHooks {
   const std::atomic<bool>* cancel = nullptr;  // polled between units of work
 };
 
+// Seconds per stage. With the GPU fast start (GeneratePlan::fast_start) the loads overlap each other,
+// the text encoding and the warm-up: load_wall is then the load's wall time (start of the load to
+// every weight on the device), load_text_encoder / load_dit the times from that start until the text
+// encoder's / the experts' weights were resident, and load_vae the VAE read on a host thread meanwhile.
 struct Timings {
   double load_text_encoder = 0, text_encode = 0, load_dit = 0, denoise = 0, load_vae = 0, vae_decode = 0;
+  double warm_up = 0;    // GPU: plans and CUDA graph capture before the first step
+  double load_wall = 0;  // > 0: the overlapped load's wall time (see above)
+  double startup = 0;    // process start to the first denoising step (0: no step run)
   std::vector<double> step_seconds;
-  double load() const { return load_text_encoder + load_dit + load_vae; }
+  double load() const { return load_wall > 0 ? load_wall : load_text_encoder + load_dit + load_vae; }
   double mean_step() const;
 };
 // Field sums, step times concatenated (a then b): the timings of a run done in several processes.
@@ -193,6 +207,10 @@ struct GenerateResult {
   // Device memory in use (cudaMemGetInfo total - free) on the run's GPU: before the run, and the
   // largest value sampled at stage ends, after every step and while the VAE decoder is alive. 0 on CPU.
   int64_t device_bytes_at_start = 0, peak_device_bytes = 0;
+  // GPU fast start: bytes streamed from the checkpoint files and their rate over the load's wall time.
+  uint64_t load_bytes = 0;
+  double load_gb_per_s = 0;
+  double load_setup_s = 0;  // of the load's wall time: until the loader started (objects, allocations)
 };
 
 // decode = false stops after sampling (latents only).
@@ -214,5 +232,8 @@ Tensor seeded_latents(const Shape& shape, uint64_t seed);
 
 // Peak resident memory of this process so far (getrusage maxrss), bytes.
 int64_t peak_rss_bytes();
+// Seconds since this process started (Linux: /proc/self/stat start time vs CLOCK_BOOTTIME, 10 ms
+// resolution); 0 when unknown.
+double process_age_seconds();
 
 }  // namespace wan

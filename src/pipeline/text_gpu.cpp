@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <future>
 
 #include "core/error.h"
 #include "cuda/check.h"
@@ -21,24 +22,29 @@ namespace {
 
 class GpuT5 : public GpuTextEncoder {
  public:
-  GpuT5(const CheckpointInfo& info, const T5Config& c, bool random, uint64_t seed, PromptTokenizer tokens, int device)
+  GpuT5(const CheckpointInfo& info, const T5Config& c, bool random, uint64_t seed, PromptTokenizer tokens, int device,
+        cuda::DeviceLoader* loader, int group)
       : tokens_(std::move(tokens)), device_(device) {
     CUDA_CHECK(cudaSetDevice(device));
     cuda::T5WeightSource src;
-    std::unique_ptr<WeightStore> store;
     if (random) {
       src.random = true;
       src.seed = seed;
     } else {
-      WAN_WITH_CONTEXT("loading the text encoder", store = open_weights(info, Role::TextEncoder));
-      WeightStore* ws = store.get();
-      src.get = [ws](const std::string& name) { return ws->get(name); };  // as stored; converted per tensor
+      // Streamed from the file (tensors without a byte range: as stored, converted per tensor). The
+      // store stays open while a deferred load (loader) may still call the getter.
+      WAN_WITH_CONTEXT("loading the text encoder", store_ = open_weights(info, Role::TextEncoder));
+      WeightStore* ws = store_.get();
+      src.get = [ws](const std::string& name) { return ws->get(name); };
+      src.span = [ws](const std::string& name) { return ws->raw_span(name); };
+      src.loader = loader;
+      src.group = group;
     }
     WAN_WITH_CONTEXT("loading the text encoder on the GPU", t5_ = std::make_unique<cuda::T5EncoderGpu>(c, src, device));
   }
-  Tensor encode(const std::string& prompt) override {
+  Tensor encode(const std::string& prompt) override { return encode_ids(tokens_.ids(prompt)); }
+  Tensor encode_ids(const std::vector<int32_t>& ids) override {
     CUDA_CHECK(cudaSetDevice(device_));
-    const std::vector<int32_t> ids = tokens_.ids(prompt);
     return t5_->encode(ids.data(), static_cast<int64_t>(ids.size()));
   }
   size_t device_bytes() const override { return t5_->weight_bytes(); }
@@ -46,14 +52,16 @@ class GpuT5 : public GpuTextEncoder {
  private:
   PromptTokenizer tokens_;
   int device_;
+  std::unique_ptr<WeightStore> store_;
   std::unique_ptr<cuda::T5EncoderGpu> t5_;
 };
 
 }  // namespace
 
 std::unique_ptr<GpuTextEncoder> make_gpu_text_encoder(const CheckpointInfo& info, const T5Config& c, bool random,
-                                                      uint64_t t5_seed, PromptTokenizer tokens, int device) {
-  return std::make_unique<GpuT5>(info, c, random, t5_seed, std::move(tokens), device);
+                                                      uint64_t t5_seed, PromptTokenizer tokens, int device,
+                                                      cuda::DeviceLoader* loader, int loader_group) {
+  return std::make_unique<GpuT5>(info, c, random, t5_seed, std::move(tokens), device, loader, loader_group);
 }
 
 size_t check_gpu_text_encoder(const T5Config& c, const std::string& device) {
@@ -82,6 +90,13 @@ int64_t gpu_memory_in_use(int device) {
   cudaGetLastError();
   cudaSetDevice(prev);
   return used;
+}
+
+std::future<void> gpu_prewarm(int device) {
+  return std::async(std::launch::async, [device] {
+    if (cudaSetDevice(device) == cudaSuccess) cudaFree(nullptr);  // creates the context
+    cudaGetLastError();
+  });
 }
 
 Tensor gpu_vae_decode_tracked(const VaeConfig& vae, const VaeWeights& w, const Tensor& latents, int device,

@@ -352,6 +352,23 @@ TEST(StreamLoader, PlanChunksCoverInFileOrder) {
   EXPECT_EQ(plan.total_bytes(), 1200u + 14u + 64u);
 }
 
+TEST(StreamLoader, PriorityComesBeforeFileOrder) {
+  // A lower priority is read first whatever its file (the GPU loader reads the text encoder first).
+  LoadPlan plan;
+  plan.add("late", RawSpan{"/a.bin", 0, 4 * 64, DType::F32, Shape{64}}, 1);
+  plan.add("early", RawSpan{"/z.bin", 512, 4 * 64, DType::F32, Shape{64}}, 0);
+  plan.add("early2", RawSpan{"/z.bin", 0, 4 * 32, DType::F32, Shape{32}}, 0);
+  plan.add("last", RawSpan{"/b.bin", 0, 2 * 8, DType::BF16, Shape{8}}, 7);
+  std::vector<Chunk> ch = plan_chunks(plan, 128);
+  ASSERT_EQ(ch.size(), 1u + 2u + 2u + 1u);
+  EXPECT_EQ(ch[0].tensor, 2u);  // priority 0, /z.bin offset 0
+  EXPECT_EQ(ch[1].tensor, 1u);  // priority 0, /z.bin offset 512
+  EXPECT_EQ(ch[2].tensor, 1u);
+  EXPECT_EQ(ch[3].tensor, 0u);  // priority 1
+  EXPECT_EQ(ch[5].tensor, 3u);  // priority 7
+  EXPECT_EQ(ch[3].t->priority, 1);
+}
+
 TEST(StreamLoader, BadArgumentsAreErrors) {
   LoadPlan plan;
   auto buf = aligned_alloc_shared(1024);
