@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "cli/args.h"
+#include "cli/bench_common.h"
 #include "cli/commands.h"
 #include "config/config.h"
 #include "core/error.h"
@@ -119,14 +120,6 @@ std::vector<int> parse_layers(const std::string& s, int full) {
 }
 
 #ifdef WAN_HAVE_CUDA
-std::string utc_now() {
-  const std::time_t t = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char b[32];
-  std::strftime(b, sizeof b, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return b;
-}
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 // ANCHORS.md rates (H100, measured): FA3-class attention and cuBLAS bf16 GEMM; cuDNN SDPA.
@@ -139,6 +132,28 @@ struct Flops {
 Flops anchors_flops(const DiTConfig& c, int64_t batch, int64_t tokens, int layers) {
   const double L = static_cast<double>(tokens), D = c.dim, F = c.ffn_dim, n = static_cast<double>(batch) * layers;
   return {n * 4.0 * L * L * D, n * 2.0 * L * (6.0 * D * D + 2.0 * D * F)};
+}
+
+// The fields every `wan bench` JSON starts with (tool, commit, date, device, the run's geometry).
+void put_header(nlohmann::json& J, const cuda::BenchDevice& bd, const std::string& task, const Geometry& geo, int64_t batch,
+                bool graphs, const std::string& attention_used, const DiTConfig& full, int layers) {
+  const char* commit = std::getenv("WAN_COMMIT");
+  J["tool"] = "wan bench";
+  J["commit"] = commit ? commit : "unknown";
+  J["date"] = utc_now();
+  J["device"] = {{"name", bd.name}, {"sm_count", bd.sm_count}, {"memory_gib", bd.total_bytes / kGiB},
+                 {"driver", bd.driver_version}, {"runtime", bd.runtime_version}, {"cudnn", bd.cudnn_version},
+                 {"cublaslt", bd.cublaslt_version}};
+  J["task"] = task;
+  J["size"] = {geo.width, geo.height};
+  J["frames"] = geo.frames;
+  J["latent"] = {geo.T, geo.H, geo.W};
+  J["tokens_per_sample"] = geo.tokens;
+  J["batch"] = batch;
+  J["graphs"] = graphs;
+  J["attention"] = attention_used;
+  J["config"] = {{"dim", full.dim}, {"ffn_dim", full.ffn_dim}, {"heads", full.num_heads}, {"layers", layers},
+                 {"text_len", full.text_len}};
 }
 #endif  // WAN_HAVE_CUDA
 
@@ -244,23 +259,7 @@ int bench_parallel(const Args& args, const std::string& task, const DiTConfig& f
          step_s, method.c_str());
   const Flops fl = anchors_flops(full, batch, geo.tokens, target);
   printf("achieved: %.1f TFLOP/s per GPU over the step (ANCHORS FLOP count)\n", fl.total() / step_s / 1e12 / layout.world());
-  const char* commit = std::getenv("WAN_COMMIT");
-  J["tool"] = "wan bench";
-  J["commit"] = commit ? commit : "unknown";
-  J["date"] = utc_now();
-  J["device"] = {{"name", bd.name}, {"sm_count", bd.sm_count}, {"memory_gib", bd.total_bytes / kGiB},
-                 {"driver", bd.driver_version}, {"runtime", bd.runtime_version}, {"cudnn", bd.cudnn_version},
-                 {"cublaslt", bd.cublaslt_version}};
-  J["task"] = task;
-  J["size"] = {geo.width, geo.height};
-  J["frames"] = geo.frames;
-  J["latent"] = {geo.T, geo.H, geo.W};
-  J["tokens_per_sample"] = geo.tokens;
-  J["batch"] = batch;
-  J["graphs"] = graphs;
-  J["attention"] = attention_used;
-  J["config"] = {{"dim", full.dim}, {"ffn_dim", full.ffn_dim}, {"heads", full.num_heads}, {"layers", target},
-                 {"text_len", full.text_len}};
+  put_header(J, bd, task, geo, batch, graphs, attention_used, full, target);
   J["parallel"] = {{"gpus", layout.world()}, {"cfg", layout.cfg}, {"ulysses", layout.ulysses}, {"ring", layout.ring},
                    {"timing", "per layer count: the slowest rank's median of CUDA-event step times"}};
   nlohmann::json jruns = nlohmann::json::array();
@@ -338,28 +337,8 @@ int cmd_bench(int argc, char** argv) {
   const char* attention_used = attention == DiTGpu::Attention::Own ? "own" : "cudnn";
   const DiTShape shape{batch, geo.T, geo.H, geo.W};
   const int target_layers = full.num_layers;
-  const char* commit = std::getenv("WAN_COMMIT");
   nlohmann::json J;
-  J["tool"] = "wan bench";
-  J["commit"] = commit ? commit : "unknown";
-  J["date"] = utc_now();
-  J["device"] = {{"name", bd.name},
-                 {"sm_count", bd.sm_count},
-                 {"memory_gib", bd.total_bytes / kGiB},
-                 {"driver", bd.driver_version},
-                 {"runtime", bd.runtime_version},
-                 {"cudnn", bd.cudnn_version},
-                 {"cublaslt", bd.cublaslt_version}};
-  J["task"] = task;
-  J["size"] = {geo.width, geo.height};
-  J["frames"] = geo.frames;
-  J["latent"] = {geo.T, geo.H, geo.W};
-  J["tokens_per_sample"] = geo.tokens;
-  J["batch"] = batch;
-  J["graphs"] = graphs;
-  J["attention"] = attention_used;
-  J["config"] = {{"dim", full.dim}, {"ffn_dim", full.ffn_dim}, {"heads", full.num_heads}, {"layers", target_layers},
-                 {"text_len", full.text_len}};
+  put_header(J, bd, task, geo, batch, graphs, attention_used, full, target_layers);
 
   printf("wan bench: %s %lldx%lld, %lld frames -> latent %lldx%lldx%lld, %lld tokens/sample, batch %lld, "
          "dim %d, ffn %d, random weights (seed %lld)\n",

@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "cli/args.h"
+#include "cli/bench_common.h"
 #include "cli/commands.h"
 #include "core/dtype.h"
 #include "core/error.h"
@@ -116,14 +117,6 @@ double median_of(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-std::string utc_now() {
-  const std::time_t t = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char b[32];
-  std::strftime(b, sizeof b, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return b;
-}
 
 // A device allocation freed on scope exit (errors in the middle of a case must not leak gigabytes).
 template <typename T>

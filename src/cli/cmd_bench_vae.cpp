@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "cli/args.h"
+#include "cli/bench_common.h"
 #include "cli/commands.h"
 #include "config/config.h"
 #include "core/error.h"
@@ -66,14 +67,6 @@ void print_help() {
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
 #ifdef WAN_HAVE_CUDA
-std::string utc_now() {
-  const std::time_t t = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char b[32];
-  std::strftime(b, sizeof b, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return b;
-}
 
 size_t device_used() {
   size_t free_b = 0, total_b = 0;

@@ -724,22 +724,8 @@ void DiTGpu::forward(int expert, const DiTShape& shape, const DiTInputs& in, flo
   if (m.opt.use_graphs && m.warmed.count(key)) {
     auto it = m.graphs.find(key);
     if (it == m.graphs.end()) {
-      cudaGraph_t graph = nullptr;
-      CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-      try {
-        m.run_body(w, g, s);
-      } catch (...) {
-        cudaGraph_t broken = nullptr;
-        cudaStreamEndCapture(s, &broken);
-        if (broken) cudaGraphDestroy(broken);
-        throw;
-      }
-      CUDA_CHECK(cudaStreamEndCapture(s, &graph));
-      cudaGraphExec_t exec = nullptr;
-      const cudaError_t st = cudaGraphInstantiate(&exec, graph, 0);
-      cudaGraphDestroy(graph);
-      CUDA_CHECK(st);
-      it = m.graphs.emplace(key, exec).first;
+      m.capture(key, w, g, s);
+      it = m.graphs.find(key);
     }
     CUDA_CHECK(cudaGraphLaunch(it->second, s));
   } else {
