@@ -9,7 +9,7 @@
 # like for like; raw per-depth timings are kept in the JSON.
 #
 # Usage: WAN_COMMIT=<sha> bench/run_dist_bench.sh [full|quick]
-#   full  (default) 480p and 720p        quick  480p only
+#   full  (default) 480p and 720p        quick  480p only        720p  720p only
 # Environment: WAN_DIST_GPUS (GPU count, default: all visible), WAN_DIST_KIND (label, default from the GPU
 # name and count, e.g. nvidia-h200-x2), WAN_DIST_LAYERS_480 (default 2,6), WAN_DIST_LAYERS_720 (default
 # 1,3), WAN_DIST_STEPS (timed forwards per depth, default 5 at 480p, 3 at 720p), WAN_BENCH_BUDGET_S
@@ -67,8 +67,7 @@ run() {  # name, seconds it needs, then wan bench options
   timeout --signal=KILL "$(left)" "$WAN" bench "$@" --json "$WORK/$name.json" || echo "run $name FAILED ($?)"
 }
 
-SIZES=(480p)
-[ "$MODE" = quick ] || SIZES+=(720p)
+case $MODE in quick) SIZES=(480p) ;; 720p) SIZES=(720p) ;; *) SIZES=(480p 720p) ;; esac
 for res in "${SIZES[@]}"; do
   if [ "$res" = 480p ]; then size=832x480; layers=${WAN_DIST_LAYERS_480:-2,6}; steps=${WAN_DIST_STEPS:-5}; need=60
   else size=1280x720; layers=${WAN_DIST_LAYERS_720:-1,3}; steps=${WAN_DIST_STEPS:-3}; need=90; fi

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Device loop of the multi-GPU work (issue 5): builds the parallel DiT test and `wan` (sm_90a only) in
-# build-dist, runs tests/gpu/test_dist_dit.cu, then optionally bench/run_dist_bench.sh with that `wan`.
-# Needs .carry (nlohmann json prefix, googletest source). Usage: scripts/dev_dist.sh [test|bench MODE|all MODE]
+# Device loop of the multi-GPU work (issue 5): builds the GPU tests named in WAN_DIST_TESTS (default: the
+# parallel DiT test) and `wan` (sm_90a only) in build-dist, runs each test binary (a 300 s limit each), then
+# optionally bench/run_dist_bench.sh with that `wan`.
+# Needs .carry (nlohmann json prefix, googletest source).
+# Usage: [WAN_DIST_TESTS="gpu_test_dist_dit gpu_test_..."] scripts/dev_dist.sh [test|bench MODE|all MODE]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0 PATH=/usr/local/cuda/bin:$PATH
@@ -26,10 +28,15 @@ cmake -S . -B build-dist -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHIT
   -DCMAKE_PREFIX_PATH="$PWD/.carry/prefix;/tmp/gtest-install" "${NCCL_ARGS[@]}" >"$OUTDIR/configure.log" 2>&1 ||
   { tail -30 "$OUTDIR/configure.log"; exit 1; }
 grep "wan: NCCL" "$OUTDIR/configure.log"
-cmake --build build-dist -j 32 --target gpu_test_dist_dit wan >"$OUTDIR/build.log" 2>&1 || { grep -E "error|FAILED" "$OUTDIR/build.log" | head -40; exit 1; }
+TESTS=${WAN_DIST_TESTS:-gpu_test_dist_dit}
+# shellcheck disable=SC2086
+cmake --build build-dist -j "$(nproc)" --target $TESTS wan >"$OUTDIR/build.log" 2>&1 || { grep -E "error|FAILED" "$OUTDIR/build.log" | head -40; exit 1; }
 echo "built"
 if [ "$WHAT" = test ] || [ "$WHAT" = all ]; then
-  timeout 300 ./build-dist/tests/gpu_test_dist_dit 2>&1 | tee "$OUTDIR/test_dist_dit.log" | grep -vE "^\[ *(RUN|OK) "
+  for t in $TESTS; do
+    echo "== $t"
+    timeout 300 "./build-dist/tests/$t" 2>&1 | tee "$OUTDIR/$t.log" | grep -vE "^\[ *(RUN|OK) "
+  done
 fi
 if [ "$WHAT" = bench ] || [ "$WHAT" = all ]; then
   WAN_BIN=build-dist/wan bench/run_dist_bench.sh "${2:-quick}"
