@@ -7,6 +7,9 @@
 // timings) instead of a video; --resume continues it. The summary reports the load / encode /
 // denoise / decode seconds, s/step, the peak device memory in use and the peak host RSS, also for
 // the whole run when it was resumed. Exit codes: 0, 2 bad input, 1 internal error, 130 interrupted.
+// Several GPUs (--gpus N | --devices 0,1,... [--cfg-parallel] [--ulysses U] [--ring R], or one process per
+// GPU started by mpirun / srun / WAN_RANK): pipeline/generate_parallel.h runs the ranks; only rank 0's
+// process writes the outputs and prints the summary (with every rank's load figures).
 #include <chrono>
 #include <cstdio>
 #include <string>
@@ -18,6 +21,7 @@
 #include "cli/progress.h"
 #include "pipeline/denoiser.h"
 #include "pipeline/files.h"
+#include "pipeline/generate_parallel.h"
 #include "pipeline/pipeline.h"
 #include "video/video.h"
 
@@ -60,6 +64,13 @@ void print_help() {
       "  --verbose                 print the GPU memory plan\n"
       "  --attention K             GPU attention kernel: auto (default: the engine's own on sm_90, cuDNN\n"
       "                            elsewhere) | own | cudnn\n"
+      "  --gpus N | --devices 0,1,...  run on several GPUs (one rank per GPU; implies --device cuda). Also\n"
+      "                            one process per GPU started by mpirun / srun / WAN_RANK + WAN_WORLD_SIZE\n"
+      "                            (+ WAN_MASTER_ADDR, WAN_MASTER_PORT). The text encoder and the VAE decode\n"
+      "                            run on rank 0; each rank loads 1/N of the DiT weights and broadcasts them\n"
+      "  --cfg-parallel            cond and uncond on two halves of the GPUs (every step guided)\n"
+      "  --ulysses U               all-to-all sequence parallel over U GPUs (U divides the heads)\n"
+      "  --ring R                  ring attention over R GPUs. cfg x U x R = the GPUs; none given: automatic\n"
       "  --output FILE             .mp4 | .y4m | .png (PNG: one file per frame, name_00000.png, ...)\n"
       "                            (default output.mp4, or output.y4m in a build without FFmpeg)\n"
       "  --prompt-embeds FILE      prompt embeddings instead of --prompt (see below)\n"
@@ -100,8 +111,8 @@ int cmd_generate(int argc, char** argv) {
          {"model", "prompt", "negative-prompt", "task", "size", "frames", "steps", "shift", "guide-scale", "sampler",
           "schedule", "seed", "device", "output", "prompt-embeds", "negative-prompt-embeds", "init-latents",
           "save-latents", "timings-json", "weights", "weights-seed", "config", "layers", "save-state",
-          "stop-after-steps", "resume", "attention"},
-         {"quiet", "help", "verbose", "keep-text-encoder"});
+          "stop-after-steps", "resume", "attention", "gpus", "devices", "ulysses", "ring"},
+         {"quiet", "help", "verbose", "keep-text-encoder", "cfg-parallel"});
   if (a.flag("help")) {
     print_help();
     return 0;
@@ -165,6 +176,15 @@ int cmd_generate(int argc, char** argv) {
   WAN_CHECK(save_state.empty() == (o.stop_after_steps == 0),
             "--save-state FILE and --stop-after-steps N go together (the state after step N is written to FILE)");
   const bool stopping = o.stop_after_steps > 0;
+  // Several GPUs: checked (flags, layout products) before anything else; sets o.device.
+  ParallelArgs pa;
+  pa.gpus = a.get_or("gpus", "");
+  pa.devices = a.get_or("devices", "");
+  pa.cfg = a.flag("cfg-parallel");
+  pa.ulysses = a.get("ulysses");
+  pa.ring = a.get("ring");
+  pa.device = a.get("device");
+  const ParallelRequest par = parse_parallel_request(pa, &o);
 
   // Outputs: checked before any heavy work.
   const std::string output = a.get_or("output", video_have_ffmpeg() ? "output.mp4" : "output.y4m");
@@ -191,23 +211,35 @@ int cmd_generate(int argc, char** argv) {
               "--timings-json names the same file as another output");
   }
 
-  const GeneratePlan plan = plan_generate(o);
-  const double plan_done_at = process_age_seconds();  // process start -> plan checked (start-up breakdown)
-  if (!quiet) fprintf(stderr, "%s", plan.describe().c_str());
-
   ProgressPrinter printer = ProgressPrinter::for_stderr(quiet);
   InterruptGuard interrupt;
   RunHooks hooks;
   hooks.progress = [&](const ProgressEvent& e) { printer(e); };
   hooks.cancel = &interrupt.flag();
+  GeneratePlan single;  // one device
+  ParallelRun prun;     // several GPUs
+  double plan_done_at = 0;  // process start -> plan checked (start-up breakdown)
   GenerateResult res;
   try {
-    res = run_generate(plan, hooks);
+    if (par.active()) {
+      prun = run_generate_parallel(o, par, hooks, true, [&](const GeneratePlan& p, const dist::Layout& l) {
+        plan_done_at = process_age_seconds();
+        if (!quiet) fprintf(stderr, "%s%s", p.describe().c_str(), describe_parallel(par, l, p.random_weights).c_str());
+      });
+      if (!prun.output_rank) return 0;  // rank 0's process writes the outputs
+      res = std::move(prun.result);
+    } else {
+      single = plan_generate(o);
+      plan_done_at = process_age_seconds();
+      if (!quiet) fprintf(stderr, "%s", single.describe().c_str());
+      res = run_generate(single, hooks);
+    }
   } catch (const Cancelled&) {
     printer.finish_line();
     fprintf(stderr, "interrupted: nothing written\n");
     return kExitInterrupted;
   }
+  const GeneratePlan& plan = par.active() ? prun.plan : single;
 
   // Outputs, all or nothing.
   PendingOutputs pending;
@@ -288,6 +320,20 @@ int cmd_generate(int argc, char** argv) {
     j["last_step"] = res.first_step + static_cast<int>(res.timings.step_seconds.size());
     if (res.state) j["state"] = save_state;
     if (plan.resume) j["resumed_from"] = plan.resume_file;
+    if (par.active()) {
+      nlohmann::ordered_json pj, ranks = nlohmann::ordered_json::array();
+      pj["gpus"] = par.world;
+      pj["launch"] = par.where();
+      pj["cfg"] = prun.layout.cfg;
+      pj["ulysses"] = prun.layout.ulysses;
+      pj["ring"] = prun.layout.ring;
+      for (const ParallelRankStats& k : prun.ranks)
+        ranks.push_back({{"rank", k.rank}, {"device", k.device}, {"load_bytes", k.load_bytes},
+                         {"load_tensors", k.load_tensors}, {"load_s", k.load_s}, {"broadcast_s", k.broadcast_s},
+                         {"dit_ready_s", k.dit_s}, {"peak_device_bytes", k.peak_device_bytes}});
+      pj["ranks"] = ranks;
+      j["parallel"] = pj;
+    }
     nlohmann::ordered_json w;
     w["load_text_encoder_s"] = whole.load_text_encoder;
     w["text_encode_s"] = whole.text_encode;
@@ -321,8 +367,9 @@ int cmd_generate(int argc, char** argv) {
     if (!timings_json.empty()) printf("wrote %s\n", timings_json.c_str());
     printf("%s", format_summary(rep).c_str());
     if (res.load_bytes > 0)
-      printf("weights streamed to the GPU: %.2f GB at %.2f GB/s\n", static_cast<double>(res.load_bytes) / 1e9,
-             res.load_gb_per_s);
+      printf("weights streamed to the GPU%s: %.2f GB at %.2f GB/s\n", par.active() ? "s (all ranks, slowest share)" : "",
+             static_cast<double>(res.load_bytes) / 1e9, res.load_gb_per_s);
+    if (par.active()) printf("%s", prun.describe().c_str());
     if (parse_device(plan.device) >= 0)
       printf("peak device memory %.2f GiB in use (cudaMemGetInfo at stage ends and steps; %.2f GiB before the run)\n",
              static_cast<double>(res.peak_device_bytes) / gib, static_cast<double>(res.device_bytes_at_start) / gib);

@@ -676,7 +676,9 @@ DiTGpu DiTGpu::create(const DiTConfig& cfg, const std::vector<DiTWeightSource>& 
     void* w = nullptr;
     CUDA_CHECK(cudaMalloc(&w, im->table.bytes));
     im->weights.push_back(w);
-    if (experts[i].random) {
+    if (experts[i].external) {
+      // filled by the caller (weight_allocation)
+    } else if (experts[i].random) {
       const size_t scratch = p.get("big").bytes / 4;  // free until the first forward
       WAN_ASSERT(dit_gpu_detail::max_small_floats(im->table) <= scratch, "random weight scratch");
       dit_gpu_detail::draw_random_weights(im->table, w, experts[i].seed, reinterpret_cast<float*>(im->big), scratch,
@@ -770,6 +772,14 @@ Tensor DiTGpu::download_weight(int expert, const std::string& official_name) con
   CUDA_CHECK(cudaSetDevice(m.opt.device));
   CUDA_CHECK(cudaStreamSynchronize(m.stream));
   return dit_gpu_detail::download_weight(m.table, m.weights[static_cast<size_t>(expert)], official_name);
+}
+
+void* DiTGpu::weight_allocation(int expert, size_t* bytes) const {
+  const Impl& m = *impl_;
+  WAN_CHECK(expert >= 0 && expert < static_cast<int>(m.weights.size()), "DiT GPU: expert ", expert, " of ",
+            m.weights.size());
+  if (bytes) *bytes = m.table.bytes;
+  return m.weights[static_cast<size_t>(expert)];
 }
 
 }  // namespace wan::cuda

@@ -74,6 +74,9 @@ struct DiTWeightSource {
   DiTWeightSpan span;
   DeviceLoader* loader = nullptr;
   int group = 0;
+  // Issue 5 (sharded load, pipeline/generate_parallel.h): create() allocates the expert but leaves it
+  // unfilled; the caller writes it through weight_allocation() before the first forward.
+  bool external = false;
   static DiTWeightSource from(DiTWeightGetter g) {
     DiTWeightSource s;
     s.get = std::move(g);
@@ -216,6 +219,9 @@ class DiTGpu {
   // A copy of one weight as stored on the device, converted to an F32 host tensor with its official
   // shape (for CPU references of random-weight models).
   Tensor download_weight(int expert, const std::string& official_name) const;
+  // Expert `expert`'s weight allocation (laid out as dit_gpu_weights.h's WeightTable) and its size in
+  // *bytes: for filling an external source and for collectives over the weights (issue 5).
+  void* weight_allocation(int expert, size_t* bytes = nullptr) const;
 
   struct Impl;
 

@@ -500,15 +500,15 @@ GeneratePlan plan_generate(const GenerateOptions& o) {
   p.weights_peak_bytes = std::max(experts_used * dit_f32_bytes(dit), p.needs_text_encoder ? t5_f32_bytes(p.t5) : 0);
   if (on_gpu) {
     p.text_on_gpu = p.needs_text_encoder;
-    if (p.text_on_gpu) p.t5_device_bytes = static_cast<int64_t>(check_gpu_text_encoder(p.t5, p.device));
+    if (p.text_on_gpu && !o.parallel) p.t5_device_bytes = static_cast<int64_t>(check_gpu_text_encoder(p.t5, p.device));
     p.keep_text_encoder = o.keep_text_encoder && p.text_on_gpu;
     DenoiserSpec spec = denoiser_spec(p);
     if (p.keep_text_encoder) spec.other_device_bytes = static_cast<size_t>(p.t5_device_bytes);
-    check_gpu_denoiser(p.ckpt, spec);
+    if (!o.parallel) check_gpu_denoiser(p.ckpt, spec);
     if (o.decode) check_gpu_vae(p.vae, p.device);
     // Fast start: the text encoder and the experts stream in together when both fit next to each other
     // (the arena comes after the encoder is freed: check_gpu_denoiser above is that phase).
-    p.fast_start = !p.random_weights &&
+    p.fast_start = !o.parallel && !p.random_weights &&
                    gpu_concurrent_load_fits(p.ckpt, spec, p.text_on_gpu ? static_cast<size_t>(p.t5_device_bytes) : 0);
     // Host: the VAE's f32 weights, plus one tensor at a time while uploading (the largest: the text
     // encoder's embedding table, converted per tensor on the GPU's side).

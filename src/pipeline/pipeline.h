@@ -22,8 +22,9 @@
 // freed before the DiT is created unless keep_text_encoder), runs the DiT and decodes on the GPU.
 // With checkpoint weights on the GPU, when the text encoder and the experts' weights fit together
 // (plan.fast_start), they stream in concurrently through one loader and the encoding and the DiT's
-// warm-up overlap the load (pipeline/startup.h); the encoder is then freed before the DiT's
-// activation arena is allocated. Weights always stream from the files (cuda/load_gpu.h).
+// warm-up overlap the load (pipeline/startup.h; the warm-up also overlaps the encoding when the DiT's
+// activation arena fits beside the encoder, else the encoder is freed first). Weights always stream
+// from the files (cuda/load_gpu.h).
 // Pausing and resuming: with stop_after_steps = N the run stops after step N and returns its RunState
 // (latents, sampler history, the encoded text, the plan's fingerprint, the timings so far) instead of
 // decoding; a plan with `resume` continues from such a state (its fingerprint must equal the plan's)
@@ -84,6 +85,9 @@ struct GenerateOptions {
   bool keep_text_encoder = false;          // cuda: keep the GPU text encoder resident next to the DiT
   std::string resume_file;                 // continue the run saved in this state file
   int stop_after_steps = 0;                // > 0: stop after this step and return the state (no decode)
+  // One plan for every rank of a multi-GPU run (pipeline/generate_parallel.h): the device fits of the
+  // text encoder and of the DiT depend on the rank and the layout and are checked there, not here.
+  bool parallel = false;
 };
 
 // Parses "1280x720" or "1280*720" (width first); throws wan::Error otherwise.

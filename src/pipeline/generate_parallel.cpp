@@ -1,0 +1,694 @@
+// Multi-GPU `wan generate` (see generate_parallel.h): option checks and shard arithmetic (host only, every
+// build), then the rank code (CUDA + NCCL builds): text on rank 0 and its broadcast, the DiT with the
+// sharded load, the replicated sampler, the decode on rank 0.
+#include "pipeline/generate_parallel.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <future>
+
+#include "core/error.h"
+#include "pipeline/denoiser.h"
+#include "pipeline/models.h"
+#include "sampler/sampler.h"
+
+#ifdef WAN_HAVE_CUDA
+#include "cuda/rng.h"  // device_count
+#endif
+#ifdef WAN_HAVE_NCCL
+#include <cuda_runtime.h>
+
+#include "ckpt/layout.h"
+#include "cuda/check.h"
+#include "cuda/dit_gpu_weights.h"
+#include "cuda/load_gpu.h"
+#include "cuda/sampler_gpu.h"
+#include "dist/comm.h"
+#include "dist/parallel_groups.h"
+#endif
+
+namespace wan {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+int parse_degree(const std::optional<std::string>& v, const char* opt) {
+  if (!v) return 0;
+  const std::string& s = *v;
+  WAN_CHECK(!s.empty() && s.size() <= 4 && s.find_first_not_of("0123456789") == std::string::npos, opt, ": '", s,
+            "' is not a positive integer");
+  const int d = std::stoi(s);
+  WAN_CHECK(d >= 1, opt, ": '", s, "' is not a positive integer");
+  return d;
+}
+
+std::string join(const std::vector<int>& v) {
+  std::string s;
+  for (int x : v) s += cat(s.empty() ? "" : ",", x);
+  return s;
+}
+
+std::string human_gb(double bytes) {
+  char buf[32];
+  snprintf(buf, sizeof buf, "%.2f GB", bytes / 1e9);
+  return buf;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------------
+// Options
+
+std::string ParallelRequest::where() const {
+  if (launcher) return cat("one process per rank, ", launcher_name, " launcher environment");
+  return cat("in-process, devices ", join(launch.devices));
+}
+
+ParallelRequest parse_parallel_request(const ParallelArgs& a, GenerateOptions* o, const dist::EnvLookup& env_in,
+                                       int visible_gpus) {
+  WAN_ASSERT(o != nullptr, "parse_parallel_request without options");
+  ParallelRequest r;
+  r.cfg = a.cfg;
+  r.ulysses = parse_degree(a.ulysses, "--ulysses");
+  r.ring = parse_degree(a.ring, "--ring");
+  r.launch = dist::parse_launch_options(a.gpus, a.devices);
+  const bool listed = !a.gpus.empty() || !a.devices.empty();
+  const dist::EnvLookup env = env_in ? env_in : dist::EnvLookup([](const char* n) { return std::getenv(n); });
+  const std::optional<dist::LauncherEnv> le = dist::parse_launcher_env(env);
+  if (le && le->world > 1) {
+    r.launcher = true;
+    r.launcher_name = le->source;
+    r.rank = le->rank;
+    r.world = le->world;
+  } else {
+    r.world = listed ? static_cast<int>(r.launch.devices.size()) : 1;
+  }
+  const std::string listed_as = !a.gpus.empty() ? cat("--gpus ", a.gpus) : cat("--devices ", a.devices);
+  // dist::launch follows a launcher's environment even for one rank: it would not start threads.
+  WAN_CHECK(!(le && le->world == 1 && r.world > 1), listed_as, ": this process was started as the only rank of a ",
+            le ? le->source : "", " launch (world size 1); drop the launcher's variables to use several GPUs in one "
+            "process, or start one process per GPU");
+  const std::string dev = a.device.value_or("");
+  if (!dev.empty()) (void)parse_device(dev);  // a malformed --device is its own error
+  const bool layout_given = r.cfg || a.ulysses || a.ring;
+
+  // Where the run goes.
+  if (dev == "cpu" && (r.world > 1 || listed || layout_given)) {
+    const std::string why = r.launcher ? cat("started as rank ", r.rank, " of ", r.world, " by ", r.launcher_name)
+                            : listed   ? listed_as
+                                       : std::string("--cfg-parallel / --ulysses / --ring");
+    WAN_THROW("--device cpu cannot run on several GPUs (", why, "); drop --device cpu or use --device cuda");
+  }
+  if (dev.rfind("cuda:", 0) == 0) {
+    WAN_CHECK(!listed, "--device ", dev, " and ", listed_as, " both choose the GPUs: give --devices alone (e.g. --devices ",
+              dev.substr(5), ",...)");
+    WAN_CHECK(!r.launcher, "--device ", dev, ": with one process per GPU (", r.launcher_name,
+              " launcher) each rank's GPU follows its local rank; map local ranks to GPUs with --devices");
+  }
+  if (r.world <= 1) {
+    WAN_CHECK(!(r.cfg || r.ulysses > 1 || r.ring > 1), "--cfg-parallel / --ulysses / --ring split a run over several ",
+              "GPUs, but ", listed ? cat(listed_as, " gives one") : std::string("none were given"),
+              ": add --gpus N or --devices 0,1,... (or start one process per GPU with mpirun, srun or WAN_RANK)");
+    if (listed) {  // --gpus 1 / --devices d: the single-GPU run on that device
+      r.device = r.launch.devices[0];
+      o->device = cat("cuda:", r.device);
+    }
+    return r;
+  }
+
+  // Several GPUs: what the layout's products allow (the heads and CFG are checked with the plan).
+  const int c = r.cfg ? 2 : 1;
+  WAN_CHECK(!r.cfg || r.world % 2 == 0, "--cfg-parallel needs an even number of GPUs, got ", r.world);
+  const int rem = r.world / c;
+  const char* per = r.cfg ? " GPUs per CFG half" : " GPUs";
+  if (r.ulysses > 0 && r.ring > 0) {
+    WAN_CHECK(c * r.ulysses * r.ring == r.world, "parallel layout ", dist::describe(dist::Layout{c, r.ulysses, r.ring}),
+              " needs ", c * r.ulysses * r.ring, " GPUs, but ", r.world, " are used");
+  } else if (r.ulysses > 0) {
+    WAN_CHECK(rem % r.ulysses == 0, "--ulysses ", r.ulysses, " does not divide the ", rem, per);
+  } else if (r.ring > 0) {
+    WAN_CHECK(rem % r.ring == 0, "--ring ", r.ring, " does not divide the ", rem, per);
+  }
+  WAN_CHECK(o->resume_file.empty() && o->stop_after_steps == 0,
+            "--resume / --save-state / --stop-after-steps: not supported on several GPUs yet (pause and resume on one GPU)");
+  WAN_CHECK(!o->keep_text_encoder, "--keep-text-encoder: not with several GPUs (the text encoder runs once on rank 0 ",
+            "and is freed before its DiT loads)");
+
+  // This process's first GPU, as dist::launch decides it.
+  if (!r.launcher) {
+    r.device = r.launch.devices[0];
+  } else if (!r.launch.devices.empty()) {
+    WAN_CHECK(le->local_rank < static_cast<int>(r.launch.devices.size()), "local rank ", le->local_rank,
+              " has no device in ", listed_as, " (", r.launch.devices.size(), " given)");
+    r.device = r.launch.devices[static_cast<size_t>(le->local_rank)];
+  } else {
+    int visible = visible_gpus;
+#ifdef WAN_HAVE_CUDA
+    if (visible < 0) visible = cuda::device_count();
+#endif
+    r.device = visible == 1 ? 0 : le->local_rank;
+  }
+  o->device = cat("cuda:", r.device);
+  o->parallel = true;
+  return r;
+}
+
+dist::Layout resolve_parallel_layout(const ParallelRequest& r, const GeneratePlan& p) {
+  bool every_step_guided = true;
+  for (const ExpertStep& s : p.experts.steps) every_step_guided = every_step_guided && s.guide != 1.0f;
+  WAN_CHECK(!r.cfg || every_step_guided, "--cfg-parallel needs classifier-free guidance on every step (guide scales ",
+            p.guide_low, ",", p.guide_high, "; a scale of 1 runs the conditional half alone)");
+  return dist::resolve_layout(r.world, p.ckpt.dit.num_heads, r.cfg, r.ulysses, r.ring, every_step_guided);
+}
+
+std::vector<std::pair<size_t, size_t>> shard_ranges(const std::vector<std::pair<size_t, size_t>>& tensors, size_t total,
+                                                    int world) {
+  WAN_ASSERT(world >= 1, "shard_ranges: world ", world);
+  std::vector<size_t> cut(static_cast<size_t>(world) + 1, total);
+  cut[0] = 0;
+  int next = 1;  // the next cut to place
+  size_t prev_end = 0;
+  for (const auto& [off, bytes] : tensors) {
+    WAN_ASSERT(off >= prev_end && off + bytes <= total, "shard_ranges: tensor at ", off, " (", bytes,
+               " bytes) overlaps the previous one or passes the end ", total);
+    prev_end = off + bytes;
+    const long double mid = static_cast<long double>(off) + static_cast<long double>(bytes) / 2;
+    const int owner = std::min(world - 1, static_cast<int>(mid * world / static_cast<long double>(total)));
+    while (next <= owner) cut[static_cast<size_t>(next++)] = off;
+  }
+  std::vector<std::pair<size_t, size_t>> ranges;
+  for (int r = 0; r < world; ++r) ranges.emplace_back(cut[static_cast<size_t>(r)], cut[static_cast<size_t>(r) + 1]);
+  return ranges;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Descriptions
+
+std::string describe_parallel(const ParallelRequest& r, const dist::Layout& l, bool random_weights) {
+  return cat("gpus     ", r.world, " (", r.where(), "): ", dist::describe(l),
+             "; text encoding and VAE decode on rank 0; ",
+             random_weights ? "random weights drawn on every rank"
+                            : cat("each rank streams 1/", r.world, " of the DiT weights, then every share is broadcast"),
+             "\n");
+}
+
+std::string ParallelRun::describe() const {
+  std::string s;
+  for (const ParallelRankStats& k : ranks) {
+    s += cat("rank ", k.rank, " (cuda:", k.device, "): ");
+    if (k.load_tensors > 0 || k.load_bytes > 0) {
+      char buf[160];
+      snprintf(buf, sizeof buf, "streamed %s (%d tensors) in %.2f s, broadcasts %.2f s, DiT ready after %.2f s",
+               human_gb(static_cast<double>(k.load_bytes)).c_str(), k.load_tensors, k.load_s, k.broadcast_s, k.dit_s);
+      s += buf;
+    } else {
+      char buf[96];
+      snprintf(buf, sizeof buf, "DiT ready after %.2f s (%s)", k.dit_s,
+               plan.random_weights ? "random weights drawn" : "no share of the weights");
+      s += buf;
+    }
+    char buf[64];
+    snprintf(buf, sizeof buf, "; peak device memory %.2f GiB\n",
+             static_cast<double>(k.peak_device_bytes) / (1024.0 * 1024.0 * 1024.0));
+    s += buf;
+  }
+  return s;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Rank code (CUDA + NCCL)
+
+#ifdef WAN_HAVE_NCCL
+
+namespace {
+
+bool uses(const ExpertSchedule& es, Expert e) {
+  for (const ExpertStep& s : es.steps)
+    if (s.expert == e) return true;
+  return false;
+}
+
+// The checkpoint roles of the experts the schedule uses, high-noise first (as the single-GPU denoiser).
+std::vector<Role> expert_roles(const GeneratePlan& p) {
+  const bool single = p.ckpt.has(Role::DiT) && !p.ckpt.has(Role::DiTHigh);
+  std::vector<Role> roles;
+  if (uses(p.experts, Expert::High)) roles.push_back(single ? Role::DiT : Role::DiTHigh);
+  if (uses(p.experts, Expert::Low)) roles.push_back(Role::DiTLow);
+  return roles;
+}
+
+struct StreamOwner {
+  cudaStream_t s = nullptr;
+  StreamOwner() { CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)); }
+  ~StreamOwner() {
+    if (s) cudaStreamDestroy(s);
+  }
+  StreamOwner(const StreamOwner&) = delete;
+  StreamOwner& operator=(const StreamOwner&) = delete;
+};
+
+struct DeviceBytes {
+  void* p = nullptr;
+  explicit DeviceBytes(size_t n) { CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(n, 16))); }
+  ~DeviceBytes() {
+    if (p) cudaFree(p);
+  }
+  DeviceBytes(const DeviceBytes&) = delete;
+  DeviceBytes& operator=(const DeviceBytes&) = delete;
+};
+
+// `bytes` of host memory from rank `root` to every rank (in place: the source on root, the destination
+// elsewhere), through a device buffer and ncclBroadcast on the world communicator.
+void broadcast_host(const dist::RankContext& ctx, dist::Comm& world, cudaStream_t s, void* host, size_t bytes,
+                    int root) {
+  if (bytes == 0) return;
+  DeviceBytes d(bytes);
+  if (ctx.rank == root) CUDA_CHECK(cudaMemcpyAsync(d.p, host, bytes, cudaMemcpyHostToDevice, s));
+  world.broadcast(d.p, bytes, root, s);
+  if (ctx.rank != root) CUDA_CHECK(cudaMemcpyAsync(host, d.p, bytes, cudaMemcpyDeviceToHost, s));
+  ctx.sync(s);
+}
+
+// Context batch [B, Lmax, D] (rows past each prompt's length zero) and the lengths (as the pipeline's).
+Tensor context_batch(const std::vector<const Tensor*>& embeds, std::vector<int64_t>* lens) {
+  int64_t lmax = 0;
+  const int64_t D = embeds[0]->dim(1);
+  for (const Tensor* e : embeds) lmax = std::max(lmax, e->dim(0));
+  Tensor ctx = Tensor::f32(Shape{static_cast<int64_t>(embeds.size()), lmax, D});
+  lens->clear();
+  for (size_t b = 0; b < embeds.size(); ++b) {
+    const Tensor& e = *embeds[b];
+    std::memcpy(ctx.f32() + static_cast<int64_t>(b) * lmax * D, e.f32(), static_cast<size_t>(e.numel()) * 4);
+    lens->push_back(e.dim(0));
+  }
+  return ctx;
+}
+
+// Begin / End / Advance events of one stage (rank 0 passes the caller's hooks, the others none).
+class StageEvents {
+ public:
+  StageEvents(const RunHooks& h, Stage s, int total = 0) : h_(h), s_(s), total_(total), t0_(Clock::now()) {
+    emit(ProgressEvent::Begin, 0, "");
+  }
+  void advance(int done, const std::string& detail) { emit(ProgressEvent::Advance, done, detail); }
+  double end() {
+    emit(ProgressEvent::End, total_, "");
+    return since(t0_);
+  }
+
+ private:
+  void emit(ProgressEvent::Kind k, int done, const std::string& detail) {
+    if (!h_.progress) return;
+    ProgressEvent e;
+    e.kind = k;
+    e.stage = s_;
+    e.done = done;
+    e.total = total_;
+    e.seconds = since(t0_);
+    e.detail = detail;
+    h_.progress(e);
+  }
+  const RunHooks& h_;
+  Stage s_;
+  int total_;
+  Clock::time_point t0_;
+};
+
+// What rank 0 hands back to run_generate_parallel.
+struct RankZeroOut {
+  GenerateResult result;
+  std::vector<ParallelRankStats> ranks;
+};
+
+constexpr int kStatFields = 8;  // the per-rank figures all-gathered after the denoising
+
+void rank_main(dist::RankContext& ctx, const GeneratePlan& p, const dist::Layout& layout, const RunHooks& caller,
+               bool decode, RankZeroOut* out) {
+  const bool r0 = ctx.rank == 0;
+  RunHooks hooks;
+  hooks.cancel = caller.cancel;
+  if (r0) hooks.progress = caller.progress;
+  auto check = [&] {
+    ctx.check_abort();
+    if (hooks.cancel && hooks.cancel->load(std::memory_order_relaxed))
+      throw Error("interrupted (Ctrl-C)", ErrorKind::Internal);
+  };
+  const std::string dev = cat("cuda:", ctx.device);
+  GenerateResult r;
+  Timings& tm = r.timings;
+  ParallelRankStats me;
+  me.rank = ctx.rank;
+  me.device = ctx.device;
+  r.device_bytes_at_start = me.peak_device_bytes = gpu_memory_in_use(ctx.device);
+  auto probe = [&] { me.peak_device_bytes = std::max(me.peak_device_bytes, gpu_memory_in_use(ctx.device)); };
+
+  const dist::ParallelGroups groups = dist::make_groups(ctx.comm, layout, [&](ncclComm_t c) { ctx.register_comm(c); });
+  dist::Comm world(ctx.comm, false);
+  StreamOwner stream;
+  const cudaStream_t s = stream.s;
+
+  // Rank 0 reads the VAE's weights on a host thread while the rest runs.
+  std::future<std::pair<VaeWeights, double>> vae_read;
+  if (r0 && decode)
+    vae_read = std::async(std::launch::async, [&p] {
+      const Clock::time_point t0 = Clock::now();
+      VaeWeights w = p.random_weights ? random_vae_weights(p.vae, random_vae_seed(p.weights_seed)) : load_vae(p.ckpt, p.vae);
+      return std::make_pair(std::move(w), since(t0));
+    });
+
+  // 1. The text, once, on rank 0 (the other ranks go on to their DiT).
+  Tensor cond = p.prompt_embeds, uncond = p.negative_embeds;
+  if (r0 && p.needs_text_encoder) {
+    dist::maybe_fail(ctx, "text");
+    std::unique_ptr<GpuTextEncoder> te;
+    {
+      StageEvents st(hooks, Stage::LoadTextEncoder);
+      (void)check_gpu_text_encoder(p.t5, dev);
+      PromptTokenizer tokens = load_prompt_tokenizer(&p.ckpt, p.t5.vocab, /*allow_stand_in=*/p.random_weights);
+      te = make_gpu_text_encoder(p.ckpt, p.t5, p.random_weights, random_t5_seed(p.weights_seed), std::move(tokens),
+                                 ctx.device);
+      tm.load_text_encoder = st.end();
+      probe();
+    }
+    check();
+    const int n = (cond.defined() ? 0 : 1) + (uncond.defined() ? 0 : 1);
+    StageEvents st(hooks, Stage::EncodeText, n);
+    int done = 0;
+    if (!cond.defined()) {
+      cond = te->encode(p.prompt);
+      st.advance(++done, "prompt");
+    }
+    check();
+    if (!uncond.defined()) {
+      uncond = te->encode(p.negative_prompt);
+      st.advance(++done, "negative prompt");
+    }
+    tm.text_encode = st.end();
+    te.reset();  // frees its device memory before this rank's DiT is created
+  }
+  check();
+
+  // 2. The DiT: drawn, or this rank's share streamed and every share broadcast (ends with a barrier:
+  // rank 0's text is ready too).
+  std::unique_ptr<cuda::DiTGpu> dit;
+  {
+    StageEvents st(hooks, Stage::LoadDiT);
+    dit = make_rank_dit(ctx, p, groups.view(), p.verbose && r0, &me);
+    tm.load_dit = st.end();
+    probe();
+  }
+
+  // 3. Text and initial latents from rank 0: sizes first, then the values.
+  const int64_t D = p.ckpt.dit.text_dim;
+  int64_t hdr[3] = {0, 0, D};
+  if (r0) {
+    WAN_ASSERT(cond.defined() && uncond.defined() && cond.dim(1) == D && uncond.dim(1) == D, "text width");
+    hdr[0] = cond.dim(0);
+    hdr[1] = uncond.dim(0);
+  }
+  broadcast_host(ctx, world, s, hdr, sizeof hdr, 0);
+  WAN_ASSERT(hdr[2] == D && hdr[0] >= 1 && hdr[1] >= 1 && hdr[0] <= p.ckpt.dit.text_len && hdr[1] <= p.ckpt.dit.text_len,
+             "text sizes from rank 0: ", hdr[0], ", ", hdr[1], " x ", hdr[2]);
+  Tensor text = Tensor::empty(DType::F32, Shape{hdr[0] + hdr[1], D});
+  if (r0) {
+    std::memcpy(text.f32(), cond.f32(), cond.nbytes());
+    std::memcpy(text.f32() + hdr[0] * D, uncond.f32(), uncond.nbytes());
+  }
+  broadcast_host(ctx, world, s, text.data(), text.nbytes(), 0);
+  if (!r0) {
+    cond = Tensor::empty(DType::F32, Shape{hdr[0], D});
+    uncond = Tensor::empty(DType::F32, Shape{hdr[1], D});
+    std::memcpy(cond.f32(), text.f32(), cond.nbytes());
+    std::memcpy(uncond.f32(), text.f32() + hdr[0] * D, uncond.nbytes());
+  }
+  Tensor x = r0 ? (p.init_latents.defined() ? p.init_latents.clone() : seeded_latents(p.latent_shape, p.seed))
+                : Tensor::empty(DType::F32, p.latent_shape);
+  broadcast_host(ctx, world, s, x.data(), x.nbytes(), 0);
+
+  // 4. Sampling, replicated: every rank holds the whole DiT output after each forward.
+  {
+    Sampler sampler(p.sampler);
+    WAN_ASSERT(sampler.timesteps() == p.schedule.timesteps, "schedule differs from the plan");
+    const size_t n = static_cast<size_t>(x.numel());
+    cuda::SamplerGpu samp(sampler.solver(), n, /*x_copies=*/2, ctx.device);
+    samp.set_x(x.f32(), s);
+    samp.upload_state(sampler.state(), s);
+    DeviceBytes dout(2 * n * sizeof(float));
+    float* out = static_cast<float*>(dout.p);
+    std::vector<int64_t> lens_cfg, lens_cond;
+    const Tensor ctx_cfg = context_batch({&cond, &uncond}, &lens_cfg);
+    const Tensor ctx_cond = context_batch({&cond}, &lens_cond);
+    const bool use_high = uses(p.experts, Expert::High);
+    const int high_index = use_high ? 0 : -1;
+    const int low_index = uses(p.experts, Expert::Low) ? (use_high ? 1 : 0) : -1;
+    const Shape& ls = p.latent_shape;
+    StageEvents st(hooks, Stage::Denoise, sampler.steps());
+    for (int i = 0; i < sampler.steps(); ++i) {
+      check();
+      dist::maybe_fail(ctx, "step");
+      if (i == 0) tm.startup = process_age_seconds();
+      const Clock::time_point t0 = Clock::now();
+      const ExpertStep& es = p.experts.steps[static_cast<size_t>(i)];
+      const int expert = es.expert == Expert::High ? high_index : low_index;
+      WAN_ASSERT(expert >= 0, "expert not loaded");
+      const int batch = es.guide != 1.0f ? 2 : 1;
+      WAN_ASSERT(layout.cfg == 1 || batch == 2, "CFG-parallel step without guidance");
+      const float t = static_cast<float>(sampler.timestep());
+      const float tt[2] = {t, t};
+      const Tensor& c = batch == 2 ? ctx_cfg : ctx_cond;
+      cuda::DiTInputs in;
+      in.x = samp.x();  // [2, n] on the device: the first `batch` copies are read
+      in.t = tt;
+      in.context = c.f32();
+      in.context_dtype = DType::F32;
+      in.ctx_rows = c.dim(1);
+      in.ctx_lens = batch == 2 ? lens_cfg.data() : lens_cond.data();
+      dit->forward(expert, cuda::DiTShape{batch, ls[1], ls[2], ls[3]}, in, out, s);
+      const StepCoeffs k = sampler.take_step();
+      samp.step(k, out, batch == 2 ? out + n : nullptr, es.guide, s);
+      ctx.sync(s);
+      tm.step_seconds.push_back(since(t0));
+      st.advance(i + 1, cat("t=", static_cast<int64_t>(t), es.expert == Expert::High ? " high" : " low"));
+      probe();
+    }
+    samp.get_x(x.f32(), s);
+    tm.denoise = st.end();
+  }
+  dit.reset();  // frees the experts before rank 0's VAE decoder is built
+
+  // 5. Every rank's figures to every rank (fixed-size rows, all-gathered).
+  std::vector<double> rows(static_cast<size_t>(ctx.world) * kStatFields, 0.0);
+  {
+    double* mine = rows.data() + static_cast<size_t>(ctx.rank) * kStatFields;
+    const double v[kStatFields] = {static_cast<double>(me.rank),        static_cast<double>(me.device),
+                                   static_cast<double>(me.load_bytes),  static_cast<double>(me.load_tensors),
+                                   me.load_s,                           me.broadcast_s,
+                                   me.dit_s,                            static_cast<double>(me.peak_device_bytes)};
+    std::copy(v, v + kStatFields, mine);
+    const size_t row = kStatFields * sizeof(double);
+    DeviceBytes d(rows.size() * sizeof(double));
+    char* base = static_cast<char*>(d.p);
+    CUDA_CHECK(cudaMemcpyAsync(base + static_cast<size_t>(ctx.rank) * row, mine, row, cudaMemcpyHostToDevice, s));
+    world.all_gather(base + static_cast<size_t>(ctx.rank) * row, base, row, s);
+    CUDA_CHECK(cudaMemcpyAsync(rows.data(), base, rows.size() * sizeof(double), cudaMemcpyDeviceToHost, s));
+    ctx.sync(s);
+  }
+  if (!r0) return;  // the others wait in the launch's final barrier while rank 0 decodes
+
+  // 6. Rank 0: the video.
+  r.latents = x;
+  if (decode) {
+    dist::maybe_fail(ctx, "decode");
+    check();
+    VaeWeights w;
+    {
+      StageEvents st(hooks, Stage::LoadVae);
+      w = vae_read.get().first;  // read meanwhile: the time here is the wait for it
+      tm.load_vae = st.end();
+    }
+    check_gpu_vae(p.vae, dev);
+    check();
+    const int chunks = static_cast<int>(x.dim(1));
+    StageEvents st(hooks, Stage::Decode, chunks);
+    int64_t peak = 0;
+    r.video = gpu_vae_decode_tracked(p.vae, w, x, ctx.device, &peak);
+    me.peak_device_bytes = std::max(me.peak_device_bytes, peak);
+    st.advance(chunks, "");
+    tm.vae_decode = st.end();
+  }
+  probe();
+  r.peak_device_bytes = me.peak_device_bytes;
+  out->ranks.clear();
+  double total_bytes = 0, slowest = 0;
+  for (int k = 0; k < ctx.world; ++k) {
+    const double* v = rows.data() + static_cast<size_t>(k) * kStatFields;
+    ParallelRankStats q;
+    q.rank = static_cast<int>(v[0]);
+    q.device = static_cast<int>(v[1]);
+    q.load_bytes = static_cast<uint64_t>(v[2]);
+    q.load_tensors = static_cast<int>(v[3]);
+    q.load_s = v[4];
+    q.broadcast_s = v[5];
+    q.dit_s = v[6];
+    q.peak_device_bytes = k == 0 ? me.peak_device_bytes : static_cast<int64_t>(v[7]);
+    total_bytes += v[2];
+    slowest = std::max(slowest, q.load_s);
+    out->ranks.push_back(q);
+  }
+  r.load_bytes = static_cast<uint64_t>(total_bytes);
+  r.load_gb_per_s = slowest > 0 ? total_bytes / slowest / 1e9 : 0;
+  out->result = std::move(r);
+}
+
+}  // namespace
+
+std::unique_ptr<cuda::DiTGpu> make_rank_dit(const dist::RankContext& ctx, const GeneratePlan& p,
+                                            const cuda::DiTGpu::Options::Parallel& par, bool verbose,
+                                            ParallelRankStats* st) {
+  WAN_ASSERT(st != nullptr, "make_rank_dit without stats");
+  const Clock::time_point t0 = Clock::now();
+  st->rank = ctx.rank;
+  st->device = ctx.device;
+  const DiTConfig& cfg = p.ckpt.dit;
+  const std::vector<Role> roles = expert_roles(p);
+  WAN_ASSERT(!roles.empty(), "no expert is used");
+  std::vector<cuda::DiTWeightSource> sources;
+  for (Role role : roles) {
+    if (p.random_weights) {
+      const bool high = role != Role::DiTLow;
+      sources.push_back(cuda::DiTWeightSource::random_weights(random_expert_seed(p.weights_seed, p.task, high)));
+    } else {
+      cuda::DiTWeightSource src;
+      src.external = true;  // filled below: this rank's share from the files, the others' by broadcast
+      sources.push_back(src);
+    }
+  }
+  cuda::DiTGpu::Options opt;
+  opt.device = ctx.device;
+  opt.verbose = verbose;
+  opt.attention = cuda::DiTGpu::parse_attention(p.attention);
+  opt.parallel = par;
+  const Shape& ls = p.latent_shape;
+  auto dit = std::make_unique<cuda::DiTGpu>(
+      cuda::DiTGpu::create(cfg, sources, cuda::DiTShape{2, ls[1], ls[2], ls[3]}, opt));
+  ctx.check_abort();
+
+  if (p.random_weights) {
+    dist::maybe_fail(ctx, "load");
+    ctx.barrier();  // as the loading path: every rank's DiT ready, rank 0's text too
+    st->dit_s = since(t0);
+    return dit;
+  }
+
+  // This rank's share: the tensors of byte range `rank` of each expert's allocation.
+  const cuda::dit_gpu_detail::WeightTable table = cuda::dit_gpu_detail::build_weight_table(cfg);
+  std::vector<std::pair<size_t, size_t>> tensors;
+  tensors.reserve(table.entries.size());
+  for (const auto& e : table.entries) tensors.emplace_back(e.offset, e.bytes);
+  const std::vector<std::pair<size_t, size_t>> ranges = shard_ranges(tensors, table.bytes, ctx.world);
+  const auto [begin, end] = ranges[static_cast<size_t>(ctx.rank)];
+  std::vector<std::unique_ptr<WeightStore>> stores;  // open while the loader may call their getters
+  std::vector<char*> bases;
+  const Clock::time_point t1 = Clock::now();
+  {
+    cuda::DeviceLoader loader(cuda::LoadOptions::tuned(ctx.device));
+    for (size_t i = 0; i < roles.size(); ++i) {
+      stores.push_back(open_weights(p.ckpt, roles[i]));
+      WeightStore* ws = stores.back().get();
+      size_t bytes = 0;
+      char* base = static_cast<char*>(dit->weight_allocation(static_cast<int>(i), &bytes));
+      WAN_ASSERT(bytes == table.bytes, "DiT weight allocation of ", bytes, " bytes, table of ", table.bytes);
+      bases.push_back(base);
+      const std::string what = cat("DiT expert ", i);
+      std::vector<cuda::LoadTarget> targets = cuda::dit_gpu_detail::weight_targets(
+          table, base, [ws](const std::string& name) { return ws->get_f32(name); }, what.c_str(),
+          [ws](const std::string& name) { return ws->raw_span(name); }, static_cast<int>(i));
+      for (cuda::LoadTarget& t : targets) {
+        const size_t off = static_cast<size_t>(static_cast<char*>(t.dst) - base);
+        if (off < begin || off >= end) continue;
+        ++st->load_tensors;
+        loader.add(std::move(t));
+      }
+    }
+    if (loader.size() > 0) {
+      loader.start();
+      // finish() on a helper thread, so this rank keeps watching the launch: a failure elsewhere cancels
+      // the load at once instead of after the whole share.
+      std::future<cuda::LoadStats> done = std::async(std::launch::async, [&loader] { return loader.finish(); });
+      try {
+        while (done.wait_for(std::chrono::milliseconds(100)) != std::future_status::ready) {
+          if (ctx.aborted()) loader.cancel();
+          else ctx.check_abort();
+        }
+      } catch (...) {
+        loader.cancel();
+        throw;  // `done` waits for the cancelled load before the loader goes
+      }
+      ctx.check_abort();  // a failure elsewhere: its message, not the load's "cancelled"
+      const cuda::LoadStats ls = done.get();
+      st->load_bytes = ls.bytes + ls.fallback_bytes;
+    }
+  }
+  st->load_s = since(t1);
+  dist::maybe_fail(ctx, "load");
+  ctx.barrier();  // every share is on its device (and rank 0's text is encoded)
+
+  // Every share from its owner to every rank, in place.
+  const Clock::time_point t2 = Clock::now();
+  {
+    dist::Comm world(ctx.comm, false);
+    StreamOwner stream;
+    for (char* base : bases)
+      for (int r = 0; r < ctx.world; ++r) {
+        const auto [b, e] = ranges[static_cast<size_t>(r)];
+        if (e > b) world.broadcast(base + b, e - b, r, stream.s);
+      }
+    ctx.sync(stream.s);
+  }
+  st->broadcast_s = since(t2);
+  st->dit_s = since(t0);
+  return dit;
+}
+
+#endif  // WAN_HAVE_NCCL
+
+// ---------------------------------------------------------------------------------------------------
+// Entry point
+
+ParallelRun run_generate_parallel(GenerateOptions o, const ParallelRequest& req, const RunHooks& hooks, bool decode,
+                                  const std::function<void(const GeneratePlan&, const dist::Layout&)>& on_plan) {
+  WAN_ASSERT(req.active(), "run_generate_parallel on one GPU");
+#ifndef WAN_HAVE_NCCL
+  (void)o, (void)hooks, (void)decode, (void)on_plan;
+  WAN_THROW("several GPUs (", req.where(), "): this wan was built without NCCL (configure with CUDA and NCCL)");
+#else
+  o.parallel = true;
+  o.decode = decode;
+  ParallelRun run;
+  run.request = req;
+  run.plan = plan_generate(o);
+  run.layout = resolve_parallel_layout(req, run.plan);
+  run.output_rank = !req.launcher || req.rank == 0;
+  if (run.output_rank && on_plan) on_plan(run.plan, run.layout);
+  RankZeroOut zero;
+  const GeneratePlan& plan = run.plan;
+  const dist::Layout layout = run.layout;
+  try {
+    dist::launch(req.launch, [&](dist::RankContext& ctx) { rank_main(ctx, plan, layout, hooks, decode, &zero); });
+  } catch (const Error&) {
+    if (hooks.cancel && hooks.cancel->load()) throw Cancelled();
+    throw;
+  }
+  if (!run.output_rank) return run;
+  run.result = std::move(zero.result);
+  run.ranks = std::move(zero.ranks);
+  return run;
+#endif
+}
+
+}  // namespace wan

@@ -1,0 +1,150 @@
+// `wan generate` on several GPUs (issue 5, items 1, 3 and 4 at the pipeline level): the T2V pipeline of
+// pipeline.h with the DiT's sequence- and CFG-parallel forward (cuda/dit_gpu.h Options::parallel) on
+// every rank of a dist::launch, started either as one thread per local GPU (--gpus N, --devices 0,1,...)
+// or as one process per GPU by mpirun / srun / WAN_RANK (dist/launch.h): the same rank code either way.
+//
+// Per rank (rank 0 = the first device of --devices, or launcher rank 0):
+//   1. rank 0 encodes the prompts once (GPU text encoder, freed afterwards); with --prompt-embeds files
+//      nothing is encoded. The other ranks meanwhile create their DiT and load their share of the weights.
+//   2. DiT: random weights are drawn on every rank (the same values everywhere, no files); checkpoint
+//      weights are loaded sharded: each expert's single device allocation is cut at tensor boundaries
+//      into `world` contiguous byte ranges (shard_ranges), rank r streams the tensors of range r from
+//      the files (cuda::DeviceLoader, pinned staging, conversion on the GPU), then every range is
+//      broadcast in place from its owner (ncclBroadcast per range), so every rank ends with all weights,
+//      bit-identical to a single-GPU load.
+//   3. After a barrier (every share loaded, the text encoded): rank 0 broadcasts the encoded text (sizes
+//      first, then [L_cond + L_uncond, text_dim] f32) and the initial latents, so a seed drawn at random
+//      (no --seed) or files read per process cannot make the ranks diverge.
+//   4. Sampling is replicated: every rank runs the same sampler on the DiT output that every rank holds
+//      whole after each parallel forward (bit-identical on every rank), so x stays identical everywhere.
+//      The first forward of an (expert, batch) runs eagerly (it sets up the NCCL connections), the
+//      second captures the CUDA graph (NCCL calls included), later ones replay it.
+//   5. rank 0 frees its DiT and decodes the video with the VAE on its GPU; the other ranks free theirs
+//      and wait. The decode stays on one GPU: splitting the causal decoder's time chunks over ranks is
+//      left out (it is a small part of a run). Only rank 0's process writes output files (the CLI, after
+//      the launch has succeeded on every rank, through its all-or-nothing writers), so a failure leaves
+//      no output behind.
+// Failure (item 4): any rank's error (bad input, out of memory, a lost peer, Ctrl-C) ends every rank
+// with the same one-line wan::Error within seconds (dist::launch); ranks that wait for a busy rank wait
+// in RankContext::barrier, never inside a collective. Test hooks (dist::maybe_fail, WAN_DIST_FAIL_AT):
+// "text" (rank 0, before encoding), "load" (after the rank's share), "step" (before every step), "decode"
+// (rank 0) besides the launcher's "init" and "start".
+// Numerics: within bf16 of the single-GPU engine (the parallel forward's token slices and partial
+// softmax merges round differently); deterministic: two runs of one layout are bit-identical.
+// Not supported with several GPUs (one clear error): --resume / --stop-after-steps, --keep-text-encoder,
+// --device cpu. CFG-parallel needs every step guided (guide scale != 1).
+//
+// Invariants: every check that depends only on the options (flags, layout products, heads, CFG)
+// happens before any device work and before the launch; device fits (text encoder on rank 0, the DiT's
+// per-rank plan) are checked inside the launch, so a failure on one rank still ends all.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "dist/launch.h"
+#include "dist/parallel_layout.h"
+#include "pipeline/pipeline.h"
+
+#ifdef WAN_HAVE_NCCL
+#include "cuda/dit_gpu.h"
+#endif
+
+namespace wan {
+
+// ---- options (host only: tested without GPUs) ----
+
+// The command line's multi-GPU options as given (nullopt / empty = absent).
+struct ParallelArgs {
+  std::string gpus, devices;                // --gpus N | --devices 0,1,...
+  bool cfg = false;                         // --cfg-parallel
+  std::optional<std::string> ulysses, ring; // --ulysses U, --ring R
+  std::optional<std::string> device;        // --device, when given
+};
+
+struct ParallelRequest {
+  dist::LaunchOptions launch;  // in-process: one rank per device; launcher: devices by local rank
+  bool launcher = false;       // one process per rank (mpirun / srun / WAN_RANK, world > 1)
+  std::string launcher_name;   // "WAN", "OMPI", "PMI", "SLURM"
+  int rank = 0;                // this process's rank (launcher), else 0
+  int world = 1;               // ranks of the run
+  bool cfg = false;            // --cfg-parallel
+  int ulysses = 0, ring = 0;   // 0: not given (the automatic choice fills them)
+  int device = -1;             // this process's first GPU (in-process: rank 0's), -1: not decided here
+  bool active() const { return world > 1; }
+  std::string where() const;   // "in-process, devices 0,1" or "one process per rank (SLURM), rank 2 of 4"
+};
+
+// Reads the options and the launcher's environment (`env`: getenv-like; empty = the process's) and
+// adjusts `o`: a multi-GPU run gets o->device = "cuda:<this process's first GPU>" and o->parallel; --gpus 1
+// or one device is the single-GPU run on that device. `visible_gpus` (< 0: ask CUDA) decides a
+// launcher rank's device as dist::launch does. Throws one wan::Error (BadInput) for: --gpus with
+// --devices, --device cpu (or cuda:i) with several GPUs, a layout flag without several GPUs, a
+// non-integer or zero degree, products that cannot match the GPUs (cfg x ulysses x ring vs the world,
+// --cfg-parallel on an odd count), and the options not supported with several GPUs.
+ParallelRequest parse_parallel_request(const ParallelArgs& a, GenerateOptions* o, const dist::EnvLookup& env = {},
+                                       int visible_gpus = -1);
+
+// The layout of a planned run: the request's degrees completed and checked against the model's heads
+// and CFG (every step guided). Throws one wan::Error.
+dist::Layout resolve_parallel_layout(const ParallelRequest& r, const GeneratePlan& p);
+
+// The plan summary's line of a multi-GPU run ("gpus     4 (in-process, devices 0,1,2,3): cfg 2 x ...").
+std::string describe_parallel(const ParallelRequest& r, const dist::Layout& l, bool random_weights);
+
+// ---- the sharded load (host arithmetic) ----
+
+// Byte ranges [begin, end) of one weight allocation of `total` bytes that each of `world` ranks
+// streams: `tensors` are the (offset, bytes) of the tensors in ascending offset order; tensor i goes
+// to rank min(world - 1, floor((offset + bytes/2)·world / total)) (monotone, so each rank's tensors are
+// contiguous); the cuts lie at tensor starts, range r + 1 begins where range r ends, the last ends at
+// `total` (alignment padding belongs to the range it lies in). Ranges may be empty.
+std::vector<std::pair<size_t, size_t>> shard_ranges(const std::vector<std::pair<size_t, size_t>>& tensors,
+                                                    size_t total, int world);
+
+// ---- running ----
+
+struct ParallelRankStats {
+  int rank = 0, device = 0;
+  uint64_t load_bytes = 0;     // DiT weight bytes this rank streamed from the files (0: random weights)
+  int load_tensors = 0;
+  double load_s = 0;           // its share, start to on the device
+  double broadcast_s = 0;      // the weight broadcasts (after the barrier that waits for every share)
+  double dit_s = 0;            // DiT create + share + barrier + broadcasts (or the random draw)
+  int64_t peak_device_bytes = 0;  // cudaMemGetInfo in use, sampled at stage ends and after every step
+};
+
+struct ParallelRun {
+  bool output_rank = false;    // this process holds rank 0: plan and result are set; it writes the outputs
+  GeneratePlan plan;
+  ParallelRequest request;
+  dist::Layout layout;
+  GenerateResult result;       // rank 0's: latents, video, timings (load_bytes: all ranks together)
+  std::vector<ParallelRankStats> ranks;  // every rank's, by rank
+  std::string describe() const;          // the lines of the summary (layout, per-rank load)
+};
+
+// Plans (o.parallel set; every process plans the same options), resolves the layout, calls on_plan in
+// the output process (before any device work) and runs the ranks of `r` (see the top of this file).
+// Throws the launch's one error; Cancelled when hooks.cancel was set. Progress goes to hooks.progress
+// from rank 0 only. decode = false stops after sampling.
+ParallelRun run_generate_parallel(GenerateOptions o, const ParallelRequest& r, const RunHooks& hooks,
+                                  bool decode = true,
+                                  const std::function<void(const GeneratePlan&, const dist::Layout&)>& on_plan = {});
+
+#ifdef WAN_HAVE_NCCL
+// One rank's DiT of plan `p` (the experts its schedule uses) with the parallel groups `par` (alive as
+// long as the DiT): random weights drawn on the rank, or checkpoint weights loaded sharded and
+// broadcast over ctx.comm (see the top of this file). Collective over every rank of ctx. `stats` gets
+// the rank's load figures.
+std::unique_ptr<cuda::DiTGpu> make_rank_dit(const dist::RankContext& ctx, const GeneratePlan& p,
+                                            const cuda::DiTGpu::Options::Parallel& par, bool verbose,
+                                            ParallelRankStats* stats);
+#endif
+
+}  // namespace wan

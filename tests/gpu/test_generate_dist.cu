@@ -1,0 +1,582 @@
+// Multi-GPU `wan generate` (issue 5 items 1, 3, 4 at the pipeline level; pipeline/generate_parallel.h)
+// against the single-GPU pipeline, on every layout the visible GPUs allow:
+//   - random tiny T2V (2 heads), 80x48, 9 frames (45 tokens: every sequence split pads), 5 steps, fresh
+//     seeds: 2 GPUs cfg 2 | Ulysses 2 | Ring 2; 4 GPUs cfg x U2 | cfg x R2 | U2 x R2 | Ring 4; 8 GPUs
+//     cfg x U2 x R2 | cfg x R4. Latents rel L2 <= 2e-2 and video rel L2 <= 3e-2 vs the single-GPU run (the
+//     bounds of the GPU-vs-CPU pipeline tests; the measured values are printed), every value finite;
+//     the same layout twice is bit-identical (cfg 2 and a ring layout);
+//   - the A14B width (40 heads of 128, 1 block, random weights, prompt embeddings from files): Ulysses 4
+//     and cfg x U2 on 4 GPUs (Ulysses 2 on 2), latents within the same bound;
+//   - a make-checkpoint tiny model in a temp dir: the sharded load (each rank streams its byte range,
+//     then ncclBroadcast per range) gives every rank the single-GPU weights bit for bit (download_weight
+//     of every tensor, on 2 / 4 / 8 ranks, official f32 and diffusers bf16 layouts), the ranks' streamed
+//     bytes add up to the experts' stored bytes with a share on every rank; the pipeline on 2 GPUs gives
+//     the single-GPU video within the bound;
+//   - the CLI: `--gpus 2 --ulysses 2` in-process and the same command as 2 processes (WAN_RANK /
+//     WAN_WORLD_SIZE / WAN_MASTER_ADDR / WAN_MASTER_PORT) write byte-identical latents and video, only
+//     once; the timings JSON reports every rank;
+//   - forced failures (dist::maybe_fail): rank 1 throwing at "step" (in-process and 2 processes), rank
+//     1's process dying at "step" (lost peer), a real out-of-memory on rank 1 at "load": every process
+//     exits non-zero with exactly one "error:" line, the same on every process, within 30 s, and no
+//     output file exists.
+// Skips with fewer than 2 GPUs (cases needing more GPUs skip on their own) or without NCCL.
+#include <gtest/gtest.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "../cpu/test_util.h"
+#include "ckpt/layout.h"
+#include "core/error.h"
+#include "cuda/dit_gpu.h"
+#include "cuda/dit_gpu_weights.h"
+#include "gen/make_checkpoint.h"
+#include "gpu_test_util.h"
+#include "pipeline/files.h"
+#include "pipeline/generate_parallel.h"
+#include "pipeline/models.h"
+#include "pipeline/pipeline.h"
+
+#ifndef WAN_HAVE_NCCL
+TEST(GenerateDist, NeedsNccl) { GTEST_SKIP() << "built without NCCL"; }
+#else
+#include "dist/parallel_groups.h"
+#include "dist/rendezvous.h"
+
+using namespace wan;
+namespace fs = std::filesystem;
+using PL = dist::Layout;
+
+namespace {
+
+#define REQUIRE_GPUS(n)                                                                 \
+  REQUIRE_GPU();                                                                        \
+  if (::wan::cuda::device_count() < (n))                                                \
+  GTEST_SKIP() << "needs " << (n) << " GPUs, found " << ::wan::cuda::device_count()
+
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+constexpr double kLatentBound = 2e-2, kVideoBound = 3e-2;
+
+uint64_t fresh_seed() { return ((uint64_t(std::random_device{}()) << 32) ^ std::random_device{}()) & 0xFFFFFFFFFFFFull; }
+
+double rel_l2(const Tensor& a, const Tensor& b) {
+  EXPECT_EQ(a.shape(), b.shape());
+  if (!(a.shape() == b.shape())) return INFINITY;
+  double d = 0, n = 0;
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    const double x = a.f32()[i], y = b.f32()[i];
+    if (!std::isfinite(x)) return INFINITY;
+    d += (x - y) * (x - y);
+    n += y * y;
+  }
+  return std::sqrt(d / n);
+}
+
+bool same_bytes(const Tensor& a, const Tensor& b) {
+  return a.defined() && b.defined() && a.shape() == b.shape() && a.nbytes() == b.nbytes() &&
+         std::memcmp(a.data(), b.data(), a.nbytes()) == 0;
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+const dist::EnvLookup kNoLauncher = [](const char*) -> const char* { return nullptr; };
+
+// The request of `--gpus n [--cfg-parallel] [--ulysses u] [--ring r]` (this process's launcher
+// environment ignored), applied to o.
+ParallelRequest request(GenerateOptions* o, int n, bool cfg, int u, int r) {
+  ParallelArgs a;
+  a.gpus = std::to_string(n);
+  a.cfg = cfg;
+  if (u) a.ulysses = std::to_string(u);
+  if (r) a.ring = std::to_string(r);
+  return parse_parallel_request(a, o, kNoLauncher);
+}
+
+// The random tiny run (seeds fresh per test binary run).
+uint64_t noise_seed() {
+  static const uint64_t s = fresh_seed();
+  return s;
+}
+uint64_t weights_seed() {
+  static const uint64_t s = fresh_seed();
+  return s;
+}
+
+GenerateOptions tiny() {
+  GenerateOptions o;
+  o.random_weights = true;
+  o.weights_seed = weights_seed();
+  o.config = "tiny";
+  o.prompt = "a red fox runs through the snow";
+  o.width = 80;
+  o.height = 48;
+  o.frames = 9;
+  o.steps = 5;
+  o.seed = noise_seed();
+  o.device = "cuda:0";
+  return o;
+}
+
+GenerateResult single_gpu(GenerateOptions o, bool decode = true) {
+  o.device = "cuda:0";
+  o.decode = decode;
+  return run_generate(plan_generate(o), {}, decode);
+}
+
+struct LayoutCase {
+  int gpus;
+  bool cfg;
+  int u, r;
+  PL want;
+};
+
+void expect_close(const GenerateResult& got, const GenerateResult& ref, const std::string& what, bool video = true) {
+  const double lat = rel_l2(got.latents, ref.latents);
+  printf("%-40s latents rel L2 %.3e", what.c_str(), lat);
+  EXPECT_LE(lat, kLatentBound) << what;
+  if (video) {
+    const double vid = rel_l2(got.video, ref.video);
+    printf(", video rel L2 %.3e", vid);
+    EXPECT_LE(vid, kVideoBound) << what;
+  }
+  printf("\n");
+}
+
+}  // namespace
+
+TEST(GenerateDist, RandomTinyMatchesOneGpuOnEveryLayout) {
+  REQUIRE_GPUS(2);
+  const int n = cuda::device_count();
+  printf("seeds: noise %llu, weights %llu\n", (unsigned long long)noise_seed(), (unsigned long long)weights_seed());
+  const GenerateResult ref = single_gpu(tiny());
+  ASSERT_TRUE(ref.video.defined());
+  const std::vector<LayoutCase> cases = {
+      {2, true, 0, 0, {2, 1, 1}}, {2, false, 2, 0, {1, 2, 1}}, {2, false, 0, 2, {1, 1, 2}},
+      {4, true, 2, 0, {2, 2, 1}}, {4, true, 0, 2, {2, 1, 2}},  {4, false, 2, 2, {1, 2, 2}},
+      {4, false, 0, 4, {1, 1, 4}}, {8, true, 2, 2, {2, 2, 2}}, {8, true, 0, 4, {2, 1, 4}},
+  };
+  int ran = 0;
+  for (const LayoutCase& c : cases) {
+    if (c.gpus > n) continue;
+    GenerateOptions o = tiny();
+    const ParallelRequest req = request(&o, c.gpus, c.cfg, c.u, c.r);
+    const auto t0 = Clock::now();
+    const ParallelRun run = run_generate_parallel(o, req, {}, true);
+    const std::string what = cat(c.gpus, " GPUs ", dist::describe(run.layout));
+    EXPECT_EQ(run.layout, c.want) << what;
+    ASSERT_TRUE(run.output_rank);
+    ASSERT_TRUE(run.result.video.defined()) << what;
+    expect_close(run.result, ref, what);
+    printf("  %.2f s; %s", since(t0), run.describe().c_str());
+    ASSERT_EQ(run.ranks.size(), static_cast<size_t>(c.gpus));
+    for (int r = 0; r < c.gpus; ++r) {
+      EXPECT_EQ(run.ranks[r].rank, r);
+      EXPECT_EQ(run.ranks[r].device, r);
+      EXPECT_EQ(run.ranks[r].load_bytes, 0u) << "random weights are drawn, not loaded";
+      EXPECT_GT(run.ranks[r].peak_device_bytes, 0);
+    }
+    EXPECT_EQ(run.result.timings.step_seconds.size(), 5u);
+    ++ran;
+  }
+  EXPECT_GE(ran, 3);
+  // Deterministic: the same layout twice gives the same bits (CFG-parallel, and a ring layout).
+  for (const LayoutCase& c : {cases[0], cases[2]}) {
+    GenerateOptions a = tiny(), b = tiny();
+    const ParallelRun x = run_generate_parallel(a, request(&a, c.gpus, c.cfg, c.u, c.r), {}, true);
+    const ParallelRun y = run_generate_parallel(b, request(&b, c.gpus, c.cfg, c.u, c.r), {}, true);
+    EXPECT_TRUE(same_bytes(x.result.latents, y.result.latents)) << dist::describe(x.layout);
+    EXPECT_TRUE(same_bytes(x.result.video, y.result.video)) << dist::describe(x.layout);
+  }
+}
+
+TEST(GenerateDist, FortyHeadsUlysses) {
+  REQUIRE_GPUS(2);
+  const int n = cuda::device_count();
+  test::TempDir t("gdist40");
+  // Prompt embeddings from files (no 11 GB text encoder): fresh random [L, 4096].
+  const uint64_t s = fresh_seed();
+  auto embeds = [&](uint64_t seed, int64_t L, const std::string& file) {
+    Tensor e = Tensor::f32(Shape{L, 4096});
+    const std::vector<float> v = gpu_test::randn(seed, static_cast<size_t>(L * 4096), 0.2f);
+    std::memcpy(e.f32(), v.data(), v.size() * 4);
+    write_prompt_embeds(file, e);
+  };
+  embeds(s, 23, t / "p.safetensors");
+  embeds(s + 1, 61, t / "n.safetensors");
+  GenerateOptions o;
+  o.random_weights = true;
+  o.weights_seed = weights_seed();
+  o.layers = 1;  // t2v-A14B sizes (dim 5120, 40 heads), one block
+  o.prompt_embeds_file = t / "p.safetensors";
+  o.negative_embeds_file = t / "n.safetensors";
+  o.width = 80;
+  o.height = 48;
+  o.frames = 9;
+  o.steps = 3;
+  o.seed = noise_seed();
+  const GenerateResult ref = single_gpu(o, false);
+  std::vector<LayoutCase> cases = {{2, false, 2, 0, {1, 2, 1}}};
+  if (n >= 4) cases = {{4, false, 4, 0, {1, 4, 1}}, {4, true, 2, 0, {2, 2, 1}}};
+  for (const LayoutCase& c : cases) {
+    GenerateOptions p = o;
+    const ParallelRequest req = request(&p, c.gpus, c.cfg, c.u, c.r);
+    const ParallelRun run = run_generate_parallel(p, req, {}, false);
+    EXPECT_EQ(run.layout, c.want);
+    EXPECT_FALSE(run.result.video.defined());
+    expect_close(run.result, ref, cat("A14B width, 1 block: ", c.gpus, " GPUs ", dist::describe(run.layout)), false);
+  }
+}
+
+namespace {
+
+// The experts' official tensors as a single GPU loads them (DiTGpu streaming from the files).
+struct RefWeights {
+  std::vector<Role> roles;
+  std::vector<std::map<std::string, Tensor>> tensors;  // per expert
+  uint64_t stored_bytes = 0;                           // the experts' bytes in the files
+};
+
+RefWeights reference_weights(const GeneratePlan& p) {
+  RefWeights r;
+  bool high = false, low = false;
+  for (const ExpertStep& s : p.experts.steps) (s.expert == Expert::High ? high : low) = true;
+  const bool single = p.ckpt.has(Role::DiT) && !p.ckpt.has(Role::DiTHigh);
+  if (high) r.roles.push_back(single ? Role::DiT : Role::DiTHigh);
+  if (low) r.roles.push_back(Role::DiTLow);
+  std::vector<std::unique_ptr<WeightStore>> stores;
+  std::vector<cuda::DiTWeightSource> src;
+  for (Role role : r.roles) {
+    stores.push_back(open_weights(p.ckpt, role));
+    WeightStore* ws = stores.back().get();
+    cuda::DiTWeightSource s = cuda::DiTWeightSource::from([ws](const std::string& n) { return ws->get_f32(n); });
+    s.span = [ws](const std::string& n) { return ws->raw_span(n); };
+    src.push_back(std::move(s));
+    for (const auto& [name, shape] : dit_expected_shapes(p.ckpt.dit)) {
+      const std::optional<RawSpan> sp = ws->raw_span(name);
+      r.stored_bytes += sp ? sp->length : 0;
+    }
+  }
+  const Shape& ls = p.latent_shape;
+  cuda::DiTGpu::Options opt;
+  opt.device = 0;
+  cuda::DiTGpu dit = cuda::DiTGpu::create(p.ckpt.dit, src, cuda::DiTShape{2, ls[1], ls[2], ls[3]}, opt);
+  r.tensors.resize(r.roles.size());
+  for (size_t e = 0; e < r.roles.size(); ++e)
+    for (const auto& [name, shape] : dit_expected_shapes(p.ckpt.dit))
+      r.tensors[e][name] = dit.download_weight(static_cast<int>(e), name);
+  return r;
+}
+
+GenerateOptions checkpoint_options(const std::string& model) {
+  GenerateOptions o;
+  o.model = model;
+  o.prompt = "a red fox runs through the snow";
+  o.width = 80;
+  o.height = 48;
+  o.frames = 9;
+  o.steps = 4;
+  o.seed = noise_seed();
+  o.device = "cuda:0";
+  return o;
+}
+
+}  // namespace
+
+TEST(GenerateDist, ShardedLoadGivesEveryRankTheSingleGpuWeights) {
+  REQUIRE_GPUS(2);
+  const int n = cuda::device_count();
+  test::TempDir t("gdistckpt");
+  const uint64_t seed = fresh_seed() % 100000;
+  for (const auto& [layout, dtype] : {std::pair{Layout::Official, DType::F32}, std::pair{Layout::Diffusers, DType::BF16}}) {
+    gen::MakeCheckpointOptions mk;
+    mk.config = "tiny";
+    mk.layout = layout;
+    mk.dtype = dtype;
+    mk.seed = seed;
+    mk.out = t / (layout == Layout::Official ? "official" : "diffusers");
+    gen::make_checkpoint(mk);
+    GenerateOptions o = checkpoint_options(mk.out);
+    o.parallel = true;
+    const GeneratePlan plan = plan_generate(o);
+    const RefWeights ref = reference_weights(plan);
+    ASSERT_FALSE(ref.roles.empty());
+    ASSERT_GT(ref.stored_bytes, 0u);
+    for (int world : {2, 4, 8}) {
+      if (world > n) continue;
+      dist::LaunchOptions lo;
+      for (int d = 0; d < world; ++d) lo.devices.push_back(d);
+      std::vector<ParallelRankStats> stats(world);
+      std::vector<int64_t> compared(world, 0), mismatched(world, 0);
+      std::vector<std::string> first_bad(world);
+      const PL pl = dist::choose_layout(world, plan.ckpt.dit.num_heads);
+      dist::launch(lo, [&](dist::RankContext& ctx) {
+        const dist::ParallelGroups g = dist::make_groups(ctx.comm, pl, [&](ncclComm_t c) { ctx.register_comm(c); });
+        auto dit = make_rank_dit(ctx, plan, g.view(), false, &stats[ctx.rank]);
+        for (size_t e = 0; e < ref.roles.size(); ++e)
+          for (const auto& [name, want] : ref.tensors[e]) {
+            ++compared[ctx.rank];
+            if (!same_bytes(dit->download_weight(static_cast<int>(e), name), want)) {
+              if (mismatched[ctx.rank]++ == 0) first_bad[ctx.rank] = cat("expert ", e, " ", name);
+            }
+          }
+      });
+      // The expected shares: the tensors whose start lies in each rank's range, per expert.
+      const auto table = cuda::dit_gpu_detail::build_weight_table(plan.ckpt.dit);
+      std::vector<std::pair<size_t, size_t>> tensors;
+      for (const auto& e : table.entries) tensors.emplace_back(e.offset, e.bytes);
+      const auto ranges = shard_ranges(tensors, table.bytes, world);
+      uint64_t streamed = 0;
+      for (int r = 0; r < world; ++r) {
+        int want = 0;
+        for (const auto& x : tensors) want += x.first >= ranges[r].first && x.first < ranges[r].second;
+        EXPECT_EQ(stats[r].load_tensors, want * static_cast<int>(ref.roles.size())) << "rank " << r;
+        const std::string what = cat(layout_name(layout), " ", dtype_name(dtype), ", ", world, " ranks, rank ", r);
+        EXPECT_GT(compared[r], 0) << what;
+        EXPECT_EQ(mismatched[r], 0) << what << ": first differing tensor " << first_bad[r];
+        EXPECT_EQ(stats[r].load_bytes > 0, want > 0) << what << ": a rank streams exactly when its range holds tensors";
+        streamed += stats[r].load_bytes;
+        printf("%s: streamed %llu B (%d tensors) in %.3f s, broadcasts %.3f s\n", what.c_str(),
+               (unsigned long long)stats[r].load_bytes, stats[r].load_tensors, stats[r].load_s, stats[r].broadcast_s);
+      }
+      EXPECT_EQ(streamed, ref.stored_bytes) << "the shares add up to the experts' stored bytes";
+    }
+  }
+  // The whole pipeline from the official checkpoint on 2 GPUs vs one GPU (text encoder streamed on rank 0).
+  const std::string model = t / "official";
+  const GenerateResult one = single_gpu(checkpoint_options(model));
+  GenerateOptions o = checkpoint_options(model);
+  const ParallelRun run = run_generate_parallel(o, request(&o, 2, false, 0, 0), {}, true);
+  expect_close(run.result, one, cat("checkpoint, 2 GPUs ", dist::describe(run.layout)));
+  printf("%s", run.describe().c_str());
+  ASSERT_EQ(run.ranks.size(), 2u);
+  EXPECT_GT(run.ranks[0].load_bytes, 0u);
+  EXPECT_GT(run.ranks[1].load_bytes, 0u);
+  EXPECT_EQ(run.result.load_bytes, run.ranks[0].load_bytes + run.ranks[1].load_bytes);
+}
+
+// ---- the command line: in-process, 2 processes, failures ----
+
+namespace {
+
+struct Proc {
+  int code = -1;
+  std::string out, err;
+};
+
+// Starts `wan args...` once per entry of `envs` (extra variables for that process; launcher variables of
+// this process are dropped), waits up to limit_s (then kills). Logs to dir/<i>.out / .err.
+std::vector<Proc> run_wan(const std::vector<std::string>& args, const std::vector<std::map<std::string, std::string>>& envs,
+                          const std::string& dir, double limit_s, double* elapsed) {
+  std::vector<pid_t> pids;
+  const auto t0 = Clock::now();
+  for (size_t i = 0; i < envs.size(); ++i) {
+    // Everything the child needs is built before fork(): between fork and exec only async-signal-safe calls.
+    std::vector<std::string> kv;
+    for (char** e = environ; *e; ++e) {
+      const std::string s = *e, k = s.substr(0, s.find('='));
+      const bool launcher = k.rfind("WAN_", 0) == 0 || k.rfind("OMPI_", 0) == 0 || k.rfind("PMI_", 0) == 0 ||
+                            k.rfind("SLURM_", 0) == 0 || k == "MPI_LOCALRANKID";
+      if (!launcher) kv.push_back(s);
+    }
+    for (const auto& [k, v] : envs[i]) kv.push_back(k + "=" + v);
+    std::vector<char*> envp;
+    for (auto& s : kv) envp.push_back(s.data());
+    envp.push_back(nullptr);
+    std::string bin = WAN_BINARY;
+    std::vector<std::string> copy = args;
+    std::vector<char*> argv{bin.data()};
+    for (auto& a : copy) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    const std::string out = dir + "/" + std::to_string(i) + ".out", err = dir + "/" + std::to_string(i) + ".err";
+    fflush(nullptr);
+    const pid_t pid = fork();
+    if (pid == 0) {
+      const int o = open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      const int e = open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      dup2(o, 1);
+      dup2(e, 2);
+      execve(bin.c_str(), argv.data(), envp.data());
+      _exit(121);
+    }
+    pids.push_back(pid);
+  }
+  std::vector<Proc> res(envs.size());
+  std::vector<bool> done(envs.size(), false);
+  size_t left = envs.size();
+  while (left > 0) {
+    for (size_t i = 0; i < pids.size(); ++i) {
+      int st = 0;
+      if (!done[i] && waitpid(pids[i], &st, WNOHANG) == pids[i]) {
+        done[i] = true;
+        --left;
+        res[i].code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+      }
+    }
+    if (left > 0 && since(t0) > limit_s) {
+      for (size_t i = 0; i < pids.size(); ++i)
+        if (!done[i]) {
+          kill(pids[i], SIGKILL);
+          waitpid(pids[i], nullptr, 0);
+          ADD_FAILURE() << "process " << i << " still running after " << limit_s << " s (hang)";
+        }
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  *elapsed = since(t0);
+  for (size_t i = 0; i < envs.size(); ++i) {
+    res[i].out = slurp(dir + "/" + std::to_string(i) + ".out");
+    res[i].err = slurp(dir + "/" + std::to_string(i) + ".err");
+  }
+  return res;
+}
+
+// The launcher variables of `world` processes of one run (rank 0 at 127.0.0.1:<a free port>), plus `extra`.
+std::vector<std::map<std::string, std::string>> ranks_env(int world, const std::map<std::string, std::string>& extra = {}) {
+  const int port = dist::free_tcp_port();
+  std::vector<std::map<std::string, std::string>> v;
+  for (int r = 0; r < world; ++r) {
+    std::map<std::string, std::string> m = extra;
+    m["WAN_RANK"] = std::to_string(r);
+    m["WAN_WORLD_SIZE"] = std::to_string(world);
+    m["WAN_LOCAL_RANK"] = std::to_string(r);
+    m["WAN_MASTER_ADDR"] = "127.0.0.1";
+    m["WAN_MASTER_PORT"] = std::to_string(port);
+    v.push_back(m);
+  }
+  return v;
+}
+
+std::vector<std::string> error_lines(const std::string& err) {
+  std::vector<std::string> v;
+  std::istringstream in(err);
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("error:", 0) == 0) v.push_back(line);
+  return v;
+}
+
+std::string dump(const std::vector<Proc>& p) {
+  std::string s;
+  for (size_t i = 0; i < p.size(); ++i)
+    s += cat("--- process ", i, " exit ", p[i].code, "\n", p[i].err.substr(0, 4000), "\n");
+  return s;
+}
+
+std::vector<std::string> cli_base(const std::string& dir) {
+  return {"generate", "--weights", "random", "--config", "tiny", "--weights-seed",
+          std::to_string(weights_seed()), "--prompt", "a red fox", "--size", "80x48", "--frames", "9", "--steps", "4",
+          "--seed", std::to_string(noise_seed()), "--ulysses", "2", "--output", dir + "/video.y4m", "--save-latents",
+          dir + "/latents.safetensors"};
+}
+
+#define REQUIRE_BINARY() \
+  ASSERT_TRUE(fs::exists(WAN_BINARY)) << "build the wan target too: " << WAN_BINARY
+
+}  // namespace
+
+TEST(GenerateDistCli, InProcessAndTwoProcessesWriteTheSameFiles) {
+  REQUIRE_GPUS(2);
+  REQUIRE_BINARY();
+  test::TempDir a("gdcli_a"), b("gdcli_b"), logs("gdcli_logs");
+  double s = 0;
+  std::vector<std::string> in_process = cli_base(a.str());
+  in_process.insert(in_process.end(), {"--gpus", "2", "--timings-json", a / "t.json"});
+  const std::vector<Proc> p1 = run_wan(in_process, {{}}, logs.str(), 300, &s);
+  ASSERT_EQ(p1[0].code, 0) << dump(p1);
+  printf("in-process, 2 GPUs: %.1f s\n", s);
+  const auto j = nlohmann::json::parse(slurp(a / "t.json"));
+  EXPECT_EQ(j.at("parallel").at("gpus"), 2);
+  EXPECT_EQ(j.at("parallel").at("ulysses"), 2);
+  EXPECT_EQ(j.at("parallel").at("ranks").size(), 2u);
+  EXPECT_GT(j.at("parallel").at("ranks")[1].at("peak_device_bytes").get<int64_t>(), 0);
+
+  const std::vector<Proc> p2 = run_wan(cli_base(b.str()), ranks_env(2), logs.str(), 300, &s);
+  ASSERT_EQ(p2[0].code, 0) << dump(p2);
+  ASSERT_EQ(p2[1].code, 0) << dump(p2);
+  printf("2 processes (WAN_RANK), 2 GPUs: %.1f s\n", s);
+  EXPECT_NE(p2[0].out.find("rank 1 (cuda:1)"), std::string::npos) << p2[0].out;  // rank 0 reports every rank
+  EXPECT_TRUE(p2[1].out.empty()) << p2[1].out;  // rank 1 neither writes nor reports
+  for (const char* f : {"video.y4m", "latents.safetensors"}) {
+    const std::string x = slurp(a / f), y = slurp(b / f);
+    EXPECT_FALSE(x.empty()) << f;
+    EXPECT_EQ(x, y) << f << " differs between the in-process and the 2-process run";
+  }
+  EXPECT_EQ(b.files(), (std::set<std::string>{"latents.safetensors", "video.y4m"}));  // nothing else, no .tmp
+}
+
+TEST(GenerateDistCli, ForcedFailureEndsEveryRankWithOneError) {
+  REQUIRE_GPUS(2);
+  REQUIRE_BINARY();
+  test::TempDir logs("gdfail_logs");
+  struct Case {
+    std::string name;
+    bool processes;
+    std::map<std::string, std::string> env;
+    std::string message;  // a part of the error line every surviving process prints
+  };
+  const std::vector<Case> cases = {
+      {"throw at step, in-process", false, {{"WAN_DIST_FAIL_RANK", "1"}, {"WAN_DIST_FAIL_AT", "step"}},
+       "error: rank 1: forced failure at 'step' (WAN_DIST_FAIL_RANK=1)"},
+      {"oom at load, in-process", false,
+       {{"WAN_DIST_FAIL_RANK", "1"}, {"WAN_DIST_FAIL_AT", "load"}, {"WAN_DIST_FAIL_MODE", "oom"}},
+       "error: rank 1: forced failure at 'load': cudaMalloc of 1 PiB"},
+      {"throw at step, 2 processes", true, {{"WAN_DIST_FAIL_RANK", "1"}, {"WAN_DIST_FAIL_AT", "step"}},
+       "error: rank 1: forced failure at 'step' (WAN_DIST_FAIL_RANK=1)"},
+      {"rank 1 dies at step, 2 processes", true,
+       {{"WAN_DIST_FAIL_RANK", "1"}, {"WAN_DIST_FAIL_AT", "step"}, {"WAN_DIST_FAIL_MODE", "exit"}},
+       "error: lost peer rank 1"},
+  };
+  for (const Case& c : cases) {
+    test::TempDir out("gdfail_out");
+    double s = 0;
+    std::vector<Proc> p;
+    if (c.processes) {
+      p = run_wan(cli_base(out.str()), ranks_env(2, c.env), logs.str(), 120, &s);
+    } else {
+      std::vector<std::string> args = cli_base(out.str());
+      args.insert(args.end(), {"--gpus", "2"});
+      p = run_wan(args, {c.env}, logs.str(), 120, &s);
+    }
+    printf("%s: every process ended %.1f s after the start\n", c.name.c_str(), s);
+    EXPECT_LT(s, 30.0) << c.name;
+    std::string seen;
+    for (size_t i = 0; i < p.size(); ++i) {
+      const bool died = c.env.count("WAN_DIST_FAIL_MODE") && c.env.at("WAN_DIST_FAIL_MODE") == "exit" && i == 1;
+      EXPECT_NE(p[i].code, 0) << c.name << ", process " << i << "\n" << dump(p);
+      if (died) continue;  // killed itself (exit 3) without a message
+      EXPECT_NE(p[i].code, 2) << c.name << ": not a bad-input failure";
+      const std::vector<std::string> lines = error_lines(p[i].err);
+      ASSERT_EQ(lines.size(), 1u) << c.name << ", process " << i << "\n" << dump(p);
+      EXPECT_EQ(lines[0].rfind(c.message, 0), 0u) << c.name << ": " << lines[0];
+      if (seen.empty()) seen = lines[0];
+      EXPECT_EQ(lines[0], seen) << c.name << ": every process reports the same error";
+    }
+    EXPECT_TRUE(out.files().empty()) << c.name << ": an output file was left behind";
+  }
+}
+
+#endif  // WAN_HAVE_NCCL
