@@ -11,9 +11,12 @@
 # commit, date, one entry per layout (bandwidths, rows, fraction of min(parallel read, H2D), first step
 # vs 1.3 x bytes / bound + text time, projection for the full-size model) and the targets met or not.
 #
-# Usage: WAN_COMMIT=<sha> bench/run_load_bench.sh [full|quick]
+# Usage: WAN_COMMIT=<sha> bench/run_load_bench.sh [full|quick|bf16]
 #   full  (default) both layouts, the official one with a reader / buffer sweep
-#   quick           the official fp32 layout only, no sweep
+#   quick           the official fp32 layout only, no sweep (~41 GB of checkpoint)
+#   bf16            the diffusers bf16 layout only, no sweep (~26 GB: the lightest)
+# Each --first-step runs `wan generate` twice: the fast start as chosen (warm-up beside the text
+# encoding when it fits) and with the warm-up forced after it; both with their critical paths.
 # WAN_BIN=<path to wan> skips the build; WAN_BENCH_BUDGET_S (default 560) bounds the run; WAN_LOAD_WORK
 # (default /tmp/wan-load-bench) is where the checkpoints go.
 set -uo pipefail
@@ -27,6 +30,8 @@ rm -rf "$WORK"
 mkdir -p "$WORK"
 NAME=load-$DATE
 [ "$MODE" = quick ] && NAME=load-quick-$DATE
+[ "$MODE" = bf16 ] && NAME=load-bf16-$DATE
+case "$MODE" in full | quick | bf16) ;; *) echo "unknown mode '$MODE' (full, quick or bf16)"; exit 2 ;; esac
 exec > >(tee "$OUTDIR/load-bench.log") 2>&1
 
 echo "$(elapsed) mode $MODE, commit $WAN_COMMIT, budget $BUDGET s, $LAYERS-block experts"
@@ -38,6 +43,7 @@ bench_build_wan || exit 1
 
 LAYOUTS="official:fp32 diffusers:bf16"
 [ "$MODE" = quick ] && LAYOUTS="official:fp32"
+[ "$MODE" = bf16 ] && LAYOUTS="diffusers:bf16"
 for lt in $LAYOUTS; do
   layout=${lt%%:*}
   dtype=${lt##*:}
@@ -82,6 +88,10 @@ for name, j in out["runs"].items():
         t["first_step_s"] = round(fs["startup_to_first_step_s"], 3)
         t["first_step_target_s"] = round(fs["target_s"], 3)
         t["first_step_met"] = fs["met"]
+        t["warm_up_order"] = fs.get("warm_up_order")
+        sq = fs.get("sequential_warm_up")
+        if sq:
+            t["first_step_sequential_warm_up_s"] = round(sq["startup_to_first_step_s"], 3)
     targets[name] = t
 out["targets"] = targets
 os.makedirs(os.path.dirname(dst), exist_ok=True)

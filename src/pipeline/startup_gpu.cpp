@@ -1,9 +1,15 @@
 // GPU fast start (see startup.h): one loader for the text encoder and the experts, the tokenizer on a
-// side thread, encoding, warm-up. Without CUDA a stub that throws (plan_generate never asks for it).
+// side thread, encoding, and the warm-up beside them (concurrent order) or after the encoding
+// (sequential order). Without CUDA a stub that throws (plan_generate never asks for it).
 #include "pipeline/startup.h"
 
+#include <algorithm>
 #include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
 #include <future>
+#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 
@@ -16,6 +22,51 @@
 
 namespace wan {
 
+namespace {
+
+// Process age at the static initialisation of this file: the shared libraries (CUDA, cuDNN, cuBLAS,
+// ...) are mapped and relocated by then, so it bounds what the process start costs before main.
+const double g_libraries_loaded_at = process_age_seconds();
+
+}  // namespace
+
+bool fast_start_forced_sequential() {
+  const char* v = std::getenv("WAN_FAST_START_SEQUENTIAL");
+  if (!v || !*v || std::strcmp(v, "0") == 0) return false;
+  WAN_CHECK(std::strcmp(v, "1") == 0, "WAN_FAST_START_SEQUENTIAL='", v, "': expected 0 or 1");
+  return true;
+}
+
+std::string startup_trace_json(const FastStart& fs) {
+  nlohmann::ordered_json j;
+  j["version"] = kStartupTraceVersion;
+  j["warm_up_order"] = fs.warm_up_concurrent ? "concurrent" : "sequential";
+  j["reason"] = fs.warm_up_order_reason;
+  j["free_bytes"] = fs.free_bytes_at_choice;
+  j["need_bytes"] = fs.concurrent_need_bytes;
+  j["setup_s"] = fs.setup;
+  j["loader_setup_s"] = fs.loader_setup;
+  j["load_text_encoder_s"] = fs.load_text_encoder;
+  j["text_encode_s"] = fs.text_encode;
+  j["warm_up_s"] = fs.warm_up;
+  j["load_wall_s"] = fs.load_wall;
+  j["bytes"] = fs.bytes;
+  j["gb_per_s"] = fs.gb_per_s;
+  const StartupMarks& m = fs.marks;
+  nlohmann::ordered_json mk;
+  mk["libraries_loaded"] = m.libraries_loaded;
+  mk["entered"] = m.entered;
+  mk["loader_started"] = m.loader_started;
+  mk["streaming"] = m.streaming;
+  mk["text_resident"] = m.text_resident;
+  mk["text_encoded"] = m.text_encoded;
+  mk["warm_up_done"] = m.warm_up_done;
+  mk["weights_resident"] = m.weights_resident;
+  mk["returned"] = m.returned;
+  j["marks"] = mk;
+  return j.dump(2) + "\n";
+}
+
 #ifdef WAN_HAVE_CUDA
 
 namespace {
@@ -26,12 +77,27 @@ double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock:
 constexpr int kTextGroup = 0;  // read first: the prompts can be encoded while the experts stream
 constexpr int kDiTGroup = 1;
 
+double gib(size_t b) { return static_cast<double>(b) / (1024.0 * 1024.0 * 1024.0); }
+
+void write_trace(const FastStart& fs) {
+  const char* path = std::getenv("WAN_STARTUP_TRACE");
+  if (!path || !*path) return;
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  WAN_CHECK(f.good(), "WAN_STARTUP_TRACE=", path, ": cannot write");
+  f << startup_trace_json(fs);
+  WAN_CHECK(f.good(), "WAN_STARTUP_TRACE=", path, ": write failed");
+}
+
 }  // namespace
 
 FastStart gpu_fast_start(const GeneratePlan& p, const DenoiserSpec& spec,
                          const std::vector<std::pair<Expert, int>>& uses, const RunHooks& hooks) {
   WAN_ASSERT(p.fast_start && !p.random_weights, "gpu_fast_start without a fast-start plan");
+  const bool forced_sequential = fast_start_forced_sequential();  // a bad value fails before any work
   const int gpu = parse_device(p.device);
+  FastStart r;
+  r.marks.libraries_loaded = g_libraries_loaded_at;
+  r.marks.entered = process_age_seconds();
   const Clock::time_point t0 = Clock::now();
   auto emit = [&](ProgressEvent::Kind k, Stage s, double seconds) {
     if (!hooks.progress) return;
@@ -51,7 +117,6 @@ FastStart gpu_fast_start(const GeneratePlan& p, const DenoiserSpec& spec,
   if (p.needs_text_encoder)
     tokens = std::async(std::launch::async, [&p] { return load_prompt_tokenizer(&p.ckpt, p.t5.vocab, false); });
 
-  FastStart r;
   std::unique_ptr<GpuTextEncoder> te;
   std::unique_ptr<Denoiser> dit;
   // Declared after what it fills: on an error it is destroyed first (stopped, copies quiesced).
@@ -78,14 +143,54 @@ FastStart gpu_fast_start(const GeneratePlan& p, const DenoiserSpec& spec,
     }
     dit = dit_setup.get();
   }
+
+  // The warm-up's order: concurrent when the DiT's arena (+ reserve), the encoder's headroom and the
+  // loader's device staging fit the memory free now that every weight (and the encoder's arena) is
+  // allocated (see startup.h).
+  CUDA_CHECK(cudaSetDevice(gpu));
+  {
+    size_t free_b = 0, total_b = 0;
+    CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    const size_t text_headroom =
+        te ? static_cast<size_t>(std::max<int64_t>(0, p.t5_device_bytes - static_cast<int64_t>(te->device_bytes())))
+           : 0;
+    const size_t staging = cuda::DeviceLoader::device_bytes(loader->options());
+    const size_t need = dit->warm_up_device_bytes() + text_headroom + staging;
+    r.free_bytes_at_choice = free_b;
+    r.concurrent_need_bytes = need;
+    r.warm_up_concurrent = !forced_sequential && need <= free_b;
+    r.warm_up_order_reason = forced_sequential ? "forced (WAN_FAST_START_SEQUENTIAL=1)"
+                             : r.warm_up_concurrent
+                                 ? "fits"
+                                 : cat("memory: the warm-up beside the text encoder needs ", gib(need), " GiB, ",
+                                       gib(free_b), " GiB free");
+  }
+
   loader->start();
   r.setup = since(t0);
+  r.marks.loader_started = process_age_seconds();
+
+  // Concurrent order: the warm-up on its own thread (the DiT's own stream; its graph capture is
+  // thread-local) from now on. Declared after the DiT and the loader: on an error it is joined first
+  // (the DiT it uses is still alive), then the loader stops. Returns (seconds, process age at its end).
+  std::future<std::pair<double, double>> warm;
+  if (r.warm_up_concurrent) {
+    emit(ProgressEvent::Begin, Stage::WarmUp, 0);
+    Denoiser* d = dit.get();
+    warm = std::async(std::launch::async, [d, gpu, &uses] {
+      const Clock::time_point tw = Clock::now();
+      CUDA_CHECK(cudaSetDevice(gpu));
+      d->warm_up(uses);
+      return std::make_pair(since(tw), process_age_seconds());
+    });
+  }
 
   r.cond = p.prompt_embeds;
   r.uncond = p.negative_embeds;
   if (te) {
     loader->wait_group(kTextGroup);
     r.load_text_encoder = since(t0);
+    r.marks.text_resident = process_age_seconds();
     emit(ProgressEvent::End, Stage::LoadTextEncoder, r.load_text_encoder);
     check_cancel();
     const Clock::time_point t1 = Clock::now();
@@ -95,17 +200,31 @@ FastStart gpu_fast_start(const GeneratePlan& p, const DenoiserSpec& spec,
     check_cancel();
     if (!r.uncond.defined()) r.uncond = te->encode_ids(tk.ids(p.negative_prompt));
     r.text_encode = since(t1);
+    r.marks.text_encoded = process_age_seconds();
     emit(ProgressEvent::End, Stage::EncodeText, r.text_encode);
-    if (!p.keep_text_encoder) te.reset();  // frees its device memory before the DiT's arena exists
+    // Sequential order: frees its device memory before the DiT's arena exists. Concurrent: the arena
+    // exists (or is being made) beside it; freeing it now leaves the sampler its room.
+    if (!p.keep_text_encoder) te.reset();
   }
   check_cancel();
-  const Clock::time_point t2 = Clock::now();
-  emit(ProgressEvent::Begin, Stage::WarmUp, 0);
-  dit->warm_up(uses);  // arena + plans + graph capture, while the experts stream
-  r.warm_up = since(t2);
+  if (r.warm_up_concurrent) {
+    const auto [seconds, done_at] = warm.get();
+    r.warm_up = seconds;
+    r.marks.warm_up_done = done_at;
+  } else {
+    const Clock::time_point t2 = Clock::now();
+    emit(ProgressEvent::Begin, Stage::WarmUp, 0);
+    dit->warm_up(uses);  // arena + plans + graph capture, while the experts stream
+    r.warm_up = since(t2);
+    r.marks.warm_up_done = process_age_seconds();
+  }
   emit(ProgressEvent::End, Stage::WarmUp, r.warm_up);
 
   const cuda::LoadStats st = loader->finish();
+  // The load thread's own clock, from its start (just before loader_started).
+  r.marks.streaming = r.marks.loader_started + st.setup_seconds;
+  r.marks.weights_resident = r.marks.loader_started + st.seconds;
+  r.loader_setup = st.setup_seconds;
   r.load_wall = since(t0);
   loader.reset();
   emit(ProgressEvent::End, Stage::LoadDiT, r.load_wall);
@@ -113,6 +232,8 @@ FastStart gpu_fast_start(const GeneratePlan& p, const DenoiserSpec& spec,
   r.gb_per_s = st.gb_per_s();
   r.dit = std::move(dit);
   r.text = std::move(te);
+  r.marks.returned = process_age_seconds();
+  write_trace(r);
   return r;
 }
 

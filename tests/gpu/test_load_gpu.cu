@@ -18,16 +18,22 @@
 // (f) warm-up: graphs captured before the weights arrive (deferred arena, shared loader), then the
 //     first forward replays them and equals an eager forward bit for bit;
 // (g) `wan generate`'s fast start (text encoder and experts streamed together, encoding and warm-up
-//     during the load) gives the same latents and video as the one-after-the-other path.
+//     during the load) gives the same latents and video as the one-after-the-other path, bit for bit,
+//     with the warm-up beside the encoding (concurrent order, chosen on the tiny model) and after it
+//     (WAN_FAST_START_SEQUENTIAL=1); the start-up trace (WAN_STARTUP_TRACE) says which order ran.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <future>
 #include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -46,6 +52,7 @@
 #include "gpu_test_util.h"
 #include "pipeline/models.h"
 #include "pipeline/pipeline.h"
+#include "pipeline/startup.h"
 #include "st/safetensors.h"
 
 namespace fs = std::filesystem;
@@ -624,7 +631,27 @@ TEST_F(Checkpoints, WarmUpBeforeTheWeightsThenReplayEqualsEager) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// (g) the pipeline's fast start: same latents as the one-after-the-other path
+// (g) the pipeline's fast start: same latents as the one-after-the-other path, in both warm-up orders
+
+// Sets an environment variable for one scope; the old value (or its absence) comes back after.
+struct EnvGuard {
+  std::string name;
+  std::optional<std::string> old;
+  EnvGuard(std::string n, const std::string& v) : name(std::move(n)) {
+    if (const char* o = std::getenv(name.c_str())) old = o;
+    ::setenv(name.c_str(), v.c_str(), 1);
+  }
+  ~EnvGuard() {
+    if (old) ::setenv(name.c_str(), old->c_str(), 1);
+    else ::unsetenv(name.c_str());
+  }
+};
+
+nlohmann::json read_trace(const std::string& path) {
+  std::ifstream f(path);
+  EXPECT_TRUE(f.good()) << path << ": no start-up trace written";
+  return nlohmann::json::parse(f);
+}
 
 TEST_F(Checkpoints, PipelineFastStartEqualsSequentialLoad) {
   REQUIRE_GPU();
@@ -641,19 +668,69 @@ TEST_F(Checkpoints, PipelineFastStartEqualsSequentialLoad) {
   ASSERT_TRUE(fast.fast_start) << "the tiny model fits next to its text encoder";
   GeneratePlan seq = fast;
   seq.fast_start = false;
-  const GenerateResult a = guarded([&] { return run_generate(fast, {}); });
+  const std::string trace = *dir / "startup_trace.json";
+  // a: the fast start in the order memory allows (the tiny model: the warm-up beside the encoding);
+  // c: the fast start forced into the sequential warm-up; b: no fast start at all.
+  GenerateResult a, c;
+  nlohmann::json ta, tc;
+  {
+    EnvGuard tr("WAN_STARTUP_TRACE", trace);
+    a = guarded([&] { return run_generate(fast, {}); });
+    ta = read_trace(trace);
+    fs::remove(trace);
+    EnvGuard sq("WAN_FAST_START_SEQUENTIAL", "1");
+    c = guarded([&] { return run_generate(fast, {}); });
+    tc = read_trace(trace);
+  }
   const GenerateResult b = guarded([&] { return run_generate(seq, {}); });
+  EXPECT_EQ(ta.value("warm_up_order", ""), "concurrent") << ta.dump();
+  EXPECT_EQ(ta.value("reason", ""), "fits");
+  EXPECT_LE(ta.value("need_bytes", uint64_t{0}), ta.value("free_bytes", uint64_t{0}));
+  EXPECT_GT(ta.value("need_bytes", uint64_t{0}), 0u);
+  EXPECT_EQ(tc.value("warm_up_order", ""), "sequential") << tc.dump();
+  EXPECT_NE(tc.value("reason", "").find("forced"), std::string::npos) << tc.dump();
+  for (const nlohmann::json* t : {&ta, &tc}) {
+    // Every milestone happened, in an order that holds in both warm-up orders.
+    const nlohmann::json& m = t->at("marks");
+    for (const char* k : {"libraries_loaded", "entered", "loader_started", "streaming", "text_resident",
+                          "text_encoded", "warm_up_done", "weights_resident", "returned"})
+      EXPECT_GT(m.value(k, 0.0), 0.0) << k << " in " << t->dump();
+    EXPECT_LE(m.value("libraries_loaded", 0.0), m.value("entered", 0.0));
+    EXPECT_LE(m.value("entered", 0.0), m.value("loader_started", 0.0));
+    EXPECT_LE(m.value("loader_started", 0.0), m.value("text_resident", 0.0));
+    EXPECT_LE(m.value("streaming", 0.0), m.value("weights_resident", 0.0));
+    EXPECT_LE(m.value("text_resident", 0.0), m.value("text_encoded", 0.0));
+    for (const char* k : {"text_encoded", "warm_up_done", "weights_resident"})
+      EXPECT_LE(m.value(k, 0.0), m.value("returned", 0.0) + 0.02) << k;  // weights_resident: the loader's clock
+    EXPECT_GT(t->value("warm_up_s", 0.0), 0.0);
+    EXPECT_EQ(t->value("version", 0), kStartupTraceVersion);
+  }
+  // In the sequential order the warm-up starts after the encoding.
+  EXPECT_GE(tc["marks"].value("warm_up_done", 0.0), tc["marks"].value("text_encoded", 0.0));
   EXPECT_GT(a.timings.load_wall, 0.0);
   EXPECT_GT(a.timings.warm_up, 0.0);
   EXPECT_GT(a.timings.startup, 0.0);
   EXPECT_GT(a.load_bytes, 0u);
+  EXPECT_GT(c.timings.load_wall, 0.0);
   EXPECT_EQ(b.timings.load_wall, 0.0);
   EXPECT_GT(b.timings.warm_up, 0.0);  // the sequential path warms up too
-  ASSERT_EQ(a.latents.shape(), b.latents.shape());
-  EXPECT_EQ(0, std::memcmp(a.latents.data(), b.latents.data(), a.latents.nbytes()))
-      << "fast start changed the latents";
-  ASSERT_EQ(a.video.shape(), b.video.shape());
-  EXPECT_EQ(0, std::memcmp(a.video.data(), b.video.data(), a.video.nbytes())) << "fast start changed the video";
+  for (const GenerateResult* r : {&a, &c}) {
+    const char* what = r == &a ? "concurrent warm-up" : "sequential warm-up";
+    ASSERT_EQ(r->latents.shape(), b.latents.shape());
+    EXPECT_EQ(0, std::memcmp(r->latents.data(), b.latents.data(), b.latents.nbytes()))
+        << "fast start (" << what << ") changed the latents";
+    ASSERT_EQ(r->video.shape(), b.video.shape());
+    EXPECT_EQ(0, std::memcmp(r->video.data(), b.video.data(), b.video.nbytes()))
+        << "fast start (" << what << ") changed the video";
+  }
+  // A bad value of the switch is one clear error before any work.
+  EnvGuard bad("WAN_FAST_START_SEQUENTIAL", "yes");
+  try {
+    run_generate(fast, {});
+    ADD_FAILURE() << "WAN_FAST_START_SEQUENTIAL=yes was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("WAN_FAST_START_SEQUENTIAL"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace
