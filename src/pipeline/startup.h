@@ -23,7 +23,10 @@
 //   + the loader's device staging (allocated by the load thread after the check).
 // Either order gives bit-identical results (the same plans and graphs on the same arena layout).
 // Environment (diagnostics; tests and `wan bench --load --first-step` use them):
-//   WAN_FAST_START_SEQUENTIAL=1  always the sequential order (0 or unset: chosen by memory as above);
+//   WAN_FAST_START_SEQUENTIAL=0  the order chosen by memory as above (opt-in); 1, unset or empty: always the
+//                                sequential order (the default: on the H100 the concurrent order measured no
+//                                faster, 0.835 vs 0.805 s and 1.046 vs 1.043 s to the first step, and one CLI
+//                                run in it hit a cuBLAS internal error, not yet understood);
 //   WAN_STARTUP_TRACE=FILE       writes the start-up's milestones (process ages) and the order chosen
 //                                as JSON (kStartupTraceVersion) to FILE when the fast start returns.
 // Invariants: returns only when every weight is on the device and the warm-up has finished; on any
@@ -80,8 +83,8 @@ struct FastStart {
 FastStart gpu_fast_start(const GeneratePlan& plan, const DenoiserSpec& spec,
                          const std::vector<std::pair<Expert, int>>& uses, const RunHooks& hooks);
 
-// WAN_FAST_START_SEQUENTIAL: true for "1", false when unset, empty or "0"; anything else throws one
-// clear wan::Error.
+// WAN_FAST_START_SEQUENTIAL: true for "1", unset or empty (the default), false for "0"; anything else
+// throws one clear wan::Error.
 bool fast_start_forced_sequential();
 
 // The JSON written to WAN_STARTUP_TRACE (an object: "version", "warm_up_order", "reason",

@@ -32,9 +32,9 @@ const double g_libraries_loaded_at = process_age_seconds();
 
 bool fast_start_forced_sequential() {
   const char* v = std::getenv("WAN_FAST_START_SEQUENTIAL");
-  if (!v || !*v || std::strcmp(v, "0") == 0) return false;
-  WAN_CHECK(std::strcmp(v, "1") == 0, "WAN_FAST_START_SEQUENTIAL='", v, "': expected 0 or 1");
-  return true;
+  if (!v || !*v || std::strcmp(v, "1") == 0) return true;  // the default: see startup.h
+  WAN_CHECK(std::strcmp(v, "0") == 0, "WAN_FAST_START_SEQUENTIAL='", v, "': expected 0 or 1");
+  return false;
 }
 
 std::string startup_trace_json(const FastStart& fs) {

@@ -38,15 +38,15 @@ TEST(Startup, SequentialSwitch) {
   const char* kVar = "WAN_FAST_START_SEQUENTIAL";
   {
     EnvGuard g(kVar, std::nullopt);
-    EXPECT_FALSE(fast_start_forced_sequential());
+    EXPECT_TRUE(fast_start_forced_sequential());  // the default
   }
-  for (const char* off : {"", "0"}) {
-    EnvGuard g(kVar, std::string(off));
-    EXPECT_FALSE(fast_start_forced_sequential()) << "'" << off << "'";
+  for (const char* on : {"", "1"}) {
+    EnvGuard g(kVar, std::string(on));
+    EXPECT_TRUE(fast_start_forced_sequential()) << "'" << on << "'";
   }
   {
-    EnvGuard g(kVar, std::string("1"));
-    EXPECT_TRUE(fast_start_forced_sequential());
+    EnvGuard g(kVar, std::string("0"));
+    EXPECT_FALSE(fast_start_forced_sequential());
   }
   for (const char* bad : {"yes", "2", "true", " 1"}) {
     EnvGuard g(kVar, std::string(bad));
