@@ -13,7 +13,8 @@
 # Environment: WAN_DIST_GPUS (GPU count, default: all visible), WAN_DIST_KIND (label, default from the GPU
 # name and count, e.g. nvidia-h200-x2), WAN_DIST_LAYERS_480 (default 2,6), WAN_DIST_LAYERS_720 (default
 # 1,3), WAN_DIST_STEPS (timed forwards per depth, default 5 at 480p, 3 at 720p), WAN_BENCH_BUDGET_S
-# (default 540: no configuration starts that cannot finish in time; skipped ones are listed).
+# (default 540: no configuration starts that cannot finish in time; skipped ones are listed), WAN_DIST_NEED_S
+# (seconds one configuration is assumed to need: default 60 at 480p, 90 at 720p).
 # NVLink multicast stays off (NCCL_NVLS_ENABLE=0).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -69,8 +70,8 @@ run() {  # name, seconds it needs, then wan bench options
 
 case $MODE in quick) SIZES=(480p) ;; 720p) SIZES=(720p) ;; *) SIZES=(480p 720p) ;; esac
 for res in "${SIZES[@]}"; do
-  if [ "$res" = 480p ]; then size=832x480; layers=${WAN_DIST_LAYERS_480:-2,6}; steps=${WAN_DIST_STEPS:-5}; need=60
-  else size=1280x720; layers=${WAN_DIST_LAYERS_720:-1,3}; steps=${WAN_DIST_STEPS:-3}; need=90; fi
+  if [ "$res" = 480p ]; then size=832x480; layers=${WAN_DIST_LAYERS_480:-2,6}; steps=${WAN_DIST_STEPS:-5}; need=${WAN_DIST_NEED_S:-60}
+  else size=1280x720; layers=${WAN_DIST_LAYERS_720:-1,3}; steps=${WAN_DIST_STEPS:-3}; need=${WAN_DIST_NEED_S:-90}; fi
   common=(--size "$size" --frames 81 --layers "$layers" --steps "$steps" --warmup 2)
   run "$res-1gpu" "$need" "${common[@]}" --no-breakdown
   for l in "${LAYOUTS[@]}"; do
