@@ -117,10 +117,16 @@ struct DeviceLoader::Impl {
   LoadStats stats;
   std::thread thread;
   std::atomic<bool> cancelled{false};
+  // After a successful load: the staging (pinned and device memory, streams), freed by finish() or the
+  // destructor on the caller's thread. Freeing synchronises the device, which must not happen while
+  // another thread captures a CUDA graph (the DiT's warm-up runs beside the load): the caller knows
+  // when no capture runs, the load thread does not.
+  std::unique_ptr<Resources> leftover;
 
   ~Impl() {
     cancelled = true;
     if (thread.joinable()) thread.join();
+    leftover.reset();
     for (cudaEvent_t e : group_events)
       if (e) cudaEventDestroy(e);
     cudaGetLastError();
@@ -149,14 +155,17 @@ void DeviceLoader::Impl::run() {
     cv.notify_all();
   };
   {
-    Resources r;
+    auto r = std::make_unique<Resources>();
     try {
-      load(r);
-      r.sync();
-      // Success: every weight is on the device. Report it now; the staging is freed after (the
-      // destructor joins this thread, so nothing outlives the loader).
+      load(*r);
+      r->sync();
+      // Success: every weight is on the device. The staging is kept for finish() / the destructor to
+      // free on the caller's thread (see Impl::leftover).
+      {
+        std::lock_guard<std::mutex> lk(m);
+        leftover = std::move(r);
+      }
       done(nullptr);
-      r.release();
       return;
     } catch (const Error& e) {
       err = std::make_exception_ptr(e.with_context("streaming the weights to the GPU"));
@@ -394,7 +403,11 @@ LoadStats DeviceLoader::finish() {
   WAN_CHECK(m.state != Impl::State::Idle, "weight loader: finish() before start()");
   m.cv.wait(lk, [&] { return m.state == Impl::State::Done; });
   if (m.error) std::rethrow_exception(m.error);
-  return m.stats;
+  std::unique_ptr<Resources> staging = std::move(m.leftover);
+  const LoadStats stats = m.stats;
+  lk.unlock();
+  staging.reset();  // on this thread: see Impl::leftover
+  return stats;
 }
 
 void DeviceLoader::cancel() { impl_->cancelled = true; }

@@ -27,7 +27,9 @@
 //   the load stops, the streams are synchronised, everything the loader allocated (pinned and
 //   device staging, streams, events) is freed, and then wait_group() / finish() throw one wan::Error
 //   naming the file and tensor. On success finish() returns as soon as every weight is on the
-//   device; the staging is freed right after, on the load thread (the destructor waits for it). The
+//   device, and frees the staging on the calling thread (or the destructor does): freeing device or
+//   pinned memory synchronises the device, which would break a CUDA graph capture running on another
+//   thread, so it happens where the caller controls it, never on the load thread after success. The
 //   destination memory belongs to the caller (it may be freed once finish() or the destructor has
 //   returned).
 // - The destructor cancels a running load and waits for it; it never throws.

@@ -25,8 +25,10 @@
 // Environment (diagnostics; tests and `wan bench --load --first-step` use them):
 //   WAN_FAST_START_SEQUENTIAL=0  the order chosen by memory as above (opt-in); 1, unset or empty: always the
 //                                sequential order (the default: on the H100 the concurrent order measured no
-//                                faster, 0.835 vs 0.805 s and 1.046 vs 1.043 s to the first step, and one CLI
-//                                run in it hit a cuBLAS internal error, not yet understood);
+//                                faster, 0.835 vs 0.805 s and 1.046 vs 1.043 s to the first step; the load is
+//                                the critical path). In the concurrent order the encoder is freed only after
+//                                the warm-up: a cudaFree during the graph capture on the warm-up thread
+//                                invalidated the capture (a cuBLAS internal error in one CLI run);
 //   WAN_STARTUP_TRACE=FILE       writes the start-up's milestones (process ages) and the order chosen
 //                                as JSON (kStartupTraceVersion) to FILE when the fast start returns.
 // Invariants: returns only when every weight is on the device and the warm-up has finished; on any

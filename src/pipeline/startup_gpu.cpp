@@ -202,15 +202,17 @@ FastStart gpu_fast_start(const GeneratePlan& p, const DenoiserSpec& spec,
     r.text_encode = since(t1);
     r.marks.text_encoded = process_age_seconds();
     emit(ProgressEvent::End, Stage::EncodeText, r.text_encode);
-    // Sequential order: frees its device memory before the DiT's arena exists. Concurrent: the arena
-    // exists (or is being made) beside it; freeing it now leaves the sampler its room.
-    if (!p.keep_text_encoder) te.reset();
+    // Sequential order: frees its device memory before the DiT's arena exists. Concurrent: only once
+    // the warm-up has finished (below): cudaFree synchronises the device, which would invalidate the
+    // graph capture running on the warm-up thread (seen as a cuBLAS internal error).
+    if (!p.keep_text_encoder && !r.warm_up_concurrent) te.reset();
   }
   check_cancel();
   if (r.warm_up_concurrent) {
     const auto [seconds, done_at] = warm.get();
     r.warm_up = seconds;
     r.marks.warm_up_done = done_at;
+    if (!p.keep_text_encoder) te.reset();
   } else {
     const Clock::time_point t2 = Clock::now();
     emit(ProgressEvent::Begin, Stage::WarmUp, 0);
