@@ -278,11 +278,7 @@ int bench_parallel(const Args& args, const std::string& task, const DiTConfig& f
   J["step_s"] = {{"layers", target}, {"value", step_s}, {"method", method}};
   J["achieved_tflops_per_gpu"] = fl.total() / step_s / 1e12 / layout.world();
   if (!json_path.empty()) {
-    std::ofstream f(json_path);
-    WAN_CHECK(f.good(), "--json ", json_path, ": cannot open for writing");
-    f << J.dump(2) << "\n";
-    WAN_CHECK(f.good(), "--json ", json_path, ": write failed");
-    printf("wrote %s\n", json_path.c_str());
+    write_json_file(json_path, J);
   }
   return 0;
 #endif  // WAN_HAVE_NCCL
@@ -536,11 +532,7 @@ int cmd_bench(int argc, char** argv) {
                       {"layers", deepest.layers}};
 
   if (!json_path.empty()) {
-    std::ofstream f(json_path);
-    WAN_CHECK(f.good(), "--json ", json_path, ": cannot open for writing");
-    f << J.dump(2) << "\n";
-    WAN_CHECK(f.good(), "--json ", json_path, ": write failed");
-    printf("wrote %s\n", json_path.c_str());
+    write_json_file(json_path, J);
   }
   return 0;
 #endif

@@ -454,11 +454,7 @@ int cmd_bench_attention(int argc, char** argv) {
         "on one stream, each preceded by an untimed 256 MiB fill (host launch work overlapped, cold L2); warm-up "
         "calls, then reps interleaved own/cuDNN; median; TFLOP/s = 4*B*H*Lq*Lk*D / median (masked: valid keys)";
     J["cases"] = jcases;
-    std::ofstream f(json_path);
-    WAN_CHECK(f.good(), "--json ", json_path, ": cannot open for writing");
-    f << J.dump(2) << "\n";
-    WAN_CHECK(f.good(), "--json ", json_path, ": write failed");
-    printf("wrote %s\n", json_path.c_str());
+    write_json_file(json_path, J);
   }
   WAN_ASSERT(bad_cases.empty(), "bench-attention: non-finite outputs in ", bad_cases);
   return 0;

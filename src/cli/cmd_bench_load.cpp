@@ -51,6 +51,7 @@
 
 #include "ckpt/layout.h"
 #include "cli/args.h"
+#include "cli/bench_common.h"
 #include "cli/commands.h"
 #include "config/config.h"
 #include "core/error.h"
@@ -95,14 +96,6 @@ using Clock = std::chrono::steady_clock;
 double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 constexpr double kGB = 1e9;
 
-std::string utc_now() {
-  const std::time_t t = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char b[32];
-  std::strftime(b, sizeof b, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return b;
-}
 
 #ifdef WAN_HAVE_CUDA
 
@@ -654,10 +647,7 @@ int cmd_bench_load(int argc, char** argv) {
   }
 
   if (!json_path.empty()) {
-    std::ofstream f(json_path);
-    WAN_CHECK(f.good(), json_path, ": cannot write");
-    f << J.dump(2) << "\n";
-    printf("wrote %s\n", json_path.c_str());
+    write_json_file(json_path, J);
   }
   return 0;
 #endif

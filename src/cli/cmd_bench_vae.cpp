@@ -272,11 +272,7 @@ int cmd_bench_vae(int argc, char** argv) {
                    {"arena_bytes", dec->arena_bytes()},
                    {"latent_video_bytes", io}};
     J["video_check"] = {{"bad", bad}, {"rms", rms}};
-    std::ofstream f(json_path);
-    WAN_CHECK(f.good(), "--json ", json_path, ": cannot open for writing");
-    f << J.dump(2) << "\n";
-    WAN_CHECK(f.good(), "--json ", json_path, ": write failed");
-    printf("wrote %s\n", json_path.c_str());
+    write_json_file(json_path, J);
   }
   WAN_ASSERT(bad == 0, "bench-vae: ", bad, " video elements are non-finite or outside [-1, 1]");
   return 0;

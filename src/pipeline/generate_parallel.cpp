@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "pipeline/denoiser.h"
 #include "pipeline/models.h"
+#include "pipeline/stage_timer.h"
 #include "sampler/sampler.h"
 
 #ifdef WAN_HAVE_CUDA
@@ -289,35 +290,8 @@ Tensor context_batch(const std::vector<const Tensor*>& embeds, std::vector<int64
   return ctx;
 }
 
-// Begin / End / Advance events of one stage (rank 0 passes the caller's hooks, the others none).
-class StageEvents {
- public:
-  StageEvents(const RunHooks& h, Stage s, int total = 0) : h_(h), s_(s), total_(total), t0_(Clock::now()) {
-    emit(ProgressEvent::Begin, 0, "");
-  }
-  void advance(int done, const std::string& detail) { emit(ProgressEvent::Advance, done, detail); }
-  double end() {
-    emit(ProgressEvent::End, total_, "");
-    return since(t0_);
-  }
-
- private:
-  void emit(ProgressEvent::Kind k, int done, const std::string& detail) {
-    if (!h_.progress) return;
-    ProgressEvent e;
-    e.kind = k;
-    e.stage = s_;
-    e.done = done;
-    e.total = total_;
-    e.seconds = since(t0_);
-    e.detail = detail;
-    h_.progress(e);
-  }
-  const RunHooks& h_;
-  Stage s_;
-  int total_;
-  Clock::time_point t0_;
-};
+// Stage events: rank 0 passes the caller's hooks, the others none.
+using StageEvents = pipeline_detail::StageTimer;
 
 // What rank 0 hands back to run_generate_parallel.
 struct RankZeroOut {

@@ -30,6 +30,7 @@
 #include "pipeline/files.h"
 #include "pipeline/models.h"
 #include "pipeline/startup.h"
+#include "pipeline/stage_timer.h"
 
 namespace wan {
 namespace {
@@ -68,38 +69,7 @@ void check_cancel(const RunHooks& h) {
   if (h.cancel && h.cancel->load(std::memory_order_relaxed)) throw Cancelled();
 }
 
-// Begin/End events of a stage and its duration.
-class StageTimer {
- public:
-  StageTimer(const RunHooks& h, Stage s, int total = 0) : h_(h), s_(s), total_(total), t0_(Clock::now()) {
-    check_cancel(h_);
-    emit(ProgressEvent::Begin, 0, "");
-  }
-  void advance(int done, const std::string& detail = "") { emit(ProgressEvent::Advance, done, detail); }
-  double end() {
-    double s = seconds_since(t0_);
-    emit(ProgressEvent::End, total_, "");
-    return s;
-  }
-  double elapsed() const { return seconds_since(t0_); }
-
- private:
-  void emit(ProgressEvent::Kind k, int done, const std::string& detail) {
-    if (!h_.progress) return;
-    ProgressEvent e;
-    e.kind = k;
-    e.stage = s_;
-    e.done = done;
-    e.total = total_;
-    e.seconds = seconds_since(t0_);
-    e.detail = detail;
-    h_.progress(e);
-  }
-  const RunHooks& h_;
-  Stage s_;
-  int total_;
-  Clock::time_point t0_;
-};
+using pipeline_detail::StageTimer;
 
 // Context batch [B, Lmax, D] (rows past each prompt's length are zero) and the lengths.
 Tensor context_batch(const std::vector<const Tensor*>& embeds, std::vector<int64_t>* lens) {
