@@ -23,6 +23,7 @@
 #include <numeric>
 #include <thread>
 
+#include "core/clock.h"
 #include "core/error.h"
 
 namespace wan {
@@ -141,8 +142,6 @@ StagingLease detail::StreamState::lease(const std::shared_ptr<StreamState>& st, 
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 struct OpenFile {
   int fd = -1;
@@ -266,7 +265,7 @@ StreamStats StreamLoader::run(const LoadPlan& plan, const std::vector<void*>& st
         if (st->busy[b]) continue;
         st->busy[b] = 1;
         st->max_busy = std::max(st->max_busy, ++st->n_busy);
-        rs.wait_s += since(w0);
+        rs.wait_s += seconds_since(w0);
         return b;
       }
       if (opt_.reclaim) {
@@ -293,7 +292,7 @@ StreamStats StreamLoader::run(const LoadPlan& plan, const std::vector<void*>& st
       try {
         const Clock::time_point r0 = Clock::now();
         read_chunk(*file_of[c.tensor], c, staging[b]);
-        rs.read_s += since(r0);
+        rs.read_s += seconds_since(r0);
       } catch (...) {
         st->fail(std::current_exception());
         break;
@@ -359,7 +358,7 @@ StreamStats StreamLoader::run(const LoadPlan& plan, const std::vector<void*>& st
     std::lock_guard<std::mutex> lk(st->m);
     s.max_outstanding = st->max_busy;
   }
-  s.seconds = since(t0);
+  s.seconds = seconds_since(t0);
   return s;
 }
 

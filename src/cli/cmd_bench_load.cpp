@@ -54,6 +54,7 @@
 #include "cli/bench_common.h"
 #include "cli/commands.h"
 #include "config/config.h"
+#include "core/clock.h"
 #include "core/error.h"
 #include "pipeline/models.h"
 #include "pipeline/pipeline.h"
@@ -92,8 +93,6 @@ void print_help() {
       "  --json FILE          write the results as JSON (commit from $WAN_COMMIT)\n");
 }
 
-using Clock = std::chrono::steady_clock;
-double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 constexpr double kGB = 1e9;
 
 
@@ -255,7 +254,7 @@ LoadRow time_load(const CheckpointInfo& info, const std::vector<Role>& roles, co
     opt.defer_arena = true;  // weights only: the arena is never allocated here
     dit = std::make_unique<cuda::DiTGpu>(cuda::DiTGpu::create(info.dit, sources, cuda::DiTShape{2, 1, 16, 16}, opt));
   }
-  row.alloc_seconds = since(t0);
+  row.alloc_seconds = seconds_since(t0);
   loader->start();
   const cuda::LoadStats st = loader->finish();
   loader.reset();
@@ -421,7 +420,7 @@ int cmd_bench_load(int argc, char** argv) {
   WAN_CHECK(cuda::device_count() > device && device >= 0, "wan bench --load: no CUDA device ", device);
   CUDA_CHECK(cudaSetDevice(device));
   CUDA_CHECK(cudaFree(nullptr));
-  const double cuda_context_s = since(t_ctx);
+  const double cuda_context_s = seconds_since(t_ctx);
   cudaDeviceProp prop{};
   CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
 
@@ -476,17 +475,17 @@ int cmd_bench_load(int argc, char** argv) {
   const std::vector<Piece> all = pieces_of(files, UINT64_MAX);
   Clock::time_point t0 = Clock::now();
   read_pieces(files, all, read_threads);
-  const double warm_s = since(t0);
+  const double warm_s = seconds_since(t0);
   printf("warm read (fills the page cache; every number below reads from it): %.2f GB in %.2f s\n",
          files.total / kGB, warm_s);
   const uint64_t read1_limit = static_cast<uint64_t>(args.get_double("read1-gb", 8) * kGB);
   const std::vector<Piece> some = pieces_of(files, read1_limit);
   t0 = Clock::now();
   const uint64_t b1 = read_pieces(files, some, 1);
-  const double read1 = static_cast<double>(b1) / since(t0) / kGB;
+  const double read1 = static_cast<double>(b1) / seconds_since(t0) / kGB;
   t0 = Clock::now();
   const uint64_t bn = read_pieces(files, all, read_threads);
-  const double readn = static_cast<double>(bn) / since(t0) / kGB;
+  const double readn = static_cast<double>(bn) / seconds_since(t0) / kGB;
   printf("page-cache read: 1 thread %.2f GB/s (%.2f GB), %d threads %.2f GB/s (%.2f GB)\n", read1, b1 / kGB,
          read_threads, readn, bn / kGB);
 

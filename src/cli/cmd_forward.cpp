@@ -17,6 +17,7 @@
 #include "ckpt/layout.h"
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "core/clock.h"
 #include "core/philox.h"
 #include "core/thread_pool.h"
 #include "dit/dit.h"
@@ -78,9 +79,6 @@ Stats stats(const Tensor& t) {
   return s;
 }
 
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
 
 }  // namespace
 

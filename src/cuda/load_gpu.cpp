@@ -22,6 +22,7 @@
 #include <mutex>
 #include <thread>
 
+#include "core/clock.h"
 #include "core/dtype.h"
 #include "core/error.h"
 #include "cuda/check.h"
@@ -30,8 +31,6 @@ namespace wan::cuda {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 size_t round64(size_t b) { return std::max<size_t>(64, b / 64 * 64); }
 
@@ -149,7 +148,7 @@ void DeviceLoader::Impl::run() {
   std::exception_ptr err;
   auto done = [&](std::exception_ptr e) {
     std::lock_guard<std::mutex> lk(m);
-    stats.seconds = since(t0);
+    stats.seconds = seconds_since(t0);
     error = std::move(e);
     state = State::Done;
     cv.notify_all();
@@ -235,7 +234,7 @@ void DeviceLoader::Impl::load(Resources& r) {
   if (convert) CUDA_CHECK(cudaMalloc(&r.dev_slots, buf * static_cast<size_t>(K)));
   std::vector<void*> staging;
   for (int k = 0; k < K; ++k) staging.push_back(static_cast<char*>(r.pinned) + buf * static_cast<size_t>(k));
-  stats.setup_seconds = since(t0);
+  stats.setup_seconds = seconds_since(t0);
 
   struct Pending {
     int buffer;
@@ -316,7 +315,7 @@ void DeviceLoader::Impl::load(Resources& r) {
   r.sync();
   CUDA_CHECK(cudaGetLastError());
   pending.clear();
-  stats.stream_seconds = since(t1);
+  stats.stream_seconds = seconds_since(t1);
   stats.bytes = stats.stream.bytes;
   stats.chunks = stats.stream.chunks;
   stats.converted_chunks = converted;

@@ -18,12 +18,12 @@
 #include <chrono>
 #include <cstring>
 
+#include "core/clock.h"
 #include "core/log.h"
 
 namespace wan::dist {
 namespace {
 
-using Clock = std::chrono::steady_clock;
 
 Clock::time_point after(double s) {
   return Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
@@ -32,7 +32,6 @@ int ms_left(Clock::time_point deadline) {
   const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
   return static_cast<int>(std::clamp<long long>(ms, 0, 1 << 30));
 }
-double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 constexpr uint32_t kMagic = 0x314E4157u;  // "WAN1"
 constexpr uint32_t kProtocol = 1;

@@ -15,6 +15,7 @@
 #include "cuda/sampler_gpu.h"
 #include "cuda/vae_gpu.h"
 #include "pipeline/denoiser.h"
+#include "pipeline/pipeline_internal.h"
 
 namespace wan {
 
@@ -36,11 +37,7 @@ struct CudaFree {
 };
 
 std::vector<Role> expert_roles(const CheckpointInfo& ckpt, const DenoiserSpec& spec) {
-  const bool single = ckpt.has(Role::DiT) && !ckpt.has(Role::DiTHigh);
-  std::vector<Role> roles;
-  if (spec.use_high) roles.push_back(single ? Role::DiT : Role::DiTHigh);
-  if (spec.use_low) roles.push_back(Role::DiTLow);
-  return roles;
+  return pipeline_detail::expert_roles(ckpt, spec.use_high, spec.use_low);
 }
 
 class GpuDenoiser : public Denoiser {

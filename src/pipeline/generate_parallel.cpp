@@ -10,10 +10,11 @@
 #include <cstring>
 #include <future>
 
+#include "core/clock.h"
 #include "core/error.h"
 #include "pipeline/denoiser.h"
 #include "pipeline/models.h"
-#include "pipeline/stage_timer.h"
+#include "pipeline/pipeline_internal.h"
 #include "sampler/sampler.h"
 
 #ifdef WAN_HAVE_CUDA
@@ -35,8 +36,6 @@ namespace wan {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 int parse_degree(const std::optional<std::string>& v, const char* opt) {
   if (!v) return 0;
@@ -228,19 +227,11 @@ std::string ParallelRun::describe() const {
 
 namespace {
 
-bool uses(const ExpertSchedule& es, Expert e) {
-  for (const ExpertStep& s : es.steps)
-    if (s.expert == e) return true;
-  return false;
-}
+using pipeline_detail::context_batch;
+using pipeline_detail::uses_expert;
 
-// The checkpoint roles of the experts the schedule uses, high-noise first (as the single-GPU denoiser).
 std::vector<Role> expert_roles(const GeneratePlan& p) {
-  const bool single = p.ckpt.has(Role::DiT) && !p.ckpt.has(Role::DiTHigh);
-  std::vector<Role> roles;
-  if (uses(p.experts, Expert::High)) roles.push_back(single ? Role::DiT : Role::DiTHigh);
-  if (uses(p.experts, Expert::Low)) roles.push_back(Role::DiTLow);
-  return roles;
+  return pipeline_detail::expert_roles(p.ckpt, uses_expert(p.experts, Expert::High), uses_expert(p.experts, Expert::Low));
 }
 
 struct StreamOwner {
@@ -275,20 +266,6 @@ void broadcast_host(const dist::RankContext& ctx, dist::Comm& world, cudaStream_
   ctx.sync(s);
 }
 
-// Context batch [B, Lmax, D] (rows past each prompt's length zero) and the lengths (as the pipeline's).
-Tensor context_batch(const std::vector<const Tensor*>& embeds, std::vector<int64_t>* lens) {
-  int64_t lmax = 0;
-  const int64_t D = embeds[0]->dim(1);
-  for (const Tensor* e : embeds) lmax = std::max(lmax, e->dim(0));
-  Tensor ctx = Tensor::f32(Shape{static_cast<int64_t>(embeds.size()), lmax, D});
-  lens->clear();
-  for (size_t b = 0; b < embeds.size(); ++b) {
-    const Tensor& e = *embeds[b];
-    std::memcpy(ctx.f32() + static_cast<int64_t>(b) * lmax * D, e.f32(), static_cast<size_t>(e.numel()) * 4);
-    lens->push_back(e.dim(0));
-  }
-  return ctx;
-}
 
 // Stage events: rank 0 passes the caller's hooks, the others none.
 using StageEvents = pipeline_detail::StageTimer;
@@ -332,7 +309,7 @@ void rank_main(dist::RankContext& ctx, const GeneratePlan& p, const dist::Layout
     vae_read = std::async(std::launch::async, [&p] {
       const Clock::time_point t0 = Clock::now();
       VaeWeights w = p.random_weights ? random_vae_weights(p.vae, random_vae_seed(p.weights_seed)) : load_vae(p.ckpt, p.vae);
-      return std::make_pair(std::move(w), since(t0));
+      return std::make_pair(std::move(w), seconds_since(t0));
     });
 
   // 1. The text, once, on rank 0 (the other ranks go on to their DiT).
@@ -417,9 +394,9 @@ void rank_main(dist::RankContext& ctx, const GeneratePlan& p, const dist::Layout
     std::vector<int64_t> lens_cfg, lens_cond;
     const Tensor ctx_cfg = context_batch({&cond, &uncond}, &lens_cfg);
     const Tensor ctx_cond = context_batch({&cond}, &lens_cond);
-    const bool use_high = uses(p.experts, Expert::High);
+    const bool use_high = uses_expert(p.experts, Expert::High);
     const int high_index = use_high ? 0 : -1;
-    const int low_index = uses(p.experts, Expert::Low) ? (use_high ? 1 : 0) : -1;
+    const int low_index = uses_expert(p.experts, Expert::Low) ? (use_high ? 1 : 0) : -1;
     const Shape& ls = p.latent_shape;
     StageEvents st(hooks, Stage::Denoise, sampler.steps());
     for (int i = 0; i < sampler.steps(); ++i) {
@@ -446,7 +423,7 @@ void rank_main(dist::RankContext& ctx, const GeneratePlan& p, const dist::Layout
       const StepCoeffs k = sampler.take_step();
       samp.step(k, out, batch == 2 ? out + n : nullptr, es.guide, s);
       ctx.sync(s);
-      tm.step_seconds.push_back(since(t0));
+      tm.step_seconds.push_back(seconds_since(t0));
       st.advance(i + 1, cat("t=", static_cast<int64_t>(t), es.expert == Expert::High ? " high" : " low"));
       probe();
     }
@@ -555,7 +532,7 @@ std::unique_ptr<cuda::DiTGpu> make_rank_dit(const dist::RankContext& ctx, const 
   if (p.random_weights) {
     dist::maybe_fail(ctx, "load");
     ctx.barrier();  // as the loading path: every rank's DiT ready, rank 0's text too
-    st->dit_s = since(t0);
+    st->dit_s = seconds_since(t0);
     return dit;
   }
 
@@ -608,7 +585,7 @@ std::unique_ptr<cuda::DiTGpu> make_rank_dit(const dist::RankContext& ctx, const 
       st->load_bytes = ls.bytes + ls.fallback_bytes;
     }
   }
-  st->load_s = since(t1);
+  st->load_s = seconds_since(t1);
   dist::maybe_fail(ctx, "load");
   ctx.barrier();  // every share is on its device (and rank 0's text is encoded)
 
@@ -624,8 +601,8 @@ std::unique_ptr<cuda::DiTGpu> make_rank_dit(const dist::RankContext& ctx, const 
       }
     ctx.sync(stream.s);
   }
-  st->broadcast_s = since(t2);
-  st->dit_s = since(t0);
+  st->broadcast_s = seconds_since(t2);
+  st->dit_s = seconds_since(t0);
   return dit;
 }
 

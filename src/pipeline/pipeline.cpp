@@ -22,6 +22,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/clock.h"
 #include "core/error.h"
 #include "core/philox.h"
 #include "dit/dit.h"
@@ -30,15 +31,37 @@
 #include "pipeline/files.h"
 #include "pipeline/models.h"
 #include "pipeline/startup.h"
-#include "pipeline/stage_timer.h"
+#include "pipeline/pipeline_internal.h"
 
 namespace wan {
+
+namespace pipeline_detail {
+
+Tensor context_batch(const std::vector<const Tensor*>& embeds, std::vector<int64_t>* lens) {
+  int64_t lmax = 0;
+  const int64_t D = embeds[0]->dim(1);
+  for (const Tensor* e : embeds) lmax = std::max(lmax, e->dim(0));
+  Tensor ctx = Tensor::f32(Shape{static_cast<int64_t>(embeds.size()), lmax, D});
+  lens->clear();
+  for (size_t b = 0; b < embeds.size(); ++b) {
+    const Tensor& e = *embeds[b];
+    WAN_ASSERT(e.dim(1) == D, "text widths differ");
+    std::memcpy(ctx.f32() + static_cast<int64_t>(b) * lmax * D, e.f32(), static_cast<size_t>(e.numel()) * 4);
+    lens->push_back(e.dim(0));
+  }
+  return ctx;
+}
+
+bool uses_expert(const ExpertSchedule& es, Expert e) {
+  for (const ExpertStep& s : es.steps)
+    if (s.expert == e) return true;
+  return false;
+}
+
+}  // namespace pipeline_detail
+
 namespace {
 
-using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
 
 std::string human_bytes(int64_t b) {
   char buf[32];
@@ -69,29 +92,10 @@ void check_cancel(const RunHooks& h) {
   if (h.cancel && h.cancel->load(std::memory_order_relaxed)) throw Cancelled();
 }
 
+using pipeline_detail::context_batch;
 using pipeline_detail::StageTimer;
+using pipeline_detail::uses_expert;
 
-// Context batch [B, Lmax, D] (rows past each prompt's length are zero) and the lengths.
-Tensor context_batch(const std::vector<const Tensor*>& embeds, std::vector<int64_t>* lens) {
-  int64_t lmax = 0;
-  const int64_t D = embeds[0]->dim(1);
-  for (const Tensor* e : embeds) lmax = std::max(lmax, e->dim(0));
-  Tensor ctx = Tensor::f32(Shape{static_cast<int64_t>(embeds.size()), lmax, D});
-  lens->clear();
-  for (size_t b = 0; b < embeds.size(); ++b) {
-    const Tensor& e = *embeds[b];
-    WAN_ASSERT(e.dim(1) == D, "text widths differ");
-    std::memcpy(ctx.f32() + static_cast<int64_t>(b) * lmax * D, e.f32(), static_cast<size_t>(e.numel()) * 4);
-    lens->push_back(e.dim(0));
-  }
-  return ctx;
-}
-
-bool uses_expert(const ExpertSchedule& es, Expert e) {
-  for (const ExpertStep& s : es.steps)
-    if (s.expert == e) return true;
-  return false;
-}
 
 // 64-bit FNV-1a of bytes, as 16 hex digits (fingerprints).
 std::string hash_hex(const void* data, size_t n) {

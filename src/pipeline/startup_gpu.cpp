@@ -11,6 +11,7 @@
 #include <future>
 #include <nlohmann/json.hpp>
 
+#include "core/clock.h"
 #include "core/error.h"
 
 #ifdef WAN_HAVE_CUDA
@@ -71,8 +72,6 @@ std::string startup_trace_json(const FastStart& fs) {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 constexpr int kTextGroup = 0;  // read first: the prompts can be encoded while the experts stream
 constexpr int kDiTGroup = 1;
@@ -167,7 +166,7 @@ FastStart gpu_fast_start(const GeneratePlan& p, const DenoiserSpec& spec,
   }
 
   loader->start();
-  r.setup = since(t0);
+  r.setup = seconds_since(t0);
   r.marks.loader_started = process_age_seconds();
 
   // Concurrent order: the warm-up on its own thread (the DiT's own stream; its graph capture is
@@ -181,7 +180,7 @@ FastStart gpu_fast_start(const GeneratePlan& p, const DenoiserSpec& spec,
       const Clock::time_point tw = Clock::now();
       CUDA_CHECK(cudaSetDevice(gpu));
       d->warm_up(uses);
-      return std::make_pair(since(tw), process_age_seconds());
+      return std::make_pair(seconds_since(tw), process_age_seconds());
     });
   }
 
@@ -189,7 +188,7 @@ FastStart gpu_fast_start(const GeneratePlan& p, const DenoiserSpec& spec,
   r.uncond = p.negative_embeds;
   if (te) {
     loader->wait_group(kTextGroup);
-    r.load_text_encoder = since(t0);
+    r.load_text_encoder = seconds_since(t0);
     r.marks.text_resident = process_age_seconds();
     emit(ProgressEvent::End, Stage::LoadTextEncoder, r.load_text_encoder);
     check_cancel();
@@ -199,7 +198,7 @@ FastStart gpu_fast_start(const GeneratePlan& p, const DenoiserSpec& spec,
     if (!r.cond.defined()) r.cond = te->encode_ids(tk.ids(p.prompt));
     check_cancel();
     if (!r.uncond.defined()) r.uncond = te->encode_ids(tk.ids(p.negative_prompt));
-    r.text_encode = since(t1);
+    r.text_encode = seconds_since(t1);
     r.marks.text_encoded = process_age_seconds();
     emit(ProgressEvent::End, Stage::EncodeText, r.text_encode);
     // Sequential order: frees its device memory before the DiT's arena exists. Concurrent: only once
@@ -217,7 +216,7 @@ FastStart gpu_fast_start(const GeneratePlan& p, const DenoiserSpec& spec,
     const Clock::time_point t2 = Clock::now();
     emit(ProgressEvent::Begin, Stage::WarmUp, 0);
     dit->warm_up(uses);  // arena + plans + graph capture, while the experts stream
-    r.warm_up = since(t2);
+    r.warm_up = seconds_since(t2);
     r.marks.warm_up_done = process_age_seconds();
   }
   emit(ProgressEvent::End, Stage::WarmUp, r.warm_up);
@@ -227,7 +226,7 @@ FastStart gpu_fast_start(const GeneratePlan& p, const DenoiserSpec& spec,
   r.marks.streaming = r.marks.loader_started + st.setup_seconds;
   r.marks.weights_resident = r.marks.loader_started + st.seconds;
   r.loader_setup = st.setup_seconds;
-  r.load_wall = since(t0);
+  r.load_wall = seconds_since(t0);
   loader.reset();
   emit(ProgressEvent::End, Stage::LoadDiT, r.load_wall);
   r.bytes = st.bytes + st.fallback_bytes;
