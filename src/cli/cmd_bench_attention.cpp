@@ -240,7 +240,7 @@ int cmd_bench_attention(int argc, char** argv) {
          bd.runtime_version, bd.cudnn_version);
   if (!own_ok) printf("NOTE: %s; timing cuDNN only\n", own_note.c_str());
   if (!cudnn_ok) printf("NOTE: %s; timing the own kernel only\n", cudnn_note.c_str());
-  for (const char* k : {"WAN_ATTN_BN", "WAN_ATTN_PERSIST"})
+  for (const char* k : {"WAN_ATTN_BN", "WAN_ATTN_PERSIST", "WAN_ATTN_PINGPONG"})
     if (const char* v = std::getenv(k)) printf("NOTE: %s=%s is set (an experiment switch of the own kernel)\n", k, v);
   fflush(stdout);
 
@@ -441,7 +441,7 @@ int cmd_bench_attention(int argc, char** argv) {
                    {"cudnn", bd.cudnn_version}};
     J["own_supported"] = own_ok;
     J["env"] = nlohmann::json::object();  // the own kernel's experiment switches (attention_own.cu), when set
-    for (const char* k : {"WAN_ATTN_BN", "WAN_ATTN_PERSIST"})
+    for (const char* k : {"WAN_ATTN_BN", "WAN_ATTN_PERSIST", "WAN_ATTN_PINGPONG"})
       if (const char* v = std::getenv(k)) J["env"][k] = v;
     J["cudnn_available"] = cudnn_ok;
     J["notes"] = nlohmann::json::array();

@@ -17,7 +17,9 @@
 //     online softmax in fp32 (exp2 with the scale folded into one FMA, row max over the quad by shuffles),
 //     P rounded to bf16 and kept in registers as the A operand of O += P·V (wgmma, V read N-major through
 //     the descriptor: no transpose pass). The next tile's Q·Kᵀ is issued before this tile's softmax
-//     finishes with P·V, so the softmax overlaps the tensor cores.
+//     finishes with P·V, so the softmax overlaps the tensor cores; the two consumers also take turns
+//     issuing (ping-pong on named barriers), so one's softmax runs under the other's wgmmas. Row max and
+//     sum use 4 independent chains per row; O is rescaled only when a row maximum moved.
 // Numerics: fp32 scores, softmax and accumulation; P rounded to bf16 before P·V (as cuDNN and FA3);
 // O = acc / rowsum rounded once to bf16. Ragged lengths: TMA zero-fills rows past Lq / Lk, keys >= the
 // valid length are masked to -inf in the last tile, rows >= Lq are not stored.
