@@ -19,7 +19,8 @@
 //     the descriptor: no transpose pass). The next tile's Q·Kᵀ is issued before this tile's softmax
 //     finishes with P·V, so the softmax overlaps the tensor cores; the two consumers also take turns
 //     issuing (ping-pong on named barriers), so one's softmax runs under the other's wgmmas. Row max and
-//     sum use 4 independent chains per row; O is rescaled only when a row maximum moved.
+//     sum use 4 independent chains per row; O's rescale by the previous tile's factors runs after the
+//     next Q·Kᵀ is issued (on the tensor cores meanwhile), just before the P·V that accumulates into O.
 // Numerics: fp32 scores, softmax and accumulation; P rounded to bf16 before P·V (as cuDNN and FA3);
 // O = acc / rowsum rounded once to bf16. Ragged lengths: TMA zero-fills rows past Lq / Lk, keys >= the
 // valid length are masked to -inf in the last tile, rows >= Lq are not stored.
