@@ -4,7 +4,9 @@
 // filled or held by the sink (the ring bound). Locks: the sink mutex may be held while taking the
 // ring mutex (a lease released inside the sink), never the other way round. Every reader thread is
 // joined before run() returns or throws; after the first failure no reader claims a new chunk and
-// every reader waiting for a buffer wakes up.
+// every reader waiting for a buffer wakes up. A growing ring (StreamOptions::grow) appends buffers
+// (free) under the ring mutex; readers take a buffer's pointer under it too, so appends never race a
+// read of the list. The grow thread is joined on every way out of run().
 #include "ckpt/stream.h"
 
 #include <fcntl.h>
@@ -87,8 +89,12 @@ namespace detail {
 struct StreamState {
   std::mutex m;
   std::condition_variable cv;
-  std::vector<char> busy;  // per buffer
+  std::vector<void*> buffers;  // the ring: given, then grown (appended)
+  std::vector<char> busy;      // per buffer
   int n_busy = 0, max_busy = 0;
+  size_t unserved = 0;         // chunks not yet given a buffer
+  bool grow_done = true;       // no more buffers will be added
+  bool closed = false;         // run() is leaving: refuse further buffers
   std::atomic<bool> failed{false};
   std::exception_ptr error;
 
@@ -212,12 +218,79 @@ StreamStats StreamLoader::run(const LoadPlan& plan, const std::vector<void*>& st
                               const ChunkSink& sink) const {
   const Clock::time_point t0 = Clock::now();
   const size_t cb = round_chunk(opt_.chunk_bytes);
-  const int K = static_cast<int>(staging.size());
-  WAN_CHECK(K >= 1, "stream loader: no staging buffers");
+  const bool grows = static_cast<bool>(opt_.grow);
+  WAN_CHECK(!staging.empty() || grows, "stream loader: no staging buffers");
   WAN_CHECK(cb <= buffer_bytes, "stream loader: chunk size ", cb, " bytes exceeds the staging buffers (", buffer_bytes,
             " bytes)");
   for (void* p : staging) WAN_CHECK(p != nullptr, "stream loader: null staging buffer");
   WAN_CHECK(static_cast<bool>(sink), "stream loader: no sink");
+  for (const PlanTensor& t : plan.tensors) {
+    const RawSpan& s = t.span;
+    const size_t es = dtype_size(s.dtype);
+    WAN_CHECK(s.length == static_cast<uint64_t>(s.shape.numel()) * es, s.path, ": tensor '", t.name, "': ",
+              s.length, " bytes planned but shape ", s.shape.str(), " of ", dtype_name(s.dtype), " has ",
+              static_cast<uint64_t>(s.shape.numel()) * es);
+  }
+
+  const std::vector<Chunk> chunks = plan_chunks(plan, cb);
+  auto st = std::make_shared<detail::StreamState>();
+  st->buffers = staging;
+  st->busy.assign(staging.size(), 0);
+  st->unserved = chunks.size();
+  st->grow_done = !grows;
+  std::mutex sink_m;
+  std::atomic<size_t> next{0};
+  std::mutex stats_m;
+  ReaderStats total;
+  std::once_flag first_read;
+  double first_read_s = 0;
+
+  // Buffers from the grow thread join the ring free, while a chunk still lacks one.
+  const StreamOptions::AddStaging add = [&st](void* p) -> bool {
+    WAN_CHECK(p != nullptr, "stream loader: null staging buffer");
+    {
+      std::lock_guard<std::mutex> lk(st->m);
+      if (st->failed || st->closed || st->unserved == 0) return false;
+      st->buffers.push_back(p);
+      st->busy.push_back(0);
+    }
+    st->cv.notify_all();
+    return true;
+  };
+  // The grow thread: started before the files are opened (their opening overlaps the first buffer's
+  // making), closed and joined on every way out of run().
+  struct GrowThread {
+    detail::StreamState& st;
+    std::thread t;
+    void stop() {
+      {
+        std::lock_guard<std::mutex> lk(st.m);
+        st.closed = true;
+      }
+      if (t.joinable()) t.join();
+    }
+    ~GrowThread() { stop(); }
+  } grower{*st, {}};
+  if (grows) {
+    auto body = [this, &st, &add] {
+      try {
+        opt_.grow(add);
+      } catch (...) {
+        st->fail(std::current_exception());
+      }
+      {
+        std::lock_guard<std::mutex> lk(st->m);
+        st->grow_done = true;
+      }
+      st->cv.notify_all();
+    };
+    try {
+      grower.t = std::thread(body);
+    } catch (...) {
+      st->grow_done = true;
+      throw;
+    }
+  }
 
   // Open every file once and check every range against its size before reading anything.
   Files files;
@@ -225,24 +298,12 @@ StreamStats StreamLoader::run(const LoadPlan& plan, const std::vector<void*>& st
   for (size_t i = 0; i < plan.tensors.size(); ++i) {
     const PlanTensor& t = plan.tensors[i];
     const RawSpan& s = t.span;
-    const size_t es = dtype_size(s.dtype);
-    WAN_CHECK(s.length == static_cast<uint64_t>(s.shape.numel()) * es, s.path, ": tensor '", t.name, "': ",
-              s.length, " bytes planned but shape ", s.shape.str(), " of ", dtype_name(s.dtype), " has ",
-              static_cast<uint64_t>(s.shape.numel()) * es);
     if (s.length == 0) continue;
     const OpenFile& f = files.open(s.path);
     file_of[i] = &f;
     WAN_CHECK(s.length <= f.size && s.offset <= f.size - s.length, s.path, ": tensor '", t.name, "': bytes [",
               s.offset, ", ", s.offset + s.length, ") lie past the end of the file (", f.size, " bytes; truncated?)");
   }
-
-  const std::vector<Chunk> chunks = plan_chunks(plan, cb);
-  auto st = std::make_shared<detail::StreamState>();
-  st->busy.assign(static_cast<size_t>(K), 0);
-  std::mutex sink_m;
-  std::atomic<size_t> next{0};
-  std::mutex stats_m;
-  ReaderStats total;
 
   auto run_reclaim = [&]() -> bool {  // false after a failure
     std::lock_guard<std::mutex> lk(sink_m);
@@ -255,27 +316,35 @@ StreamStats StreamLoader::run(const LoadPlan& plan, const std::vector<void*>& st
       return false;
     }
   };
-  // A free buffer (marked busy), or -1 once the load has failed.
-  auto acquire = [&](ReaderStats& rs) -> int {
+  // A free buffer (marked busy; its memory in *buffer), or -1 once the load has failed.
+  auto acquire = [&](ReaderStats& rs, void** buffer) -> int {
     const Clock::time_point w0 = Clock::now();
     std::unique_lock<std::mutex> lk(st->m);
     for (;;) {
       if (st->failed) return -1;
-      for (int b = 0; b < K; ++b) {
+      const int n = static_cast<int>(st->busy.size());
+      for (int b = 0; b < n; ++b) {
         if (st->busy[b]) continue;
         st->busy[b] = 1;
         st->max_busy = std::max(st->max_busy, ++st->n_busy);
+        --st->unserved;
+        *buffer = st->buffers[static_cast<size_t>(b)];
         rs.wait_s += seconds_since(w0);
         return b;
       }
-      if (opt_.reclaim) {
+      if (n == 0 && st->grow_done) {  // the grow thread ended without adding any
+        lk.unlock();
+        st->fail(std::make_exception_ptr(Error("stream loader: no staging buffers (none given, none grown)")));
+        return -1;
+      }
+      if (opt_.reclaim && st->n_busy > 0) {
         lk.unlock();
         if (!run_reclaim()) return -1;
         lk.lock();
-        if (st->n_busy < K || st->failed) continue;
+        if (st->n_busy < static_cast<int>(st->busy.size()) || st->failed) continue;
         st->cv.wait_for(lk, std::chrono::milliseconds(1));
       } else {
-        st->cv.wait(lk);
+        st->cv.wait(lk);  // a release, a grown buffer, the grow thread's end or a failure wakes it
       }
     }
   };
@@ -284,14 +353,16 @@ StreamStats StreamLoader::run(const LoadPlan& plan, const std::vector<void*>& st
     for (;;) {
       const size_t i = next.fetch_add(1);
       if (i >= chunks.size()) break;
-      const int b = acquire(rs);
+      void* buffer = nullptr;
+      const int b = acquire(rs, &buffer);
       if (b < 0) break;
       Chunk c = chunks[i];
       c.buffer = b;
       StagingLease lease = detail::StreamState::lease(st, b);  // frees the buffer however we leave
       try {
         const Clock::time_point r0 = Clock::now();
-        read_chunk(*file_of[c.tensor], c, staging[b]);
+        std::call_once(first_read, [&] { first_read_s = seconds_since(t0); });
+        read_chunk(*file_of[c.tensor], c, buffer);
         rs.read_s += seconds_since(r0);
       } catch (...) {
         st->fail(std::current_exception());
@@ -302,7 +373,7 @@ StreamStats StreamLoader::run(const LoadPlan& plan, const std::vector<void*>& st
         std::lock_guard<std::mutex> lk(sink_m);
         if (st->failed) break;
         try {
-          sink(c, staging[b], std::move(lease));
+          sink(c, buffer, std::move(lease));
         } catch (const Error& e) {
           st->fail(std::make_exception_ptr(e.with_context(cat(c.t->span.path, ": tensor '", c.t->name, "'"))));
           break;
@@ -330,6 +401,7 @@ StreamStats StreamLoader::run(const LoadPlan& plan, const std::vector<void*>& st
   }
   reader();  // the caller reads too
   for (std::thread& t : threads) t.join();
+  grower.stop();  // every chunk has its buffer (or the load failed): no more are taken
 
   if (st->error) std::rethrow_exception(st->error);
   // Success: wait until the sink has handed back every buffer.
@@ -357,7 +429,9 @@ StreamStats StreamLoader::run(const LoadPlan& plan, const std::vector<void*>& st
   {
     std::lock_guard<std::mutex> lk(st->m);
     s.max_outstanding = st->max_busy;
+    s.buffers = static_cast<int>(st->busy.size());
   }
+  s.first_read_seconds = first_read_s;
   s.seconds = seconds_since(t0);
   return s;
 }

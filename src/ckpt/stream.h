@@ -24,6 +24,9 @@
 //   waits), so the staging buffers are free again.
 // - Reads use pread on descriptors of their own, not the stores' mappings: a file truncated under
 //   the load gives a short read (a clear error), never SIGBUS.
+// - Growing ring (StreamOptions::grow): buffers made while the load runs join the ring as they come,
+//   so the first read waits for one buffer, not for all of them; the grow thread is joined before
+//   run() returns or throws, and the ring bound is then the number of buffers given plus grown.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -101,6 +104,16 @@ struct StreamOptions {
   // releases at least one here. Without it, releases must come from elsewhere (synchronously in the
   // sink, a CUDA host callback, another thread).
   std::function<void()> reclaim;
+  // Optional: staging buffers made while the load runs (e.g. pinned one at a time: pinning takes
+  // milliseconds per buffer, and the first read then waits for one buffer instead of the whole ring).
+  // run() calls grow(add) once, on a thread of its own started before it opens the files; grow makes
+  // buffers of buffer_bytes and hands each to the readers with add(buffer) (at once usable), and stops
+  // when add returns false (the load failed or stopped, or every chunk already has its buffer: the
+  // buffer just made is not used). An exception from grow (or a null buffer) fails the load. The
+  // buffers stay grow's owner's: free them after run() has returned (it joins the thread first).
+  // run()'s staging may then be empty.
+  using AddStaging = std::function<bool(void* buffer)>;
+  std::function<void(const AddStaging& add)> grow;
 };
 
 struct StreamStats {
@@ -110,12 +123,15 @@ struct StreamStats {
   double read_seconds = 0;     // summed over readers: time in pread
   double wait_seconds = 0;     // summed over readers: time waiting for a free buffer
   int max_outstanding = 0;     // most buffers filling or held at once (<= K)
+  int buffers = 0;             // K: the ring's buffers at the end (given + grown)
+  double first_read_seconds = 0;  // run() start -> the first read begins (files opened, a buffer free)
 };
 
 class StreamLoader {
  public:
   explicit StreamLoader(StreamOptions opt = {});
-  // Loads the whole plan through the K = staging.size() buffers of buffer_bytes each (K >= 1).
+  // Loads the whole plan through the K = staging.size() buffers of buffer_bytes each (K >= 1, or
+  // K >= 0 with StreamOptions::grow, plus the buffers it adds).
   StreamStats run(const LoadPlan& plan, const std::vector<void*>& staging, size_t buffer_bytes,
                   const ChunkSink& sink) const;
   const StreamOptions& options() const { return opt_; }

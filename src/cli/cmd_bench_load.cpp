@@ -12,21 +12,21 @@
 // - load: the engine's path file -> GPU weights (cuda/load_gpu.h through T5EncoderGpu / DiTGpu with a
 //   shared DeviceLoader, exactly as `wan generate` does): per component alone and all together; bytes
 //   = streamed file bytes, seconds = the loader's wall time from start() to every weight on the device
-//   (its staging allocation included; the weight allocations and the objects are timed apart).
+//   (its staging included: the first buffer pinned before the first read, the others while reading;
+//   "setup s" = start() to the first read; the weight allocations and the objects are timed apart).
 //   Bound = min(read all threads, H2D); fraction = load / bound (target >= 0.8 for fp32 and bf16).
 // - first step (--first-step): `wan generate` on this checkpoint as a child process (--device cuda,
 //   --size / --frames, 4 steps at shift 1 so that both experts are used and loaded) with --timings-json
 //   and the fast start's trace (WAN_STARTUP_TRACE, pipeline/startup.h): process start to the first
 //   denoising step (timings.startup_to_first_step_s) against 1.3 x bytes / bound + the text encoding
-//   time, its critical path milestone by milestone (libraries loaded, plan done, loader started, text
-//   encoder resident, prompts encoded, warm-up done, all weights resident, first step; child process
-//   ages) and the warm-up order the child chose; then the same run with the warm-up forced after the
-//   encoding (WAN_FAST_START_SEQUENTIAL=1) for comparison; and a projection for the full-size
-//   T2V-A14B (2 x fp32 experts + bf16 UMT5-XXL + VAE) at the measured rates. The CUDA context's
-//   creation is timed in this process (its first CUDA calls) as the reference for the child's plan.
+//   time, and its critical path milestone by milestone (libraries loaded, plan done, loader started,
+//   reads begin, text encoder resident, prompts encoded, warm-up done, all weights resident, first
+//   step; child process ages); and a projection for the full-size T2V-A14B (2 x fp32 experts + bf16
+//   UMT5-XXL + VAE) at the measured rates. The CUDA context's creation is timed in this process (its
+//   first CUDA calls) as the reference for the child's plan.
 // JSON (--json): device, commit ($WAN_COMMIT), date, checkpoint, layout, rows, the bandwidths, the bound,
 // the fractions and the targets; first_step.critical_path (<milestone>_at_s), first_step.startup_trace,
-// first_step.sequential_warm_up, cuda_context_s.
+// cuda_context_s.
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -85,8 +85,8 @@ void print_help() {
       "  --buffer-mb M        loader staging buffer size in MB (default 8)\n"
       "  --sweep              also time the combined load with other reader / buffer settings\n"
       "  --read1-gb G         bytes for the 1-thread read test (default 8)\n"
-      "  --first-step         also run `wan generate` as a child: process start to the first step, its\n"
-      "                       critical path, and the same with the warm-up after the text encoding\n"
+      "  --first-step         also run `wan generate` as a child: process start to the first step and\n"
+      "                       its critical path\n"
       "  --size WxH           its video size (default 832x480)\n"
       "  --frames N           its frames (default 5)\n"
       "  --device N           CUDA device (default 0)\n"
@@ -211,7 +211,7 @@ struct LoadRow {
   std::string what;
   uint64_t bytes = 0;
   double seconds = 0, alloc_seconds = 0, gbps = 0;
-  double setup_seconds = 0, stream_seconds = 0;  // the loader's staging allocation; its StreamLoader run
+  double setup_seconds = 0, stream_seconds = 0;  // the loader's start to its first read; its StreamLoader run
   uint64_t chunks = 0, converted = 0;
   int fallback = 0;
   cuda::LoadOptions opt;
@@ -296,22 +296,20 @@ std::string self_exe() {
 }
 
 // One child `wan generate` (--device cuda, 4 steps at shift 1 so that both experts are used and
-// loaded) with --timings-json and the fast start's trace (WAN_STARTUP_TRACE); with `sequential` the
-// warm-up is forced after the text encoding (WAN_FAST_START_SEQUENTIAL=1).
+// loaded) with --timings-json and the fast start's trace (WAN_STARTUP_TRACE).
 struct FirstStep {
   nlohmann::json timings;  // the --timings-json file
   nlohmann::json trace;    // the start-up trace (pipeline/startup.h); empty object if none was written
   std::string log;         // the child's output
 };
 
-FirstStep run_first_step(const CheckpointInfo& info, int device, const std::string& size, int64_t frames,
-                         bool sequential) {
+FirstStep run_first_step(const CheckpointInfo& info, int device, const std::string& size, int64_t frames) {
   char tmpl[] = "/tmp/wan-bench-load-XXXXXX";
   WAN_CHECK(::mkdtemp(tmpl) != nullptr, "cannot make a temporary folder");
   const std::string dir = tmpl, tj = dir + "/timings.json", vid = dir + "/video.y4m", log = dir + "/generate.log",
                     tr = dir + "/startup.json";
-  const std::string cmd = cat("WAN_STARTUP_TRACE='", tr, "' WAN_FAST_START_SEQUENTIAL=", sequential ? 1 : 0, " '",
-                              self_exe(), "' generate --model '", info.root, "' --device cuda:", device,
+  const std::string cmd = cat("WAN_STARTUP_TRACE='", tr, "' '", self_exe(), "' generate --model '", info.root,
+                              "' --device cuda:", device,
                               " --prompt 'a red fox running through fresh snow at sunrise' --size ", size, " --frames ",
                               frames, " --steps 4 --shift 1 --seed 1 --output '", vid, "' --timings-json '", tj,
                               "' > '", log, "' 2>&1");
@@ -362,7 +360,7 @@ std::vector<Milestone> critical_path(const FirstStep& f) {
       {"plan_done", "plan done (CUDA context, checkpoint detected, fits)", f.timings.value("plan_done_at_s", 0.0)},
       {"fast_start_entered", "fast start entered", mark("entered")},
       {"loader_started", "objects set up, loader started", mark("loader_started")},
-      {"streaming", "loader's staging pinned, reads begin", mark("streaming")},
+      {"streaming", "reads begin (first staging buffer pinned)", mark("streaming")},
       {"text_encoder_resident", "text encoder resident", mark("text_resident")},
       {"text_encoded", "prompts encoded", mark("text_encoded")},
       {"warm_up_done", "warm-up done (arena, plans, graphs)", mark("warm_up_done")},
@@ -379,15 +377,14 @@ nlohmann::ordered_json critical_path_json(const FirstStep& f) {
 }
 
 void print_critical_path(const FirstStep& f, double cuda_context_s) {
-  printf("  critical path (child process age, s), warm-up order %s (%s):\n",
-         f.trace.value("warm_up_order", "unknown (no trace)").c_str(), f.trace.value("reason", "").c_str());
+  printf("  critical path (child process age, s)%s:\n", f.trace.empty() ? " (no start-up trace)" : "");
   for (const Milestone& m : critical_path(f)) {
     printf("    %-54s %7.3f\n", m.what, m.at);
     if (std::string(m.key) == "plan_done")
       printf("    %-54s %7.3f\n", "  (CUDA context creation alone, in this process)", cuda_context_s);
   }
-  const double free_b = f.trace.value("free_bytes", 0.0), need_b = f.trace.value("need_bytes", 0.0);
-  printf("    concurrent warm-up needs %.2f GiB free, %.2f GiB were\n", need_b / 1073741824.0, free_b / 1073741824.0);
+  printf("    (loader set-up to the first read %.3f s; staging freed after the load in %.3f s)\n",
+         f.trace.value("loader_setup_s", 0.0), f.trace.value("staging_free_s", 0.0));
 }
 
 #endif  // WAN_HAVE_CUDA
@@ -556,14 +553,13 @@ int cmd_bench_load(int argc, char** argv) {
   J["target_fraction"] = 0.8;
   J["fraction_met"] = fraction >= 0.8;
 
-  // 4. Process start to the first denoising step, as a child `wan generate`: the fast start in the
-  // order memory allows (the run the target is judged on), then with the warm-up forced after the
-  // text encoding (WAN_FAST_START_SEQUENTIAL=1) to show what the overlap buys.
+  // 4. Process start to the first denoising step, as a child `wan generate` (one run: the fast start
+  // the target is judged on).
   if (args.flag("first-step")) {
     WAN_CHECK(has_te, "--first-step: the checkpoint has no text encoder");
     const std::string size = args.get_or("size", "832x480");
     const int64_t frames = args.get_int("frames", 5);
-    const FirstStep fsr = run_first_step(info, device, size, frames, false);
+    const FirstStep fsr = run_first_step(info, device, size, frames);
     const nlohmann::json& g = fsr.timings;
     const nlohmann::json& t = g.at("timings");
     const double startup = t.at("startup_to_first_step_s").get<double>();
@@ -581,16 +577,6 @@ int cmd_bench_load(int argc, char** argv) {
     print_critical_path(fsr, cuda_context_s);
     printf("bound: bytes / min(read, H2D) = %.2f s; target 1.3 x %.2f + text %.3f = %.2f s: %s (%.2f x bytes/bound)\n",
            ideal, ideal, text_s, limit, startup <= limit ? "met" : "NOT met", ideal > 0 ? (startup - text_s) / ideal : 0);
-    // The same with the warm-up after the encoding (the order before this overlap, and the one used
-    // when the arena does not fit beside the text encoder).
-    const FirstStep seq = run_first_step(info, device, size, frames, true);
-    const double seq_startup = seq.timings.at("timings").at("startup_to_first_step_s").get<double>();
-    const double seq_text = seq.timings.at("timings").value("text_encode_s", 0.0);
-    const double seq_limit = 1.3 * ideal + seq_text;
-    printf("\nsame, warm-up forced after the text encoding (WAN_FAST_START_SEQUENTIAL=1): process start -> first "
-           "step %.2f s (target %.2f s: %s; %+.3f s vs the run above)\n",
-           seq_startup, seq_limit, seq_startup <= seq_limit ? "met" : "NOT met", seq_startup - startup);
-    print_critical_path(seq, cuda_context_s);
     // The full-size T2V-A14B at the measured rates: 2 fp32 experts + bf16 UMT5-XXL (+ the VAE, read on
     // the host meanwhile). The fixed part (process, CUDA and library start, plan) is the measured
     // start-up minus its load.
@@ -620,20 +606,9 @@ int cmd_bench_load(int argc, char** argv) {
     fj["bytes_over_bound_s"] = ideal;
     fj["target_s"] = limit;
     fj["met"] = startup <= limit;
-    fj["warm_up_order"] = fsr.trace.value("warm_up_order", "unknown");
-    fj["warm_up_order_reason"] = fsr.trace.value("reason", "");
     fj["critical_path"] = critical_path_json(fsr);
     fj["generate_timings"] = g.at("timings");
     fj["startup_trace"] = fsr.trace;
-    nlohmann::ordered_json sj;
-    sj["startup_to_first_step_s"] = seq_startup;
-    sj["text_encode_s"] = seq_text;
-    sj["target_s"] = seq_limit;
-    sj["met"] = seq_startup <= seq_limit;
-    sj["warm_up_order"] = seq.trace.value("warm_up_order", "unknown");
-    sj["critical_path"] = critical_path_json(seq);
-    sj["generate_timings"] = seq.timings.at("timings");
-    fj["sequential_warm_up"] = sj;
     J["first_step"] = fj;
     nlohmann::ordered_json pj;
     pj["bytes"] = full_bytes;

@@ -1,15 +1,16 @@
 // The streaming weight upload (load_gpu.h): the background load thread, the GPU sink of the
 // StreamLoader and the group bookkeeping.
 // Threads: the caller (add/start/wait_group/finish/cancel), the load thread (fallback uploads, then
-// StreamLoader::run, whose readers call the sink and the reclaim hook one at a time). The sink
+// StreamLoader::run, whose readers call the sink and the reclaim hook one at a time, and whose grow
+// thread pins the staging buffers one by one while the readers use the first ones). The sink
 // state (pending leases, group counters) is touched only under StreamLoader's sink serialisation;
 // `m` guards what the caller reads (state, error, recorded groups).
-// Resources: everything the load thread allocates lives in a Resources object that synchronises the
-// copy and conversion streams before freeing, so neither success nor failure leaves memory or copies
-// behind (on failure before the error is reported; on success right after the weights are reported
-// resident). The group events belong to the Impl and outlive the load thread (a waiter may still
-// synchronise one). add() / add_group() / start() take `m` too: objects may register their tensors
-// from several threads.
+// Resources: everything the load thread (and the grow thread) allocates lives in a Resources object
+// that synchronises the copy and conversion streams before freeing, so neither success nor failure
+// leaves memory or copies behind (on failure before the error is reported; on success in finish() or
+// the destructor, on the caller's thread). The group events belong to the Impl and outlive the load
+// thread (a waiter may still synchronise one). add() / add_group() / start() take `m` too: objects
+// may register their tensors from several threads.
 #include "cuda/load_gpu.h"
 
 #include <algorithm>
@@ -45,8 +46,11 @@ struct Resources {
   std::vector<cudaEvent_t> slot_events;  // per buffer: its copy (and conversion) done
   std::vector<cudaEvent_t> copy_events;  // per buffer: its copy done (the conversion waits on it)
   std::vector<cudaEvent_t> group_copy;   // per group: its last copy enqueued (the group event waits on it)
-  void* pinned = nullptr;
-  void* dev_slots = nullptr;
+  // Per buffer, sized K before the load and filled by the grow thread as it makes each buffer (only
+  // distinct elements are written, each before its buffer joins the ring): pinned staging
+  // (cudaHostAlloc) and, for loads that convert, its device slot.
+  std::vector<void*> pinned;
+  std::vector<void*> dev_slots;
   void sync() {
     if (copy) cudaStreamSynchronize(copy);
     if (conv) cudaStreamSynchronize(conv);
@@ -58,11 +62,14 @@ struct Resources {
         if (e) cudaEventDestroy(e);
       v->clear();
     }
-    if (pinned) cudaFreeHost(pinned);
-    if (dev_slots) cudaFree(dev_slots);
+    for (void* p : pinned)
+      if (p) cudaFreeHost(p);
+    for (void* p : dev_slots)
+      if (p) cudaFree(p);
+    pinned.clear();
+    dev_slots.clear();
     if (copy) cudaStreamDestroy(copy);
     if (conv) cudaStreamDestroy(conv);
-    pinned = dev_slots = nullptr;
     copy = conv = nullptr;
     cudaGetLastError();  // nothing sticky from the clean-up reaches the caller's next check
   }
@@ -230,11 +237,8 @@ void DeviceLoader::Impl::load(Resources& r) {
   events(r.slot_events, static_cast<size_t>(K));
   events(r.copy_events, static_cast<size_t>(K));
   events(r.group_copy, group_events.size());
-  CUDA_CHECK(cudaHostAlloc(&r.pinned, buf * static_cast<size_t>(K), cudaHostAllocPortable));
-  if (convert) CUDA_CHECK(cudaMalloc(&r.dev_slots, buf * static_cast<size_t>(K)));
-  std::vector<void*> staging;
-  for (int k = 0; k < K; ++k) staging.push_back(static_cast<char*>(r.pinned) + buf * static_cast<size_t>(k));
-  stats.setup_seconds = seconds_since(t0);
+  r.pinned.assign(static_cast<size_t>(K), nullptr);
+  r.dev_slots.assign(static_cast<size_t>(K), nullptr);
 
   struct Pending {
     int buffer;
@@ -259,6 +263,26 @@ void DeviceLoader::Impl::load(Resources& r) {
   StreamOptions so;
   so.chunk_bytes = buf;
   so.threads = std::max(1, opt.threads);
+  // The staging ring is made buffer by buffer on the StreamLoader's grow thread while the readers
+  // already fill the first ones: pinning costs milliseconds per 8 MB (~30 ms for the tuned ring of
+  // 12), which would all come before the first read if made in one piece. Buffer k is the ring's
+  // k-th (the ring starts empty), so the sink finds its device slot at index c.buffer. Everything
+  // lands in `r` as it is made: every way out frees it (after the streams are synchronised).
+  so.grow = [&](const StreamOptions::AddStaging& add) {
+    CUDA_CHECK(cudaSetDevice(dev));  // this thread's device: pinned memory is mapped for it
+    for (size_t k = 0; k < static_cast<size_t>(K); ++k) {
+      if (cancelled) WAN_THROW("cancelled");
+      void* host = nullptr;
+      CUDA_CHECK(cudaHostAlloc(&host, buf, cudaHostAllocPortable));
+      r.pinned[k] = host;
+      if (convert) {
+        void* slot = nullptr;
+        CUDA_CHECK(cudaMalloc(&slot, buf));
+        r.dev_slots[k] = slot;
+      }
+      if (!add(host)) return;  // every chunk has its buffer, or the load stopped
+    }
+  };
   so.reclaim = [&] {
     if (pending.empty()) return;
     CUDA_CHECK(cudaSetDevice(dev));
@@ -280,7 +304,7 @@ void DeviceLoader::Impl::load(Resources& r) {
       CUDA_CHECK(cudaMemcpyAsync(dst, host, c.length, cudaMemcpyHostToDevice, r.copy));
       CUDA_CHECK(cudaEventRecord(r.slot_events[b], r.copy));
     } else {
-      void* slot = static_cast<char*>(r.dev_slots) + buf * b;
+      void* slot = r.dev_slots[b];
       CUDA_CHECK(cudaMemcpyAsync(slot, host, c.length, cudaMemcpyHostToDevice, r.copy));
       CUDA_CHECK(cudaEventRecord(r.copy_events[b], r.copy));
       CUDA_CHECK(cudaStreamWaitEvent(r.conv, r.copy_events[b], 0));
@@ -303,8 +327,9 @@ void DeviceLoader::Impl::load(Resources& r) {
 
   StreamLoader loader(so);
   const Clock::time_point t1 = Clock::now();
+  const double before_run = seconds_since(t0);
   try {
-    stats.stream = loader.run(plan, staging, buf, sink);
+    stats.stream = loader.run(plan, {}, buf, sink);
   } catch (...) {
     // The readers are joined; leases still pending refer to buffers whose copies may be in flight:
     // let them finish before the buffers are freed (Resources), then drop the leases.
@@ -316,6 +341,7 @@ void DeviceLoader::Impl::load(Resources& r) {
   CUDA_CHECK(cudaGetLastError());
   pending.clear();
   stats.stream_seconds = seconds_since(t1);
+  stats.setup_seconds = before_run + stats.stream.first_read_seconds;
   stats.bytes = stats.stream.bytes;
   stats.chunks = stats.stream.chunks;
   stats.converted_chunks = converted;
@@ -403,9 +429,13 @@ LoadStats DeviceLoader::finish() {
   m.cv.wait(lk, [&] { return m.state == Impl::State::Done; });
   if (m.error) std::rethrow_exception(m.error);
   std::unique_ptr<Resources> staging = std::move(m.leftover);
-  const LoadStats stats = m.stats;
+  LoadStats stats = m.stats;
   lk.unlock();
-  staging.reset();  // on this thread: see Impl::leftover
+  if (staging) {
+    const Clock::time_point t0 = Clock::now();
+    staging.reset();  // on this thread: see Impl::leftover
+    stats.free_seconds = seconds_since(t0);
+  }
   return stats;
 }
 

@@ -7,7 +7,9 @@
 //   1. uploads the few tensors without a byte range (strided .pth tensors) through their fallback
 //      getter (host conversion, as the old upload did);
 //   2. runs a StreamLoader (reader threads, pread) over a ring of K pinned staging buffers
-//      (cudaHostAlloc) and, for each filled buffer, enqueues on its own copy stream either one
+//      (cudaHostAlloc, one at a time on the StreamLoader's grow thread: the readers start on the
+//      first buffer instead of waiting ~30 ms for the whole ring to be pinned) and, for each filled
+//      buffer, enqueues on its own copy stream either one
 //      cudaMemcpyAsync straight into the destination (same dtype, unscaled) or a copy into the
 //      buffer's device staging slot, and then on a second stream, after that copy, a conversion
 //      kernel (fp32 / fp16 / bf16 / fp8 e4m3 / fp8 e5m2 / fp64, times the fp8_scaled scale, -> bf16 or
@@ -84,8 +86,11 @@ struct LoadStats {
   int fallback_tensors = 0;      // uploaded through their getter
   uint64_t fallback_bytes = 0;   // destination bytes of those
   double seconds = 0;            // start() to every weight on the device (staging freed after)
-  double setup_seconds = 0;      // ... of which: streams, events, pinned and device staging allocated
-  double stream_seconds = 0;     // ... of which: the StreamLoader run and the last copies
+  double setup_seconds = 0;      // start() to the first read: streams, events, the files opened and the
+                                 // first staging buffer pinned (the rest are pinned while reading)
+  double stream_seconds = 0;     // the StreamLoader run (from opening the files: it overlaps the end
+                                 // of setup_seconds) and the last copies
+  double free_seconds = 0;       // finish(): freeing the staging on the caller's thread (after `seconds`)
   StreamStats stream;            // the reader side
   double gb_per_s() const { return seconds > 0 ? static_cast<double>(bytes + fallback_bytes) / seconds / 1e9 : 0; }
 };

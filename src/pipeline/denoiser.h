@@ -46,10 +46,6 @@ class Denoiser {
   // running them (GPU: allocates a deferred arena, builds every GEMM / attention plan and captures the
   // CUDA graphs, DiTGpu::warm_up); nothing to do on the CPU.
   virtual void warm_up(const std::vector<std::pair<Expert, int>>& uses) { (void)uses; }
-  // Device bytes that must be free for warm_up(): what it still allocates (GPU: a deferred activation
-  // arena, exact plan) plus the headroom the model keeps free for handles, kernels and graphs (the
-  // plan's reserve). 0 on the CPU.
-  virtual size_t warm_up_device_bytes() const { return 0; }
 
  protected:
   // The host path's run state (also the GPU denoiser's with DenoiserSpec::fused_sampler off).

@@ -66,7 +66,6 @@ class GpuDenoiser : public Denoiser {
     opt.attention = cuda::DiTGpu::parse_attention(spec.attention);
     opt.defer_arena = spec.loader != nullptr && !spec.random_weights;
     dit_ = std::make_unique<cuda::DiTGpu>(cuda::DiTGpu::create(ckpt.dit, sources, max_shape(spec), opt));
-    arena_pending_ = opt.defer_arena;
     high_index_ = spec.use_high ? 0 : -1;
     low_index_ = spec.use_low ? (spec.use_high ? 1 : 0) : -1;
   }
@@ -87,7 +86,6 @@ class GpuDenoiser : public Denoiser {
     in.ctx_lens = lens.data();
     cuda::DiTShape shape{batch, x.dim(1), x.dim(2), x.dim(3)};
     dit_->forward(expert, shape, in, out, nullptr);
-    arena_pending_ = false;
     CUDA_CHECK(cudaStreamSynchronize(nullptr));
   }
 
@@ -131,7 +129,6 @@ class GpuDenoiser : public Denoiser {
     in.ctx_lens = lens.data();
     const Shape& ls = latent_shape_;
     dit_->forward(expert, cuda::DiTShape{batch, ls[1], ls[2], ls[3]}, in, out_.get(), nullptr);
-    arena_pending_ = false;
     const StepCoeffs c = s.take_step();
     samp_->step(c, out_.get(), batch == 2 ? out_.get() + samp_->numel() : nullptr, guide, nullptr);
     CUDA_CHECK(cudaStreamSynchronize(nullptr));
@@ -146,11 +143,6 @@ class GpuDenoiser : public Denoiser {
     }
     CUDA_CHECK(cudaSetDevice(device_));
     dit_->warm_up(u);
-    arena_pending_ = false;
-  }
-  size_t warm_up_device_bytes() const override {
-    const cuda::MemoryPlan& p = dit_->memory_plan();
-    return (arena_pending_ ? p.arena_bytes : 0) + p.reserve_bytes;
   }
 
   Tensor sync_sampling(Sampler& s) override {
@@ -169,7 +161,6 @@ class GpuDenoiser : public Denoiser {
   std::vector<std::unique_ptr<WeightStore>> stores_;  // the experts' (checkpoint weights)
   std::unique_ptr<cuda::DiTGpu> dit_;
   int high_index_ = -1, low_index_ = -1;
-  bool arena_pending_ = false;  // Options::defer_arena until the warm-up or the first forward
   std::vector<float> xb_;
   // fused sampling
   std::unique_ptr<cuda::SamplerGpu> samp_;
@@ -218,8 +209,8 @@ bool gpu_concurrent_load_fits_impl(const CheckpointInfo& ckpt, const DenoiserSpe
 
 std::unique_ptr<Denoiser> make_gpu_denoiser(const CheckpointInfo& ckpt, const DenoiserSpec& spec, int device) {
   // With a loader (fast start) the text encoder is resident now and the arena comes in warm_up(),
-  // beside it or after it is freed (pipeline/startup.h chooses from the free memory): plan_generate
-  // checked both phases; DiTGpu::create checks the weights, warm_up the arena.
+  // after the encoding, the encoder freed first unless kept (pipeline/startup.h): plan_generate checked
+  // both phases; DiTGpu::create checks the weights, warm_up the arena.
   if (!spec.loader) check_gpu_denoiser_impl(ckpt, spec, device);
   return std::make_unique<GpuDenoiser>(ckpt, spec, device);
 }

@@ -1,12 +1,9 @@
 // GPU fast start (see startup.h): one loader for the text encoder and the experts, the tokenizer on a
-// side thread, encoding, and the warm-up beside them (concurrent order) or after the encoding
-// (sequential order). Without CUDA a stub that throws (plan_generate never asks for it).
+// side thread, the encoding, then the warm-up while the experts stream. Without CUDA a stub that
+// throws (plan_generate never asks for it).
 #include "pipeline/startup.h"
 
-#include <algorithm>
-#include <chrono>
 #include <cstdlib>
-#include <cstring>
 #include <fstream>
 #include <future>
 #include <nlohmann/json.hpp>
@@ -15,9 +12,6 @@
 #include "core/error.h"
 
 #ifdef WAN_HAVE_CUDA
-#include <cuda_runtime.h>
-
-#include "cuda/check.h"
 #include "cuda/load_gpu.h"
 #endif
 
@@ -31,26 +25,16 @@ const double g_libraries_loaded_at = process_age_seconds();
 
 }  // namespace
 
-bool fast_start_forced_sequential() {
-  const char* v = std::getenv("WAN_FAST_START_SEQUENTIAL");
-  if (!v || !*v || std::strcmp(v, "1") == 0) return true;  // the default: see startup.h
-  WAN_CHECK(std::strcmp(v, "0") == 0, "WAN_FAST_START_SEQUENTIAL='", v, "': expected 0 or 1");
-  return false;
-}
-
 std::string startup_trace_json(const FastStart& fs) {
   nlohmann::ordered_json j;
   j["version"] = kStartupTraceVersion;
-  j["warm_up_order"] = fs.warm_up_concurrent ? "concurrent" : "sequential";
-  j["reason"] = fs.warm_up_order_reason;
-  j["free_bytes"] = fs.free_bytes_at_choice;
-  j["need_bytes"] = fs.concurrent_need_bytes;
   j["setup_s"] = fs.setup;
   j["loader_setup_s"] = fs.loader_setup;
   j["load_text_encoder_s"] = fs.load_text_encoder;
   j["text_encode_s"] = fs.text_encode;
   j["warm_up_s"] = fs.warm_up;
   j["load_wall_s"] = fs.load_wall;
+  j["staging_free_s"] = fs.staging_free;
   j["bytes"] = fs.bytes;
   j["gb_per_s"] = fs.gb_per_s;
   const StartupMarks& m = fs.marks;
@@ -72,11 +56,8 @@ std::string startup_trace_json(const FastStart& fs) {
 
 namespace {
 
-
 constexpr int kTextGroup = 0;  // read first: the prompts can be encoded while the experts stream
 constexpr int kDiTGroup = 1;
-
-double gib(size_t b) { return static_cast<double>(b) / (1024.0 * 1024.0 * 1024.0); }
 
 void write_trace(const FastStart& fs) {
   const char* path = std::getenv("WAN_STARTUP_TRACE");
@@ -92,7 +73,6 @@ void write_trace(const FastStart& fs) {
 FastStart gpu_fast_start(const GeneratePlan& p, const DenoiserSpec& spec,
                          const std::vector<std::pair<Expert, int>>& uses, const RunHooks& hooks) {
   WAN_ASSERT(p.fast_start && !p.random_weights, "gpu_fast_start without a fast-start plan");
-  const bool forced_sequential = fast_start_forced_sequential();  // a bad value fails before any work
   const int gpu = parse_device(p.device);
   FastStart r;
   r.marks.libraries_loaded = g_libraries_loaded_at;
@@ -143,46 +123,9 @@ FastStart gpu_fast_start(const GeneratePlan& p, const DenoiserSpec& spec,
     dit = dit_setup.get();
   }
 
-  // The warm-up's order: concurrent when the DiT's arena (+ reserve), the encoder's headroom and the
-  // loader's device staging fit the memory free now that every weight (and the encoder's arena) is
-  // allocated (see startup.h).
-  CUDA_CHECK(cudaSetDevice(gpu));
-  {
-    size_t free_b = 0, total_b = 0;
-    CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
-    const size_t text_headroom =
-        te ? static_cast<size_t>(std::max<int64_t>(0, p.t5_device_bytes - static_cast<int64_t>(te->device_bytes())))
-           : 0;
-    const size_t staging = cuda::DeviceLoader::device_bytes(loader->options());
-    const size_t need = dit->warm_up_device_bytes() + text_headroom + staging;
-    r.free_bytes_at_choice = free_b;
-    r.concurrent_need_bytes = need;
-    r.warm_up_concurrent = !forced_sequential && need <= free_b;
-    r.warm_up_order_reason = forced_sequential ? "forced (WAN_FAST_START_SEQUENTIAL=1)"
-                             : r.warm_up_concurrent
-                                 ? "fits"
-                                 : cat("memory: the warm-up beside the text encoder needs ", gib(need), " GiB, ",
-                                       gib(free_b), " GiB free");
-  }
-
   loader->start();
   r.setup = seconds_since(t0);
   r.marks.loader_started = process_age_seconds();
-
-  // Concurrent order: the warm-up on its own thread (the DiT's own stream; its graph capture is
-  // thread-local) from now on. Declared after the DiT and the loader: on an error it is joined first
-  // (the DiT it uses is still alive), then the loader stops. Returns (seconds, process age at its end).
-  std::future<std::pair<double, double>> warm;
-  if (r.warm_up_concurrent) {
-    emit(ProgressEvent::Begin, Stage::WarmUp, 0);
-    Denoiser* d = dit.get();
-    warm = std::async(std::launch::async, [d, gpu, &uses] {
-      const Clock::time_point tw = Clock::now();
-      CUDA_CHECK(cudaSetDevice(gpu));
-      d->warm_up(uses);
-      return std::make_pair(seconds_since(tw), process_age_seconds());
-    });
-  }
 
   r.cond = p.prompt_embeds;
   r.uncond = p.negative_embeds;
@@ -201,24 +144,14 @@ FastStart gpu_fast_start(const GeneratePlan& p, const DenoiserSpec& spec,
     r.text_encode = seconds_since(t1);
     r.marks.text_encoded = process_age_seconds();
     emit(ProgressEvent::End, Stage::EncodeText, r.text_encode);
-    // Sequential order: frees its device memory before the DiT's arena exists. Concurrent: only once
-    // the warm-up has finished (below): cudaFree synchronises the device, which would invalidate the
-    // graph capture running on the warm-up thread (seen as a cuBLAS internal error).
-    if (!p.keep_text_encoder && !r.warm_up_concurrent) te.reset();
+    if (!p.keep_text_encoder) te.reset();  // its device memory is the arena's
   }
   check_cancel();
-  if (r.warm_up_concurrent) {
-    const auto [seconds, done_at] = warm.get();
-    r.warm_up = seconds;
-    r.marks.warm_up_done = done_at;
-    if (!p.keep_text_encoder) te.reset();
-  } else {
-    const Clock::time_point t2 = Clock::now();
-    emit(ProgressEvent::Begin, Stage::WarmUp, 0);
-    dit->warm_up(uses);  // arena + plans + graph capture, while the experts stream
-    r.warm_up = seconds_since(t2);
-    r.marks.warm_up_done = process_age_seconds();
-  }
+  const Clock::time_point t2 = Clock::now();
+  emit(ProgressEvent::Begin, Stage::WarmUp, 0);
+  dit->warm_up(uses);  // arena + plans + graph capture, while the experts stream
+  r.warm_up = seconds_since(t2);
+  r.marks.warm_up_done = process_age_seconds();
   emit(ProgressEvent::End, Stage::WarmUp, r.warm_up);
 
   const cuda::LoadStats st = loader->finish();
@@ -226,6 +159,7 @@ FastStart gpu_fast_start(const GeneratePlan& p, const DenoiserSpec& spec,
   r.marks.streaming = r.marks.loader_started + st.setup_seconds;
   r.marks.weights_resident = r.marks.loader_started + st.seconds;
   r.loader_setup = st.setup_seconds;
+  r.staging_free = st.free_seconds;
   r.load_wall = seconds_since(t0);
   loader.reset();
   emit(ProgressEvent::End, Stage::LoadDiT, r.load_wall);

@@ -3,10 +3,14 @@
 // fp8_scaled file built from one: a host sink that reassembles every tensor from its chunks and
 // converts it to f32 gives bytes identical to WeightStore::get_f32 for every tensor of every
 // component, for chunk sizes below, above and not dividing tensor sizes, 1 and 4 readers, rings of 2
-// and 3 buffers, and three release styles (in the sink, from another thread, through reclaim).
-// Every byte arrives exactly once, and the sink never holds more than K buffers. Failures: a file
-// truncated before the load, a file truncated during the load, a sink that throws (wan::Error and
-// another type): one clear error, no hang (each load runs under a 30 s guard), buffers released.
+// and 3 buffers, and three release styles (in the sink, from another thread, through reclaim), with
+// the ring given whole or grown while the load runs (StreamOptions::grow: none or one buffer given,
+// the rest added by the grow thread with random delays). Every byte arrives exactly once, and the
+// sink never holds more than K buffers. A growing ring: reads begin before it is complete, it stops
+// being grown once every chunk has a buffer. Failures: a file truncated before the load, a file
+// truncated during the load, a sink that throws (wan::Error and another type), a grow function that
+// throws, adds nothing or adds a null buffer: one clear error, no hang (each load runs under a 30 s
+// guard), buffers released.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -184,28 +188,44 @@ Source open_all(const std::string& root, const std::string& what) {
   return s;
 }
 
-// Loads the whole plan through a host sink and checks every tensor and the ring bound.
-void load_and_compare(const Source& src, size_t chunk, int threads, int K, Release mode) {
-  SCOPED_TRACE(cat(src.what, ": chunk ", chunk, ", threads ", threads, ", ring ", K, ", release ",
+// Loads the whole plan through a host sink and checks every tensor and the ring bound. `given` of the
+// K buffers are passed to run(); the others come from a grow function (random delays before each).
+void load_and_compare(const Source& src, size_t chunk, int threads, int K, Release mode, int given) {
+  SCOPED_TRACE(cat(src.what, ": chunk ", chunk, ", threads ", threads, ", ring ", K, " (", given, " given), release ",
                    release_name(mode)));
   const size_t buf_bytes = (chunk / 64 * 64) + 128;  // a little larger than a chunk
   std::vector<std::shared_ptr<void>> bufs;
   std::vector<void*> staging;
   for (int i = 0; i < K; ++i) {
     bufs.push_back(aligned_alloc_shared(buf_bytes));
-    staging.push_back(bufs.back().get());
+    if (i < given) staging.push_back(bufs.back().get());
   }
   HostSink sink(src.plan, K, mode);
   StreamOptions opt;
   opt.chunk_bytes = chunk;
   opt.threads = threads;
   if (mode == Release::Reclaim) opt.reclaim = [&] { sink.reclaim(); };
+  int grown = 0;
+  if (given < K) {
+    opt.grow = [&](const StreamOptions::AddStaging& add) {
+      std::mt19937 rng(static_cast<uint32_t>(chunk + threads + K));
+      for (int i = given; i < K; ++i) {
+        std::this_thread::sleep_for(std::chrono::microseconds(rng() % 300));  // "pinning"
+        if (!add(bufs[static_cast<size_t>(i)].get())) return;
+        ++grown;
+      }
+    };
+  }
   StreamLoader loader(opt);
   StreamStats stats = guarded([&] {
     return loader.run(src.plan, staging, buf_bytes,
                       [&](const Chunk& c, const void* p, StagingLease l) { sink(c, p, std::move(l)); });
   });
   sink.stop_releaser();
+  EXPECT_EQ(stats.buffers, given + grown);
+  EXPECT_GE(stats.buffers, 1);
+  EXPECT_LE(stats.max_outstanding, stats.buffers);
+  EXPECT_LE(stats.first_read_seconds, stats.seconds);
   EXPECT_EQ(stats.bytes, src.plan.total_bytes());
   EXPECT_EQ(stats.chunks, sink.calls.load());
   EXPECT_EQ(stats.chunks, plan_chunks(src.plan, chunk).size());
@@ -262,13 +282,18 @@ TempDir* StreamLoaderTest::dir = nullptr;
 
 void sweep(const Source& s) {
   const size_t chunks[] = {64 * 17, 4096 + 64, size_t{1} << 20};
-  int k = 0;
+  int k = 0, grown = 0;
   for (size_t chunk : chunks)
     for (int threads : {1, 4})
       for (int K : {2, 3}) {
         Release mode = static_cast<Release>(k++ % 3);
-        load_and_compare(s, chunk, threads, K, mode);
+        load_and_compare(s, chunk, threads, K, mode, K);
         if (::testing::Test::HasFatalFailure()) return;
+        // The same with the ring grown while the load runs (none or one buffer given), once per chunk size.
+        if (threads == 4 && K == 3) {
+          load_and_compare(s, chunk, threads, K, static_cast<Release>(k % 3), grown++ % 2);
+          if (::testing::Test::HasFatalFailure()) return;
+        }
       }
 }
 
@@ -378,7 +403,7 @@ TEST(StreamLoader, BadArgumentsAreErrors) {
   o.chunk_bytes = 4096;
   EXPECT_THROW(StreamLoader(o).run(plan, staging, 1024, sink), Error);  // chunk > buffer
   o.chunk_bytes = 1024;
-  EXPECT_THROW(StreamLoader(o).run(plan, {}, 1024, sink), Error);       // no buffers
+  EXPECT_THROW(StreamLoader(o).run(plan, {}, 1024, sink), Error);       // no buffers (and no grow)
   EXPECT_NO_THROW(StreamLoader(o).run(plan, staging, 1024, sink));      // empty plan
   plan.add("x", RawSpan{"/nonexistent/file.safetensors", 0, 16, DType::F32, Shape{4}});
   try {
@@ -529,6 +554,173 @@ TEST(StreamLoader, ReclaimThatThrowsPropagates) {
                         [&](const Chunk&, const void*, StagingLease l) { kept.push_back(std::move(l)); });
   });
   EXPECT_NE(msg.find("reclaim boom"), std::string::npos) << msg;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Growing ring (StreamOptions::grow)
+
+// Reads begin on the first buffer while the rest of the ring is still to come: the grow function
+// adds one buffer, waits until the sink has seen several chunks, then adds the rest. Every tensor
+// still arrives whole and exact.
+TEST(StreamLoader, GrowingRingReadsBeforeItIsComplete) {
+  Damaged d(DType::F32);
+  const size_t chunk = 1024;
+  const int K = 4;
+  Ring r(K, chunk);
+  HostSink sink(d.plan, K, Release::InSink);
+  StreamOptions o;
+  o.chunk_bytes = chunk;
+  o.threads = 4;
+  std::atomic<bool> read_before_rest{false};
+  std::atomic<int> added{0};
+  // `added` counts a buffer before add() hands it over (a reader may use it before add() returns).
+  auto offer = [&](const StreamOptions::AddStaging& add, int k) {
+    ++added;
+    if (add(r.ptrs[static_cast<size_t>(k)])) return true;
+    --added;
+    return false;
+  };
+  o.grow = [&](const StreamOptions::AddStaging& add) {
+    if (!offer(add, 0)) return;
+    for (int i = 0; i < 10000 && sink.calls.load() < 5; ++i)
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    read_before_rest = sink.calls.load() >= 5;
+    for (int k = 1; k < K; ++k)
+      if (!offer(add, k)) return;
+  };
+  const StreamStats st = guarded([&] {
+    return StreamLoader(o).run(d.plan, {}, chunk, [&](const Chunk& c, const void* p, StagingLease l) {
+      EXPECT_TRUE(c.buffer >= 0 && c.buffer < added.load()) << "a buffer not yet added";
+      sink(c, p, std::move(l));
+    });
+  });
+  EXPECT_TRUE(read_before_rest.load()) << "the load waited for the whole ring";
+  const size_t n_chunks = plan_chunks(d.plan, chunk).size();
+  ASSERT_GT(n_chunks, 20u);
+  EXPECT_EQ(st.chunks, n_chunks);
+  EXPECT_EQ(sink.calls.load(), n_chunks);
+  EXPECT_EQ(st.buffers, added.load());
+  EXPECT_GE(st.buffers, 1);
+  EXPECT_LE(st.buffers, K);
+  EXPECT_GT(st.first_read_seconds, 0.0);
+  EXPECT_LE(st.first_read_seconds, st.seconds);
+  for (size_t i = 0; i < d.plan.tensors.size(); ++i) {
+    const PlanTensor& t = d.plan.tensors[i];
+    ASSERT_TRUE(std::all_of(sink.seen[i].begin(), sink.seen[i].end(), [](uint8_t v) { return v == 1; })) << t.name;
+    const Tensor want = d.store->get_f32(t.name), got = to_f32(t, sink.bytes[i]);
+    ASSERT_EQ(0, std::memcmp(want.data(), got.data(), want.nbytes())) << t.name << " differs from get_f32";
+  }
+}
+
+// Once every chunk has its buffer, add() refuses more: a grow function that would add many buffers
+// slowly is stopped early (run() joins it, so without the refusal it would last 2 s).
+TEST(StreamLoader, GrowingStopsWhenEveryChunkHasABuffer) {
+  TempDir dir("stream_grow_stop");
+  const std::string path = dir / "one.bin";  // 64 random floats at offset 0
+  std::vector<float> v(64);
+  std::mt19937 rng(std::random_device{}());
+  for (float& x : v) x = std::uniform_real_distribution<float>(-1, 1)(rng);
+  {
+    FILE* f = std::fopen(path.c_str(), "wb");
+    ASSERT_NE(f, nullptr);
+    ASSERT_EQ(std::fwrite(v.data(), 4, 64, f), 64u);
+    std::fclose(f);
+  }
+  LoadPlan plan;
+  plan.add("w", RawSpan{path, 0, 256, DType::F32, Shape{64}});
+  ASSERT_EQ(plan_chunks(plan, 1024).size(), 1u);
+  constexpr int kMany = 1000;
+  Ring r(kMany, 1024);
+  StreamOptions o;
+  o.chunk_bytes = 1024;
+  o.threads = 2;
+  int added = 0;
+  bool refused = false;
+  o.grow = [&](const StreamOptions::AddStaging& add) {
+    for (int k = 0; k < kMany; ++k) {
+      if (!add(r.ptrs[static_cast<size_t>(k)])) {
+        refused = true;
+        return;
+      }
+      ++added;
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+  };
+  std::vector<float> got(64, std::nanf(""));
+  const StreamStats st = guarded([&] {
+    return StreamLoader(o).run(plan, {}, 1024, [&](const Chunk& c, const void* p, StagingLease l) {
+      std::memcpy(reinterpret_cast<char*>(got.data()) + c.offset, p, c.length);
+      l.release();
+    });
+  });
+  EXPECT_TRUE(refused);
+  EXPECT_LT(added, 100);
+  EXPECT_EQ(st.buffers, added);
+  EXPECT_EQ(st.chunks, 1u);
+  EXPECT_EQ(0, std::memcmp(got.data(), v.data(), 256));
+}
+
+TEST(StreamLoader, GrowErrorsAreOneClearErrorWithoutHanging) {
+  Damaged d(DType::F32);
+  Ring r(3, 1024);
+  auto run_with = [&](std::function<void(const StreamOptions::AddStaging&)> grow, std::vector<void*> given) {
+    StreamOptions o;
+    o.chunk_bytes = 1024;
+    o.threads = 4;
+    o.grow = std::move(grow);
+    std::atomic<int> calls{0};
+    const std::string msg = error_of([&] {
+      StreamLoader(o).run(d.plan, given, 1024, [&](const Chunk&, const void*, StagingLease l) {
+        ++calls;
+        l.release();
+      });
+    });
+    return std::make_pair(msg, calls.load());
+  };
+  // Throws after one buffer (readers may have started on it), or before any.
+  for (int before : {0, 1}) {
+    const auto [msg, calls] = run_with(
+        [&](const StreamOptions::AddStaging& add) {
+          if (before) add(r.ptrs[0]);
+          WAN_THROW("pinning boom");
+        },
+        {});
+    EXPECT_NE(msg.find("pinning boom"), std::string::npos) << msg;
+    if (!before) {
+      EXPECT_EQ(calls, 0);
+    }
+  }
+  // Throws with a buffer given: the load still fails (no silent smaller ring).
+  {
+    const auto [msg, calls] =
+        run_with([&](const StreamOptions::AddStaging&) { WAN_THROW("pinning boom"); }, {r.ptrs[0]});
+    EXPECT_NE(msg.find("pinning boom"), std::string::npos) << msg;
+  }
+  // Adds nothing and returns, none given: no buffer will ever come.
+  {
+    const auto [msg, calls] = run_with([&](const StreamOptions::AddStaging&) {}, {});
+    EXPECT_NE(msg.find("no staging buffers"), std::string::npos) << msg;
+    EXPECT_EQ(calls, 0);
+  }
+  // A null buffer.
+  {
+    const auto [msg, calls] = run_with([&](const StreamOptions::AddStaging& add) { add(nullptr); }, {});
+    EXPECT_NE(msg.find("null staging buffer"), std::string::npos) << msg;
+  }
+  // A file error while the ring grows: the file's error, and the grow thread is told to stop.
+  {
+    fs::resize_file(d.big, fs::file_size(d.big) / 2);
+    std::atomic<bool> refused{false};
+    const auto [msg, calls] = run_with(
+        [&](const StreamOptions::AddStaging& add) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the range check fails meanwhile
+          refused = !add(r.ptrs[0]);
+        },
+        {});
+    EXPECT_NE(msg.find("past the end of the file"), std::string::npos) << msg;
+    EXPECT_EQ(calls, 0);
+    EXPECT_TRUE(refused.load()) << "a buffer was taken after run() had failed";
+  }
 }
 
 }  // namespace
