@@ -782,4 +782,28 @@ void* DiTGpu::weight_allocation(int expert, size_t* bytes) const {
   return m.weights[static_cast<size_t>(expert)];
 }
 
+std::vector<std::pair<size_t, size_t>> DiTGpu::weight_ranges(const DiTConfig& cfg, size_t* total_bytes) {
+  const WeightTable table = dit_gpu_detail::build_weight_table(cfg);
+  std::vector<std::pair<size_t, size_t>> ranges;
+  ranges.reserve(table.entries.size());
+  for (const dit_gpu_detail::WeightEntry& e : table.entries) ranges.emplace_back(e.offset, e.bytes);
+  if (total_bytes) *total_bytes = table.bytes;
+  return ranges;
+}
+
+int DiTGpu::add_weight_loads(int expert, size_t begin, size_t end, const DiTWeightGetter& get,
+                             const DiTWeightSpan& span, DeviceLoader& loader, int group) const {
+  size_t bytes = 0;
+  char* base = static_cast<char*>(weight_allocation(expert, &bytes));
+  const std::string what = cat("DiT expert ", expert);
+  int added = 0;
+  for (LoadTarget& t : dit_gpu_detail::weight_targets(impl_->table, base, get, what.c_str(), span, group)) {
+    const size_t off = static_cast<size_t>(static_cast<char*>(t.dst) - base);
+    if (off < begin || off >= end) continue;
+    loader.add(std::move(t));
+    ++added;
+  }
+  return added;
+}
+
 }  // namespace wan::cuda

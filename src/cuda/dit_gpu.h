@@ -223,6 +223,18 @@ class DiTGpu {
   // *bytes: for filling an external source and for collectives over the weights (issue 5).
   void* weight_allocation(int expert, size_t* bytes = nullptr) const;
 
+  // Sharded loading (issue 5, pipeline/generate_parallel.h), without the internal weight table:
+  // weight_ranges: the (byte offset, bytes) of every tensor of one expert's weight allocation for
+  // `cfg`, ascending by offset (every expert of a config has this layout), and the allocation's size in
+  // *total_bytes. Pure host arithmetic.
+  static std::vector<std::pair<size_t, size_t>> weight_ranges(const DiTConfig& cfg, size_t* total_bytes = nullptr);
+  // Adds to `loader` (not started) the tensors of expert `expert` whose first byte lies in [begin, end)
+  // of its weight allocation, as completion group `group`: streamed from the files where `span` gives
+  // their stored bytes, else read through `get` (errors name "DiT expert <expert> weight <name>").
+  // Returns how many were added. The caller starts the loader and waits for it before any forward.
+  int add_weight_loads(int expert, size_t begin, size_t end, const DiTWeightGetter& get, const DiTWeightSpan& span,
+                       DeviceLoader& loader, int group) const;
+
   struct Impl;
 
  private:

@@ -1,6 +1,6 @@
 // Multi-GPU `wan generate` (see generate_parallel.h): option checks and shard arithmetic (host only, every
 // build), then the rank code (CUDA + NCCL builds): text on rank 0 and its broadcast, the DiT with the
-// sharded load, the replicated sampler, the decode on rank 0.
+// sharded load, the collective denoiser driven by the pipeline's own loop, the decode on rank 0.
 #include "pipeline/generate_parallel.h"
 
 #include <algorithm>
@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <future>
 
 #include "core/clock.h"
@@ -25,7 +26,6 @@
 
 #include "ckpt/layout.h"
 #include "cuda/check.h"
-#include "cuda/dit_gpu_weights.h"
 #include "cuda/load_gpu.h"
 #include "cuda/sampler_gpu.h"
 #include "dist/comm.h"
@@ -134,8 +134,6 @@ ParallelRequest parse_parallel_request(const ParallelArgs& a, GenerateOptions* o
   } else if (r.ring > 0) {
     WAN_CHECK(rem % r.ring == 0, "--ring ", r.ring, " does not divide the ", rem, per);
   }
-  WAN_CHECK(o->resume_file.empty() && o->stop_after_steps == 0,
-            "--resume / --save-state / --stop-after-steps: not supported on several GPUs yet (pause and resume on one GPU)");
   WAN_CHECK(!o->keep_text_encoder, "--keep-text-encoder: not with several GPUs (the text encoder runs once on rank 0 ",
             "and is freed before its DiT loads)");
 
@@ -227,7 +225,6 @@ std::string ParallelRun::describe() const {
 
 namespace {
 
-using pipeline_detail::context_batch;
 using pipeline_detail::uses_expert;
 
 std::vector<Role> expert_roles(const GeneratePlan& p) {
@@ -266,6 +263,137 @@ void broadcast_host(const dist::RankContext& ctx, dist::Comm& world, cudaStream_
   ctx.sync(s);
 }
 
+// Rank 0's sampler state (index and history) to every rank: sizes first, then the vectors. A state
+// of n elements holds at most n per vector (Sampler::set_state validates the rest).
+void broadcast_sampler_state(const dist::RankContext& ctx, dist::Comm& world, cudaStream_t s, SamplerState* st,
+                             size_t numel) {
+  int64_t hdr[5] = {st->index, static_cast<int64_t>(st->n), static_cast<int64_t>(st->m_last.size()),
+                    static_cast<int64_t>(st->m_prev.size()), static_cast<int64_t>(st->last_sample.size())};
+  broadcast_host(ctx, world, s, hdr, sizeof hdr, 0);
+  const int64_t n = static_cast<int64_t>(numel);
+  WAN_ASSERT(hdr[0] >= 0 && hdr[1] >= 0 && hdr[1] <= n && hdr[2] >= 0 && hdr[2] <= n && hdr[3] >= 0 && hdr[3] <= n &&
+                 hdr[4] >= 0 && hdr[4] <= n,
+             "sampler state from rank 0: step ", hdr[0], ", ", hdr[1], " elements");
+  st->index = static_cast<int>(hdr[0]);
+  st->n = static_cast<size_t>(hdr[1]);
+  std::vector<float>* vs[3] = {&st->m_last, &st->m_prev, &st->last_sample};
+  for (int k = 0; k < 3; ++k) {
+    vs[k]->resize(static_cast<size_t>(hdr[2 + k]));
+    broadcast_host(ctx, world, s, vs[k]->data(), vs[k]->size() * sizeof(float), 0);
+  }
+}
+
+// The rank's DiT as the sampling loop sees it (see make_parallel_denoiser in the header). The step is
+// the one-GPU GPU denoiser's (denoiser_gpu.cpp, fused sampling): the DiT output in device memory, one
+// fused guidance + solver kernel (cuda::SamplerGpu) on this rank's copy of x, ordered on this object's
+// stream; the forward is the parallel one, which ends with the whole output on every rank.
+class ParallelDenoiser final : public Denoiser {
+ public:
+  ParallelDenoiser(const dist::RankContext& ctx, const GeneratePlan& p, const dist::Layout& layout,
+                   std::unique_ptr<cuda::DiTGpu> dit, std::function<void()> before_step)
+      : ctx_(ctx), layout_(layout), dit_(std::move(dit)), before_step_(std::move(before_step)) {
+    WAN_ASSERT(dit_ != nullptr, "parallel denoiser without a DiT");
+    const bool use_high = uses_expert(p.experts, Expert::High);
+    high_index_ = use_high ? 0 : -1;  // make_rank_dit's order: expert_roles, high-noise first
+    low_index_ = uses_expert(p.experts, Expert::Low) ? (use_high ? 1 : 0) : -1;
+  }
+
+  // Collective: every rank runs the parallel forward on the same inputs and gets the whole output.
+  void forward(Expert e, const Tensor& x, int batch, float t, const Tensor& ctx, const std::vector<int64_t>& lens,
+               float* out) override {
+    const int expert = index(e);
+    WAN_ASSERT(batch == 1 || batch == 2, "forward: batch ", batch);
+    WAN_ASSERT(layout_.cfg == 1 || batch == 2, "CFG-parallel forward without guidance");
+    const int64_t n = x.numel();
+    xb_.resize(static_cast<size_t>(n * batch));
+    for (int b = 0; b < batch; ++b) std::memcpy(xb_.data() + b * n, x.f32(), static_cast<size_t>(n) * 4);
+    const float tt[2] = {t, t};
+    cuda::DiTInputs in;
+    in.x = xb_.data();
+    in.t = tt;
+    in.context = ctx.f32();
+    in.context_dtype = DType::F32;
+    in.ctx_rows = ctx.dim(1);
+    in.ctx_lens = lens.data();
+    dit_->forward(expert, cuda::DiTShape{batch, x.dim(1), x.dim(2), x.dim(3)}, in, out, stream_.s);
+    ctx_.sync(stream_.s);
+  }
+
+  // Local: x and the state are the same on every rank (broadcast from rank 0 before).
+  void begin_sampling(Sampler& s, const Tensor& x) override {
+    WAN_ASSERT(x.dtype() == DType::F32 && x.ndim() == 4, "sampling latent ", x.shape().str());
+    const DiTConfig& c = dit_->config();
+    WAN_CHECK(x.dim(0) == c.in_dim && c.out_dim == c.in_dim, "GPU sampling: a latent of ", x.dim(0),
+              " channels for a DiT of in_dim ", c.in_dim, " and out_dim ", c.out_dim);
+    const SamplerState st = s.state();  // throws unless s holds its history
+    const size_t n = static_cast<size_t>(x.numel());
+    CUDA_CHECK(cudaSetDevice(ctx_.device));
+    if (!samp_ || samp_->numel() != n || samp_->solver() != s.solver()) {
+      out_.reset();
+      samp_.reset();
+      samp_ = std::make_unique<cuda::SamplerGpu>(s.solver(), n, /*x_copies=*/2, ctx_.device);
+      out_ = std::make_unique<DeviceBytes>(2 * n * sizeof(float));
+    }
+    samp_->set_x(x.f32(), stream_.s);
+    samp_->upload_state(st, stream_.s);
+    latent_shape_ = x.shape();
+  }
+
+  // Collective: the parallel forward of step s.index(), then the fused guidance + solver update.
+  void guided_step(Sampler& s, Expert e, float guide, const Tensor& ctx, const std::vector<int64_t>& lens) override {
+    if (before_step_) before_step_();
+    WAN_ASSERT(samp_ && samp_->index() == s.index(), "guided_step: the GPU sampler is at step ",
+               samp_ ? samp_->index() : -1, ", the sampler at ", s.index());
+    const int expert = index(e);
+    const int batch = static_cast<int>(ctx.dim(0));
+    WAN_ASSERT(batch == 1 || batch == 2, "guided_step: batch ", batch);
+    WAN_ASSERT(layout_.cfg == 1 || batch == 2, "CFG-parallel step without guidance");
+    const size_t n = samp_->numel();
+    const float t = static_cast<float>(s.timestep());
+    const float tt[2] = {t, t};
+    cuda::DiTInputs in;
+    in.x = samp_->x();  // [2, n] on the device: the first `batch` copies are read
+    in.t = tt;
+    in.context = ctx.f32();
+    in.context_dtype = DType::F32;
+    in.ctx_rows = ctx.dim(1);
+    in.ctx_lens = lens.data();
+    float* out = static_cast<float*>(out_->p);
+    const Shape& ls = latent_shape_;
+    dit_->forward(expert, cuda::DiTShape{batch, ls[1], ls[2], ls[3]}, in, out, stream_.s);
+    const StepCoeffs k = s.take_step();
+    samp_->step(k, out, batch == 2 ? out + n : nullptr, guide, stream_.s);
+    ctx_.sync(stream_.s);
+  }
+
+  // Local: this rank's copy (equal on every rank).
+  Tensor sync_sampling(Sampler& s) override {
+    WAN_ASSERT(samp_ && samp_->index() == s.index(), "sync_sampling: the GPU sampler is at step ",
+               samp_ ? samp_->index() : -1, ", the sampler at ", s.index());
+    Tensor x = Tensor::empty(DType::F32, latent_shape_);
+    samp_->get_x(x.f32(), stream_.s);
+    s.set_state(samp_->download_state(stream_.s));
+    return x;
+  }
+
+ private:
+  int index(Expert e) const {
+    const int i = e == Expert::High ? high_index_ : low_index_;
+    WAN_ASSERT(i >= 0, "expert not loaded");
+    return i;
+  }
+
+  const dist::RankContext& ctx_;
+  dist::Layout layout_;
+  StreamOwner stream_;  // first: outlives the buffers and the DiT that use it
+  std::unique_ptr<cuda::DiTGpu> dit_;
+  std::function<void()> before_step_;
+  int high_index_ = -1, low_index_ = -1;
+  std::vector<float> xb_;                  // forward(): the host batch
+  std::unique_ptr<cuda::SamplerGpu> samp_;  // x [2, n] and the history
+  std::unique_ptr<DeviceBytes> out_;        // the DiT output [2, n] f32
+  Shape latent_shape_;
+};
 
 // Stage events: rank 0 passes the caller's hooks, the others none.
 using StageEvents = pipeline_detail::StageTimer;
@@ -292,6 +420,7 @@ void rank_main(dist::RankContext& ctx, const GeneratePlan& p, const dist::Layout
   const std::string dev = cat("cuda:", ctx.device);
   GenerateResult r;
   Timings& tm = r.timings;
+  pipeline_detail::begin_result(p, &r);
   ParallelRankStats me;
   me.rank = ctx.rank;
   me.device = ctx.device;
@@ -303,16 +432,16 @@ void rank_main(dist::RankContext& ctx, const GeneratePlan& p, const dist::Layout
   StreamOwner stream;
   const cudaStream_t s = stream.s;
 
-  // Rank 0 reads the VAE's weights on a host thread while the rest runs.
+  // Rank 0 reads the VAE's weights on a host thread while the rest runs (not for a run that pauses).
   std::future<std::pair<VaeWeights, double>> vae_read;
-  if (r0 && decode)
+  if (r0 && decode && p.stop_after_steps == 0)
     vae_read = std::async(std::launch::async, [&p] {
       const Clock::time_point t0 = Clock::now();
       VaeWeights w = p.random_weights ? random_vae_weights(p.vae, random_vae_seed(p.weights_seed)) : load_vae(p.ckpt, p.vae);
       return std::make_pair(std::move(w), seconds_since(t0));
     });
 
-  // 1. The text, once, on rank 0 (the other ranks go on to their DiT).
+  // 1. The text, once, on rank 0 (the other ranks go on to their DiT; resumed: the state's, nothing to encode).
   Tensor cond = p.prompt_embeds, uncond = p.negative_embeds;
   if (r0 && p.needs_text_encoder) {
     dist::maybe_fail(ctx, "text");
@@ -354,7 +483,9 @@ void rank_main(dist::RankContext& ctx, const GeneratePlan& p, const dist::Layout
     probe();
   }
 
-  // 3. Text and initial latents from rank 0: sizes first, then the values.
+  // 3. Text, latents and sampler state from rank 0 (sizes first, then the values), so a seed drawn at
+  // random (no --seed) or files read per process (embeddings, initial latents, a resumed state) cannot
+  // make the ranks diverge.
   const int64_t D = p.ckpt.dit.text_dim;
   int64_t hdr[3] = {0, 0, D};
   if (r0) {
@@ -377,60 +508,30 @@ void rank_main(dist::RankContext& ctx, const GeneratePlan& p, const dist::Layout
     std::memcpy(cond.f32(), text.f32(), cond.nbytes());
     std::memcpy(uncond.f32(), text.f32() + hdr[0] * D, uncond.nbytes());
   }
-  Tensor x = r0 ? (p.init_latents.defined() ? p.init_latents.clone() : seeded_latents(p.latent_shape, p.seed))
-                : Tensor::empty(DType::F32, p.latent_shape);
+  Tensor x = !r0                      ? Tensor::empty(DType::F32, p.latent_shape)
+             : p.resume               ? p.resume->latents.clone()
+             : p.init_latents.defined() ? p.init_latents.clone()
+                                        : seeded_latents(p.latent_shape, p.seed);
   broadcast_host(ctx, world, s, x.data(), x.nbytes(), 0);
+  SamplerState from;  // step 0: index 0, no history
+  if (p.resume) from = p.resume->sampler;
+  broadcast_sampler_state(ctx, world, s, &from, static_cast<size_t>(x.numel()));
+  WAN_CHECK(from.index == r.first_step, "--resume ", p.resume_file, ": rank 0's state continues after step ",
+            from.index, " but rank ", ctx.rank, "'s after step ", r.first_step,
+            " (every process must read the same state file)");
 
-  // 4. Sampling, replicated: every rank holds the whole DiT output after each forward.
+  // 4. Sampling: the pipeline's own loop (pipeline_internal.h) on the collective denoiser; every rank
+  // holds the whole DiT output after each step and keeps x. Cancellation and failures elsewhere are
+  // checked at the start of every step by each rank (check(): one wan::Error on every rank).
   {
-    Sampler sampler(p.sampler);
-    WAN_ASSERT(sampler.timesteps() == p.schedule.timesteps, "schedule differs from the plan");
-    const size_t n = static_cast<size_t>(x.numel());
-    cuda::SamplerGpu samp(sampler.solver(), n, /*x_copies=*/2, ctx.device);
-    samp.set_x(x.f32(), s);
-    samp.upload_state(sampler.state(), s);
-    DeviceBytes dout(2 * n * sizeof(float));
-    float* out = static_cast<float*>(dout.p);
-    std::vector<int64_t> lens_cfg, lens_cond;
-    const Tensor ctx_cfg = context_batch({&cond, &uncond}, &lens_cfg);
-    const Tensor ctx_cond = context_batch({&cond}, &lens_cond);
-    const bool use_high = uses_expert(p.experts, Expert::High);
-    const int high_index = use_high ? 0 : -1;
-    const int low_index = uses_expert(p.experts, Expert::Low) ? (use_high ? 1 : 0) : -1;
-    const Shape& ls = p.latent_shape;
-    StageEvents st(hooks, Stage::Denoise, sampler.steps());
-    for (int i = 0; i < sampler.steps(); ++i) {
+    std::unique_ptr<Denoiser> den = make_parallel_denoiser(ctx, p, layout, std::move(dit), [&] {
       check();
       dist::maybe_fail(ctx, "step");
-      if (i == 0) tm.startup = process_age_seconds();
-      const Clock::time_point t0 = Clock::now();
-      const ExpertStep& es = p.experts.steps[static_cast<size_t>(i)];
-      const int expert = es.expert == Expert::High ? high_index : low_index;
-      WAN_ASSERT(expert >= 0, "expert not loaded");
-      const int batch = es.guide != 1.0f ? 2 : 1;
-      WAN_ASSERT(layout.cfg == 1 || batch == 2, "CFG-parallel step without guidance");
-      const float t = static_cast<float>(sampler.timestep());
-      const float tt[2] = {t, t};
-      const Tensor& c = batch == 2 ? ctx_cfg : ctx_cond;
-      cuda::DiTInputs in;
-      in.x = samp.x();  // [2, n] on the device: the first `batch` copies are read
-      in.t = tt;
-      in.context = c.f32();
-      in.context_dtype = DType::F32;
-      in.ctx_rows = c.dim(1);
-      in.ctx_lens = batch == 2 ? lens_cfg.data() : lens_cond.data();
-      dit->forward(expert, cuda::DiTShape{batch, ls[1], ls[2], ls[3]}, in, out, s);
-      const StepCoeffs k = sampler.take_step();
-      samp.step(k, out, batch == 2 ? out + n : nullptr, es.guide, s);
-      ctx.sync(s);
-      tm.step_seconds.push_back(seconds_since(t0));
-      st.advance(i + 1, cat("t=", static_cast<int64_t>(t), es.expert == Expert::High ? " high" : " low"));
-      probe();
-    }
-    samp.get_x(x.f32(), s);
-    tm.denoise = st.end();
-  }
-  dit.reset();  // frees the experts before rank 0's VAE decoder is built
+    });
+    RunHooks loop;
+    loop.progress = hooks.progress;
+    pipeline_detail::denoise(p, *den, cond, uncond, x, from.index > 0 ? &from : nullptr, loop, probe, &r);
+  }  // frees the experts before rank 0's VAE decoder is built
 
   // 5. Every rank's figures to every rank (fixed-size rows, all-gathered).
   std::vector<double> rows(static_cast<size_t>(ctx.world) * kStatFields, 0.0);
@@ -451,9 +552,8 @@ void rank_main(dist::RankContext& ctx, const GeneratePlan& p, const dist::Layout
   }
   if (!r0) return;  // the others wait in the launch's final barrier while rank 0 decodes
 
-  // 6. Rank 0: the video.
-  r.latents = x;
-  if (decode) {
+  // 6. Rank 0: the video, or (paused) the state.
+  if (decode && !r.state) {
     dist::maybe_fail(ctx, "decode");
     check();
     VaeWeights w;
@@ -464,16 +564,17 @@ void rank_main(dist::RankContext& ctx, const GeneratePlan& p, const dist::Layout
     }
     check_gpu_vae(p.vae, dev);
     check();
-    const int chunks = static_cast<int>(x.dim(1));
+    const int chunks = static_cast<int>(r.latents.dim(1));
     StageEvents st(hooks, Stage::Decode, chunks);
     int64_t peak = 0;
-    r.video = gpu_vae_decode_tracked(p.vae, w, x, ctx.device, &peak);
+    r.video = gpu_vae_decode_tracked(p.vae, w, r.latents, ctx.device, &peak);
     me.peak_device_bytes = std::max(me.peak_device_bytes, peak);
     st.advance(chunks, "");
     tm.vae_decode = st.end();
   }
   probe();
   r.peak_device_bytes = me.peak_device_bytes;
+  if (r.state) pipeline_detail::complete_state(p, cond, uncond, &r);
   out->ranks.clear();
   double total_bytes = 0, slowest = 0;
   for (int k = 0; k < ctx.world; ++k) {
@@ -497,6 +598,12 @@ void rank_main(dist::RankContext& ctx, const GeneratePlan& p, const dist::Layout
 }
 
 }  // namespace
+
+std::unique_ptr<Denoiser> make_parallel_denoiser(const dist::RankContext& ctx, const GeneratePlan& p,
+                                                 const dist::Layout& layout, std::unique_ptr<cuda::DiTGpu> dit,
+                                                 std::function<void()> before_step) {
+  return std::make_unique<ParallelDenoiser>(ctx, p, layout, std::move(dit), std::move(before_step));
+}
 
 std::unique_ptr<cuda::DiTGpu> make_rank_dit(const dist::RankContext& ctx, const GeneratePlan& p,
                                             const cuda::DiTGpu::Options::Parallel& par, bool verbose,
@@ -537,11 +644,9 @@ std::unique_ptr<cuda::DiTGpu> make_rank_dit(const dist::RankContext& ctx, const 
   }
 
   // This rank's share: the tensors of byte range `rank` of each expert's allocation.
-  const cuda::dit_gpu_detail::WeightTable table = cuda::dit_gpu_detail::build_weight_table(cfg);
-  std::vector<std::pair<size_t, size_t>> tensors;
-  tensors.reserve(table.entries.size());
-  for (const auto& e : table.entries) tensors.emplace_back(e.offset, e.bytes);
-  const std::vector<std::pair<size_t, size_t>> ranges = shard_ranges(tensors, table.bytes, ctx.world);
+  size_t total = 0;
+  const std::vector<std::pair<size_t, size_t>> tensors = cuda::DiTGpu::weight_ranges(cfg, &total);
+  const std::vector<std::pair<size_t, size_t>> ranges = shard_ranges(tensors, total, ctx.world);
   const auto [begin, end] = ranges[static_cast<size_t>(ctx.rank)];
   std::vector<std::unique_ptr<WeightStore>> stores;  // open while the loader may call their getters
   std::vector<char*> bases;
@@ -553,18 +658,11 @@ std::unique_ptr<cuda::DiTGpu> make_rank_dit(const dist::RankContext& ctx, const 
       WeightStore* ws = stores.back().get();
       size_t bytes = 0;
       char* base = static_cast<char*>(dit->weight_allocation(static_cast<int>(i), &bytes));
-      WAN_ASSERT(bytes == table.bytes, "DiT weight allocation of ", bytes, " bytes, table of ", table.bytes);
+      WAN_ASSERT(bytes == total, "DiT weight allocation of ", bytes, " bytes, layout of ", total);
       bases.push_back(base);
-      const std::string what = cat("DiT expert ", i);
-      std::vector<cuda::LoadTarget> targets = cuda::dit_gpu_detail::weight_targets(
-          table, base, [ws](const std::string& name) { return ws->get_f32(name); }, what.c_str(),
-          [ws](const std::string& name) { return ws->raw_span(name); }, static_cast<int>(i));
-      for (cuda::LoadTarget& t : targets) {
-        const size_t off = static_cast<size_t>(static_cast<char*>(t.dst) - base);
-        if (off < begin || off >= end) continue;
-        ++st->load_tensors;
-        loader.add(std::move(t));
-      }
+      st->load_tensors += dit->add_weight_loads(
+          static_cast<int>(i), begin, end, [ws](const std::string& name) { return ws->get_f32(name); },
+          [ws](const std::string& name) { return ws->raw_span(name); }, loader, static_cast<int>(i));
     }
     if (loader.size() > 0) {
       loader.start();
@@ -624,6 +722,10 @@ ParallelRun run_generate_parallel(GenerateOptions o, const ParallelRequest& req,
   run.request = req;
   run.plan = plan_generate(o);
   run.layout = resolve_parallel_layout(req, run.plan);
+  // The layout is part of the numerics (it rounds differently from one GPU and from other layouts):
+  // a saved state resumes on the layout that saved it.
+  pipeline_detail::set_parallel_numerics(run.plan, cat(req.world, " GPUs, ", dist::describe(run.layout)));
+  pipeline_detail::check_resume(run.plan);
   run.output_rank = !req.launcher || req.rank == 0;
   if (run.output_rank && on_plan) on_plan(run.plan, run.layout);
   RankZeroOut zero;

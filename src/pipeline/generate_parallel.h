@@ -15,13 +15,24 @@
 //   3. After a barrier (every share loaded, the text encoded): rank 0 broadcasts the encoded text (sizes
 //      first, then [L_cond + L_uncond, text_dim] f32) and the initial latents, so a seed drawn at random
 //      (no --seed) or files read per process cannot make the ranks diverge.
-//   4. Sampling is replicated: every rank runs the same sampler on the DiT output that every rank holds
-//      whole after each parallel forward (bit-identical on every rank), so x stays identical everywhere.
-//      The first forward of an (expert, batch) runs eagerly (it sets up the NCCL connections), the
-//      second captures the CUDA graph (NCCL calls included), later ones replay it.
-//   5. rank 0 frees its DiT and decodes the video with the VAE on its GPU; the other ranks free theirs
-//      and wait. The decode stays on one GPU: splitting the causal decoder's time chunks over ranks is
-//      left out (it is a small part of a run). Only rank 0's process writes output files (the CLI, after
+//      With --resume, rank 0's state (latents, text, sampler history) is what is broadcast; every
+//      process must read the same state file (each plans with it) and resume after the same step.
+//   4. Sampling is replicated: every rank runs the pipeline's own denoising loop (pipeline_internal.h,
+//      the one run_generate runs: expert switch, guided step, solver update, progress, pause) on a
+//      Denoiser whose guided_step is collective (make_parallel_denoiser: the parallel forward, after
+//      which every rank holds the whole DiT output, bit-identical on every rank, then the one-GPU
+//      fused guidance + solver kernel), so x and the history stay identical everywhere. The first
+//      forward of an (expert, batch) runs eagerly (it sets up the NCCL connections), the second
+//      captures the CUDA graph (NCCL calls included), later ones replay it.
+//      --stop-after-steps N: every rank stops after step N; rank 0 returns the state (GenerateResult::
+//      state, written by its process only) and nothing is decoded. The state file is the one-GPU
+//      format; its fingerprint's "numerics" names the layout ("cuda bf16, 2 GPUs, cfg 1 x ulysses 2 x
+//      ring 1"), so it resumes with --resume on the same layout (any device list, in-process or one
+//      process per rank: those are bit-identical) and gives the uninterrupted run's bits; a state of
+//      another layout or of one GPU is refused in one line (other roundings), and vice versa.
+//   5. rank 0 frees its DiT and decodes the video with the VAE on its GPU (not when paused); the other
+//      ranks free theirs and wait. The decode stays on one GPU: splitting the causal decoder's time
+//      chunks over ranks is left out (it is a small part of a run). Only rank 0's process writes output files (the CLI, after
 //      the launch has succeeded on every rank, through its all-or-nothing writers), so a failure leaves
 //      no output behind.
 // Failure (item 4): any rank's error (bad input, out of memory, a lost peer, Ctrl-C) ends every rank
@@ -31,8 +42,8 @@
 // (rank 0) besides the launcher's "init" and "start".
 // Numerics: within bf16 of the single-GPU engine (the parallel forward's token slices and partial
 // softmax merges round differently); deterministic: two runs of one layout are bit-identical.
-// Not supported with several GPUs (one clear error): --resume / --stop-after-steps, --keep-text-encoder,
-// --device cpu. CFG-parallel needs every step guided (guide scale != 1).
+// Not supported with several GPUs (one clear error): --keep-text-encoder, --device cpu. CFG-parallel
+// needs every step guided (guide scale != 1).
 //
 // Invariants: every check that depends only on the options (flags, layout products, heads, CFG)
 // happens before any device work and before the launch; device fits (text encoder on rank 0, the DiT's
@@ -53,6 +64,7 @@
 
 #ifdef WAN_HAVE_NCCL
 #include "cuda/dit_gpu.h"
+#include "pipeline/denoiser.h"
 #endif
 
 namespace wan {
@@ -145,6 +157,20 @@ ParallelRun run_generate_parallel(GenerateOptions o, const ParallelRequest& r, c
 std::unique_ptr<cuda::DiTGpu> make_rank_dit(const dist::RankContext& ctx, const GeneratePlan& p,
                                             const cuda::DiTGpu::Options::Parallel& par, bool verbose,
                                             ParallelRankStats* stats);
+
+// One rank's DiT of plan `p` (from make_rank_dit, laid out as `layout`) as the sampling loop sees it
+// (pipeline/denoiser.h). forward() and guided_step() are collective across the ranks of ctx: every rank
+// must call them in the same order with the same arguments (the pipeline's loop does, from the same
+// plan, text, latents and sampler state); each ends with the whole output on every rank. guided_step
+// is the one-GPU fused step (the DiT output stays on the device, one guidance + solver kernel of
+// cuda::SamplerGpu on this rank's x), so the numerics are those of the replicated sampler;
+// begin_sampling() and sync_sampling() are local (x and the history are equal on every rank).
+// before_step (may be empty) runs at the start of every guided_step (failure and cancellation checks;
+// it may throw). warm_up() does nothing (the first forward of each (expert, batch) sets up the NCCL
+// connections eagerly). ctx must outlive the denoiser.
+std::unique_ptr<Denoiser> make_parallel_denoiser(const dist::RankContext& ctx, const GeneratePlan& p,
+                                                 const dist::Layout& layout, std::unique_ptr<cuda::DiTGpu> dit,
+                                                 std::function<void()> before_step = {});
 #endif
 
 }  // namespace wan

@@ -1,4 +1,5 @@
-// Planning and running the Wan 2.2 pipeline on the CPU (see pipeline.h for the flow and invariants).
+// Planning and running the Wan 2.2 pipeline on the CPU or one GPU (see pipeline.h for the flow and
+// invariants), and the denoising loop every run shares, multi-GPU ranks included (pipeline_internal.h).
 #include "pipeline/pipeline.h"
 
 #include "pipeline/denoiser.h"
@@ -226,6 +227,14 @@ static DenoiserSpec denoiser_spec(const GeneratePlan& p) {
   return spec;
 }
 
+namespace {
+std::string fingerprint_numerics(const GeneratePlan& p) {
+  return parse_device(p.device) < 0 ? std::string("cpu float32")
+         : p.parallel.empty()       ? std::string("cuda bf16")
+                                    : cat("cuda bf16, ", p.parallel);
+}
+}  // namespace
+
 std::string plan_fingerprint(const GeneratePlan& p) {
   nlohmann::ordered_json j;
   j["format"] = "wan-generate-state 1";
@@ -238,7 +247,7 @@ std::string plan_fingerprint(const GeneratePlan& p) {
   }
   j["weights"] = p.random_weights ? cat("random, seed ", p.weights_seed, ", ", root, ", DiT ", p.ckpt.dit.num_layers, " layers")
                                   : cat("checkpoint ", root);
-  j["numerics"] = parse_device(p.device) >= 0 ? "cuda bf16" : "cpu float32";
+  j["numerics"] = fingerprint_numerics(p);
   j["video"] = cat(p.width, "x", p.height, ", ", p.frames, " frames");
   j["latents"] = p.latent_shape.str();
   j["noise"] = p.init_latents.defined() ? cat("init-latents ", hash_hex(p.init_latents.data(), p.init_latents.nbytes()))
@@ -452,8 +461,7 @@ GeneratePlan plan_generate(const GenerateOptions& o) {
             o.stop_after_steps, ": must be in 1..", p.sampler.steps, " (the run's steps)");
   p.stop_after_steps = o.stop_after_steps;
   if (p.resume) {
-    const std::string diff = fingerprint_differences(p.resume->fingerprint, p.fingerprint);
-    WAN_CHECK(diff.empty(), "--resume ", p.resume_file, ": the state was saved by a different run: ", diff);
+    if (!o.parallel) pipeline_detail::check_resume(p);  // several GPUs: once the layout is known
     WAN_CHECK(p.resume->step <= p.sampler.steps && p.resume->latents.shape() == p.latent_shape &&
                   p.resume->prompt_embeds.dim(1) == dit.text_dim,
               "--resume ", p.resume_file, ": the state does not fit this run (step ", p.resume->step, ", latents ",
@@ -615,6 +623,85 @@ Tensor decode_latents(const CheckpointInfo& ckpt, const VaeConfig& vae, const Te
   return decode_with([&] { return load_vae(ckpt, vae); }, vae, latents, hooks, timings, device, peak_device_bytes);
 }
 
+namespace pipeline_detail {
+
+void set_parallel_numerics(GeneratePlan& p, const std::string& parallel) {
+  p.parallel = parallel;
+  auto j = nlohmann::ordered_json::parse(p.fingerprint, nullptr, false);
+  WAN_ASSERT(j.is_object() && j.contains("numerics"), "set_parallel_numerics: the plan has no fingerprint");
+  j["numerics"] = fingerprint_numerics(p);
+  p.fingerprint = j.dump();
+}
+
+void check_resume(const GeneratePlan& p) {
+  if (!p.resume) return;
+  const std::string diff = fingerprint_differences(p.resume->fingerprint, p.fingerprint);
+  WAN_CHECK(diff.empty(), "--resume ", p.resume_file, ": the state was saved by a different run: ", diff);
+}
+
+void begin_result(const GeneratePlan& p, GenerateResult* r) {
+  if (!p.resume) return;
+  r->first_step = p.resume->step;
+  r->earlier = p.resume->timings;
+  r->earlier_peak_device_bytes = p.resume->peak_device_bytes;
+  r->earlier_peak_rss_bytes = p.resume->peak_rss_bytes;
+}
+
+void complete_state(const GeneratePlan& p, const Tensor& cond, const Tensor& uncond, GenerateResult* r) {
+  WAN_ASSERT(r->state.has_value(), "complete_state of a run that did not pause");
+  RunState& s = *r->state;
+  s.prompt_embeds = cond;
+  s.negative_embeds = uncond;
+  s.fingerprint = p.fingerprint;
+  s.timings = merge_timings(r->earlier, r->timings);
+  s.peak_device_bytes = std::max(r->earlier_peak_device_bytes, r->peak_device_bytes);
+  s.peak_rss_bytes = std::max(r->earlier_peak_rss_bytes, peak_rss_bytes());
+}
+
+void denoise(const GeneratePlan& p, Denoiser& dit, const Tensor& cond, const Tensor& uncond, const Tensor& x,
+             const SamplerState* from, const RunHooks& hooks, const std::function<void()>& after_step,
+             GenerateResult* r) {
+  Timings& tm = r->timings;
+  Sampler sampler(p.sampler);
+  WAN_ASSERT(sampler.timesteps() == p.schedule.timesteps, "schedule differs from the plan");
+  if (from) sampler.set_state(*from);  // --resume: continue after the saved step
+  const int first = sampler.index();
+  WAN_ASSERT(first == r->first_step, "the sampler state is at step ", first, ", the run's first step is ", r->first_step);
+  // After each step: the caller's probe; at --stop-after-steps keep the state and stop.
+  auto stop_here = [&](int steps_done) {
+    if (after_step) after_step();
+    if (steps_done != p.stop_after_steps) return false;
+    r->state.emplace();
+    r->state->step = steps_done;
+    r->state->latents = dit.sync_sampling(sampler);  // x and the history, from where they live
+    r->state->sampler = sampler.state();
+    return true;
+  };
+  std::vector<int64_t> lens_cfg, lens_cond;
+  const Tensor ctx_cfg = context_batch({&cond, &uncond}, &lens_cfg);
+  const Tensor ctx_cond = context_batch({&cond}, &lens_cond);
+  // x and the solver history now live where the DiT runs (GPU: guidance + solver update fused).
+  dit.begin_sampling(sampler, x);
+  StageTimer st(hooks, Stage::Denoise, sampler.steps() - first);
+  for (int i = first; i < sampler.steps(); ++i) {
+    check_cancel(hooks);
+    if (i == first) tm.startup = process_age_seconds();
+    const auto t0 = Clock::now();
+    const ExpertStep& es = p.experts.steps[static_cast<size_t>(i)];
+    const float t = static_cast<float>(sampler.timestep());
+    // A guide scale of 1 makes the guided velocity the conditional one: skip the other half.
+    const bool cfg = es.guide != 1.0f;
+    dit.guided_step(sampler, es.expert, es.guide, cfg ? ctx_cfg : ctx_cond, cfg ? lens_cfg : lens_cond);
+    tm.step_seconds.push_back(seconds_since(t0));
+    st.advance(i + 1 - first, cat("t=", static_cast<int64_t>(t), es.expert == Expert::High ? " high" : " low"));
+    if (stop_here(i + 1)) break;
+  }
+  r->latents = dit.sync_sampling(sampler);
+  tm.denoise = st.end();
+}
+
+}  // namespace pipeline_detail
+
 GenerateResult run_generate(const GeneratePlan& p, const RunHooks& hooks, bool decode) {
   GenerateResult r;
   Timings& tm = r.timings;
@@ -625,12 +712,7 @@ GenerateResult run_generate(const GeneratePlan& p, const RunHooks& hooks, bool d
     if (gpu >= 0) r.peak_device_bytes = std::max(r.peak_device_bytes, gpu_memory_in_use(gpu));
   };
   if (gpu >= 0) r.device_bytes_at_start = r.peak_device_bytes = gpu_memory_in_use(gpu);
-  if (p.resume) {
-    r.first_step = p.resume->step;
-    r.earlier = p.resume->timings;
-    r.earlier_peak_device_bytes = p.resume->peak_device_bytes;
-    r.earlier_peak_rss_bytes = p.resume->peak_rss_bytes;
-  }
+  pipeline_detail::begin_result(p, &r);
 
   // The (expert, batch) forwards of the remaining steps: the GPU warm-up captures their graphs.
   std::vector<std::pair<Expert, int>> uses;
@@ -724,53 +806,11 @@ GenerateResult run_generate(const GeneratePlan& p, const RunHooks& hooks, bool d
              : p.init_latents.defined() ? p.init_latents.clone()
                                         : seeded_latents(p.latent_shape, p.seed);
 
-  {
-    // 4. Sampling.
-    Sampler sampler(p.sampler);
-    WAN_ASSERT(sampler.timesteps() == p.schedule.timesteps, "schedule differs from the plan");
-    if (p.resume) sampler.set_state(p.resume->sampler);  // --resume: continue after the saved step
-    // After each step: probe the device memory; at --stop-after-steps keep the state and stop.
-    auto after_step = [&](int steps_done) {
-      probe();
-      if (steps_done != p.stop_after_steps) return false;
-      r.state.emplace();
-      r.state->step = steps_done;
-      r.state->latents = dit_model->sync_sampling(sampler);  // x and the history, from where they live
-      r.state->sampler = sampler.state();
-      return true;
-    };
-    std::vector<int64_t> lens_cfg, lens_cond;
-    const Tensor ctx_cfg = context_batch({&cond, &uncond}, &lens_cfg);
-    const Tensor ctx_cond = context_batch({&cond}, &lens_cond);
-    // x and the solver history now live where the DiT runs (GPU: guidance + solver update fused).
-    dit_model->begin_sampling(sampler, x);
-    StageTimer st(hooks, Stage::Denoise, sampler.steps() - r.first_step);
-    for (int i = r.first_step; i < sampler.steps(); ++i) {
-      check_cancel(hooks);
-      if (i == r.first_step) tm.startup = process_age_seconds();
-      const auto t0 = Clock::now();
-      const ExpertStep& es = p.experts.steps[static_cast<size_t>(i)];
-      const float t = static_cast<float>(sampler.timestep());
-      // A guide scale of 1 makes the guided velocity the conditional one: skip the other half.
-      const bool cfg = es.guide != 1.0f;
-      dit_model->guided_step(sampler, es.expert, es.guide, cfg ? ctx_cfg : ctx_cond, cfg ? lens_cfg : lens_cond);
-      tm.step_seconds.push_back(seconds_since(t0));
-      st.advance(i + 1 - r.first_step, cat("t=", static_cast<int64_t>(t), es.expert == Expert::High ? " high" : " low"));
-      if (after_step(i + 1)) break;
-    }
-    x = dit_model->sync_sampling(sampler);
-    tm.denoise = st.end();
-    dit_model.reset();  // frees the experts before the VAE decoder is built
-  }
-  r.latents = x;
+  // 4. Sampling (the loop every run shares; --resume: from the saved sampler state).
+  pipeline_detail::denoise(p, *dit_model, cond, uncond, x, p.resume ? &p.resume->sampler : nullptr, hooks, probe, &r);
+  dit_model.reset();  // frees the experts before the VAE decoder is built
   if (r.state) {  // paused: the state carries the text and the timings so far; no decode
-    RunState& s = *r.state;
-    s.prompt_embeds = cond;
-    s.negative_embeds = uncond;
-    s.fingerprint = p.fingerprint;
-    s.timings = merge_timings(r.earlier, tm);
-    s.peak_device_bytes = std::max(r.earlier_peak_device_bytes, r.peak_device_bytes);
-    s.peak_rss_bytes = std::max(r.earlier_peak_rss_bytes, peak_rss_bytes());
+    pipeline_detail::complete_state(p, cond, uncond, &r);
     return r;
   }
   te_gpu.reset();
@@ -784,7 +824,7 @@ GenerateResult run_generate(const GeneratePlan& p, const RunHooks& hooks, bool d
       }
       return p.random_weights ? random_vae_weights(p.vae, random_vae_seed(p.weights_seed)) : load_vae(p.ckpt, p.vae);
     };
-    r.video = decode_with(load, p.vae, x, hooks, &tm, p.device, &r.peak_device_bytes);
+    r.video = decode_with(load, p.vae, r.latents, hooks, &tm, p.device, &r.peak_device_bytes);
     if (vae_read_s >= 0) tm.load_vae = vae_read_s;  // the overlapped read, not the (near zero) wait for it
   }
   return r;

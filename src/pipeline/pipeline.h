@@ -22,13 +22,13 @@
 // freed before the DiT is created unless keep_text_encoder), runs the DiT and decodes on the GPU.
 // With checkpoint weights on the GPU, when the text encoder and the experts' weights fit together
 // (plan.fast_start), they stream in concurrently through one loader and the encoding and the DiT's
-// warm-up overlap the load (pipeline/startup.h; the warm-up also overlaps the encoding when the DiT's
-// activation arena fits beside the encoder, else the encoder is freed first). Weights always stream
-// from the files (cuda/load_gpu.h).
+// warm-up overlap the load (pipeline/startup.h; the warm-up follows the encoding, the encoder freed
+// first unless keep_text_encoder). Weights always stream from the files (cuda/load_gpu.h).
 // Pausing and resuming: with stop_after_steps = N the run stops after step N and returns its RunState
 // (latents, sampler history, the encoded text, the plan's fingerprint, the timings so far) instead of
 // decoding; a plan with `resume` continues from such a state (its fingerprint must equal the plan's)
-// and gives bit-identical latents to an uninterrupted run (the text is not encoded again).
+// and gives bit-identical latents to an uninterrupted run (the text is not encoded again). The same on
+// several GPUs (pipeline/generate_parallel.h), where the fingerprint also names the layout.
 // Invariants: plan_generate() throws wan::Error (BadInput) for every invalid input before anything
 // heavy happens (memory fit included); run_generate() writes no files; cancellation is checked between
 // steps, stages and VAE chunks and surfaces as wan::Cancelled; everything that draws random numbers
@@ -140,7 +140,12 @@ struct GeneratePlan {
   int stop_after_steps = 0;
   std::string resume_file;
   std::shared_ptr<const RunState> resume;  // read and checked against `fingerprint` by plan_generate
+                                           // (several GPUs: by run_generate_parallel)
   bool seed_from_state = false;            // no --seed: the resumed state's
+  // A multi-GPU run: "<N> GPUs, <layout>", set by run_generate_parallel once the layout is resolved
+  // (pipeline/generate_parallel.h); part of the fingerprint's "numerics", so a state resumes only on
+  // the layout that saved it (layouts round differently). Empty: one device.
+  std::string parallel;
   std::string fingerprint;                 // plan_fingerprint(*this)
   std::string describe() const;            // multi-line human summary (task, sizes, schedule, memory)
 };
@@ -149,7 +154,8 @@ GeneratePlan plan_generate(const GenerateOptions& o);
 
 // What must be equal for a saved state to continue in another process: a JSON object of strings
 // ("task", "weights", "numerics", "video", "latents", "noise", "steps", "sampler", "schedule", "shift",
-// "guide", "boundary", "prompt", "negative"; prompts and embeddings by a 64-bit FNV-1a hash).
+// "guide", "boundary", "prompt", "negative"; prompts and embeddings by a 64-bit FNV-1a hash). Numerics:
+// "cpu float32", "cuda bf16" (one GPU) or "cuda bf16, <GeneratePlan::parallel>" (several GPUs).
 std::string plan_fingerprint(const GeneratePlan& p);
 // The keys whose values differ, as "key: saved vs now" parts joined by "; " (empty when equal).
 std::string fingerprint_differences(const std::string& saved, const std::string& now);

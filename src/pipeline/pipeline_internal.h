@@ -4,14 +4,20 @@
 //     honours the run's cancel flag (throws Cancelled), so a cancelled run stops at the next stage boundary;
 //     hooks without progress or cancel make it a plain timer.
 //   - context_batch, uses_expert, expert_roles: the DiT's text batch and the experts a schedule needs.
+//   - denoise, begin_result, complete_state, check_resume: the denoising loop and the pause / resume
+//     bookkeeping around it. Every run executes this one loop: the CPU and one-GPU pipeline
+//     (run_generate) and every rank of a multi-GPU run (generate_parallel.cpp), where the Denoiser's
+//     guided_step is collective across the ranks (make_parallel_denoiser).
 #pragma once
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "ckpt/layout.h"
 #include "core/tensor.h"
+#include "pipeline/denoiser.h"
 #include "pipeline/pipeline.h"
 #include "sampler/sampler.h"
 
@@ -66,5 +72,38 @@ inline std::vector<Role> expert_roles(const CheckpointInfo& ckpt, bool use_high,
   if (use_low) roles.push_back(Role::DiTLow);
   return roles;
 }
+
+// The denoising stage of a run. From x [z, T, H, W] (the initial or the resumed latents) and the sampler
+// state `from` (nullptr: step 0; else a state of p's sampler, e.g. p.resume->sampler), runs the plan's
+// remaining steps on `dit` (expert and guide scale from p.experts, the batch-2 CFG context of cond and
+// uncond, or the conditional half alone for a guide scale of 1) as one Denoise stage: cancellation
+// (hooks.cancel) before every step, progress after it. Stops after step p.stop_after_steps when the
+// run reaches it. after_step() (may be empty) runs after every step (device memory probes).
+// Sets r->timings' startup (at the first step), step_seconds and denoise, r->latents (after the last
+// step run) and, when stopped, r->state's step, latents and sampler history (complete_state adds the
+// rest). dit stays usable afterwards (the caller frees it).
+void denoise(const GeneratePlan& p, Denoiser& dit, const Tensor& cond, const Tensor& uncond, const Tensor& x,
+             const SamplerState* from, const RunHooks& hooks, const std::function<void()>& after_step,
+             GenerateResult* r);
+
+// A resumed plan: r's first_step and the figures of the processes before (p.resume's); else nothing.
+void begin_result(const GeneratePlan& p, GenerateResult* r);
+
+// A paused run (r->state set by denoise): the state gets the run's text (cond, uncond), p's fingerprint
+// and the timings and peaks of every process so far (r->earlier* merged with r->timings,
+// r->peak_device_bytes and this process's peak RSS).
+void complete_state(const GeneratePlan& p, const Tensor& cond, const Tensor& uncond, GenerateResult* r);
+
+// A multi-GPU plan once its layout is resolved: p.parallel = parallel ("<N> GPUs, <layout>") and the
+// fingerprint's "numerics" updated to it. Only that key changes: the rest stays as plan_generate made it
+// (before a resumed state's text replaced the prompts, so that it still names the prompts, not the
+// embeddings, exactly as the one-GPU plan's).
+void set_parallel_numerics(GeneratePlan& p, const std::string& parallel);
+
+// Throws one wan::Error (BadInput) when p resumes a state saved by a run with another fingerprint:
+// "--resume F: the state was saved by a different run: <differences>". plan_generate calls it, except
+// for a multi-GPU plan (GenerateOptions::parallel), whose fingerprint names its layout only once the
+// layout is resolved (run_generate_parallel calls it then).
+void check_resume(const GeneratePlan& p);
 
 }  // namespace wan::pipeline_detail

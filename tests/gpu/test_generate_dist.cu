@@ -18,7 +18,15 @@
 //   - forced failures (dist::maybe_fail): rank 1 throwing at "step" (in-process and 2 processes), rank
 //     1's process dying at "step" (lost peer), a real out-of-memory on rank 1 at "load": every process
 //     exits non-zero with exactly one "error:" line, the same on every process, within 30 s, and no
-//     output file exists.
+//     output file exists;
+//   - pausing and resuming (the pipeline's own loop on the collective denoiser): stopped after step k
+//     on 2 GPUs (Ulysses 2 after 1 and 3, cfg 2 after 2, Ring 2 after 4 of 5), the state written and
+//     resumed on the same layout gives the uninterrupted run's latents and video bit for bit, also
+//     paused twice (1, then 3); a state of one GPU or of another layout is refused both ways in one
+//     line naming the numerics; through the CLI (in-process, and paused by 2 processes, resumed
+//     in-process) the resumed run writes the uninterrupted run's files byte for byte, the paused run
+//     only its state; bad pause / resume combinations exit 2 with one "error:" line on every process
+//     and write nothing.
 // Skips with fewer than 2 GPUs (cases needing more GPUs skip on their own) or without NCCL.
 #include <gtest/gtest.h>
 #include <fcntl.h>
@@ -46,7 +54,6 @@
 #include "ckpt/layout.h"
 #include "core/error.h"
 #include "cuda/dit_gpu.h"
-#include "cuda/dit_gpu_weights.h"
 #include "gen/make_checkpoint.h"
 #include "gpu_test_util.h"
 #include "pipeline/files.h"
@@ -345,10 +352,9 @@ TEST(GenerateDist, ShardedLoadGivesEveryRankTheSingleGpuWeights) {
           }
       });
       // The expected shares: the tensors whose start lies in each rank's range, per expert.
-      const auto table = cuda::dit_gpu_detail::build_weight_table(plan.ckpt.dit);
-      std::vector<std::pair<size_t, size_t>> tensors;
-      for (const auto& e : table.entries) tensors.emplace_back(e.offset, e.bytes);
-      const auto ranges = shard_ranges(tensors, table.bytes, world);
+      size_t total = 0;
+      const std::vector<std::pair<size_t, size_t>> tensors = cuda::DiTGpu::weight_ranges(plan.ckpt.dit, &total);
+      const auto ranges = shard_ranges(tensors, total, world);
       uint64_t streamed = 0;
       for (int r = 0; r < world; ++r) {
         int want = 0;
@@ -577,6 +583,290 @@ TEST(GenerateDistCli, ForcedFailureEndsEveryRankWithOneError) {
     }
     EXPECT_TRUE(out.files().empty()) << c.name << ": an output file was left behind";
   }
+}
+
+// ---- pausing and resuming on several GPUs (--stop-after-steps / --save-state / --resume) ----
+
+namespace {
+
+// The one wan::Error of a multi-GPU run of o on `gpus` GPUs with that layout (checked to be bad input).
+std::string parallel_error(GenerateOptions o, int gpus, bool cfg, int u, int r) {
+  try {
+    const ParallelRequest req = request(&o, gpus, cfg, u, r);
+    (void)run_generate_parallel(o, req, {}, true);
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::BadInput) << e.what();
+    return e.what();
+  }
+  return "(no error)";
+}
+
+ParallelRun run_layout(GenerateOptions o, const LayoutCase& c) {
+  const ParallelRequest req = request(&o, c.gpus, c.cfg, c.u, c.r);
+  return run_generate_parallel(o, req, {}, true);
+}
+
+}  // namespace
+
+TEST(GenerateDistResume, PausedAndResumedRunEqualsUninterrupted) {
+  REQUIRE_GPUS(2);
+  test::TempDir t("gdresume");
+  printf("seeds: noise %llu, weights %llu\n", (unsigned long long)noise_seed(), (unsigned long long)weights_seed());
+  struct Case {
+    LayoutCase layout;
+    std::vector<int> stops;
+  };
+  const std::vector<Case> cases = {{{2, false, 2, 0, {1, 2, 1}}, {1, 3}},
+                                   {{2, true, 0, 0, {2, 1, 1}}, {2}},
+                                   {{2, false, 0, 2, {1, 1, 2}}, {4}}};
+  for (const Case& c : cases) {
+    const ParallelRun full = run_layout(tiny(), c.layout);
+    const std::string what = dist::describe(full.layout);
+    ASSERT_EQ(full.layout, c.layout.want);
+    ASSERT_TRUE(full.result.video.defined()) << what;
+    ASSERT_FALSE(full.result.state.has_value()) << what;
+    for (int stop : c.stops) {
+      const std::string at = cat(what, ", stop after ", stop);
+      GenerateOptions a = tiny();
+      a.stop_after_steps = stop;
+      const ParallelRun paused = run_layout(a, c.layout);
+      ASSERT_TRUE(paused.output_rank);
+      ASSERT_TRUE(paused.result.state.has_value()) << at;
+      const RunState& st = *paused.result.state;
+      EXPECT_FALSE(paused.result.video.defined()) << at << ": a paused run decodes nothing";
+      EXPECT_EQ(st.step, stop);
+      EXPECT_EQ(st.sampler.index, stop);
+      EXPECT_EQ(paused.result.timings.step_seconds.size(), static_cast<size_t>(stop));
+      EXPECT_EQ(st.timings.step_seconds.size(), static_cast<size_t>(stop));
+      EXPECT_TRUE(same_bytes(st.latents, paused.result.latents)) << at;
+      EXPECT_FALSE(same_bytes(st.latents, full.result.latents)) << at << ": the paused latents are the final ones";
+      EXPECT_TRUE(st.prompt_embeds.defined() && st.negative_embeds.defined()) << at;
+      EXPECT_NE(st.fingerprint.find(cat("cuda bf16, 2 GPUs, ", what)), std::string::npos) << st.fingerprint;
+      EXPECT_EQ(st.fingerprint, paused.plan.fingerprint);
+      EXPECT_GT(st.peak_device_bytes, 0);
+      ASSERT_EQ(paused.ranks.size(), 2u);
+      const std::string file = t / cat("l", c.layout.want.cfg, c.layout.want.ulysses, c.layout.want.ring, "_s", stop,
+                                       ".safetensors");
+      write_run_state(file, st);  // through the file, as the CLI does
+
+      GenerateOptions b = tiny();
+      b.resume_file = file;
+      const ParallelRun resumed = run_layout(b, c.layout);
+      EXPECT_FALSE(resumed.plan.needs_text_encoder) << at << ": the text comes from the state";
+      EXPECT_EQ(resumed.result.first_step, stop);
+      EXPECT_EQ(resumed.result.timings.step_seconds.size(), static_cast<size_t>(5 - stop));
+      EXPECT_EQ(resumed.result.earlier.step_seconds.size(), static_cast<size_t>(stop));
+      EXPECT_FALSE(resumed.result.state.has_value());
+      EXPECT_TRUE(same_bytes(resumed.result.latents, full.result.latents)) << at;
+      EXPECT_TRUE(same_bytes(resumed.result.video, full.result.video)) << at;
+      printf("%s: resumed run bit-identical to the uninterrupted one: %s\n", at.c_str(),
+             same_bytes(resumed.result.latents, full.result.latents) ? "yes" : "NO");
+    }
+  }
+  // Paused twice on Ulysses 2: after step 1, then (resumed) after step 3, then to the end.
+  const LayoutCase u2 = cases[0].layout;
+  const ParallelRun full = run_layout(tiny(), u2);
+  GenerateOptions b = tiny();
+  b.resume_file = t / "l121_s1.safetensors";
+  b.stop_after_steps = 3;
+  const ParallelRun second = run_layout(b, u2);
+  ASSERT_TRUE(second.result.state.has_value());
+  EXPECT_EQ(second.result.state->step, 3);
+  EXPECT_EQ(second.result.first_step, 1);
+  EXPECT_EQ(second.result.state->timings.step_seconds.size(), 3u) << "the state carries every step so far";
+  write_run_state(t / "twice.safetensors", *second.result.state);
+  GenerateOptions c = tiny();
+  c.resume_file = t / "twice.safetensors";
+  const ParallelRun last = run_layout(c, u2);
+  EXPECT_EQ(last.result.first_step, 3);
+  EXPECT_TRUE(same_bytes(last.result.latents, full.result.latents)) << "paused twice";
+  EXPECT_TRUE(same_bytes(last.result.video, full.result.video)) << "paused twice";
+}
+
+TEST(GenerateDistResume, StatesOfAnotherLayoutOrOneGpuAreRefused) {
+  REQUIRE_GPUS(2);
+  test::TempDir t("gdrefuse");
+  const std::string one = t / "one.safetensors", ulysses = t / "ulysses.safetensors";
+  GenerateOptions a = tiny();
+  a.stop_after_steps = 2;
+  const GenerateResult single = single_gpu(a, false);
+  ASSERT_TRUE(single.state.has_value());
+  write_run_state(one, *single.state);
+  const ParallelRun u2 = run_layout(a, {2, false, 2, 0, {1, 2, 1}});
+  ASSERT_TRUE(u2.result.state.has_value());
+  write_run_state(ulysses, *u2.result.state);
+  // The two paused runs agree within bf16 (the same run on other numerics), yet neither resumes the other.
+  const double lat = rel_l2(u2.result.state->latents, single.state->latents);
+  printf("paused after step 2: 2 GPUs Ulysses 2 vs one GPU latents rel L2 %.3e\n", lat);
+  EXPECT_LE(lat, kLatentBound);
+
+  const std::string saved_u2 = "numerics cuda bf16, 2 GPUs, cfg 1 x ulysses 2 x ring 1 (saved)";
+  GenerateOptions o = tiny();
+  o.resume_file = one;
+  EXPECT_EQ(parallel_error(o, 2, false, 2, 0),
+            cat("--resume ", one, ": the state was saved by a different run: numerics cuda bf16 (saved) vs cuda bf16, 2 "
+                "GPUs, cfg 1 x ulysses 2 x ring 1 (now)"));
+  o.resume_file = ulysses;
+  EXPECT_EQ(parallel_error(o, 2, false, 0, 2), cat("--resume ", ulysses, ": the state was saved by a different run: ",
+                                                   saved_u2, " vs cuda bf16, 2 GPUs, cfg 1 x ulysses 1 x ring 2 (now)"));
+  EXPECT_EQ(parallel_error(o, 2, true, 0, 0), cat("--resume ", ulysses, ": the state was saved by a different run: ",
+                                                  saved_u2, " vs cuda bf16, 2 GPUs, cfg 2 x ulysses 1 x ring 1 (now)"));
+  try {
+    GenerateOptions s = tiny();
+    s.resume_file = ulysses;
+    (void)plan_generate(s);
+    ADD_FAILURE() << "a 2-GPU state resumed on one GPU";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), cat("--resume ", ulysses, ": the state was saved by a different run: ", saved_u2,
+                                         " vs cuda bf16 (now)"));
+  }
+  GenerateOptions other = tiny();
+  other.resume_file = ulysses;
+  other.steps = 6;
+  EXPECT_NE(parallel_error(other, 2, false, 2, 0).find("steps 5 (saved) vs 6 (now)"), std::string::npos);
+  GenerateOptions again = tiny();
+  again.resume_file = ulysses;
+  again.stop_after_steps = 2;
+  EXPECT_EQ(parallel_error(again, 2, false, 2, 0),
+            "--stop-after-steps 2: the resumed state is already at step 2");
+  GenerateOptions keep = tiny();
+  keep.resume_file = ulysses;
+  keep.keep_text_encoder = true;
+  EXPECT_EQ(parallel_error(keep, 2, false, 2, 0),
+            "--keep-text-encoder: not with several GPUs (the text encoder runs once on rank 0 and is freed before its "
+            "DiT loads)");
+}
+
+namespace {
+
+// `wan generate` on the tiny random model (4 steps) plus `extra`.
+std::vector<std::string> tiny_cli(const std::vector<std::string>& extra) {
+  std::vector<std::string> v = {"generate", "--weights", "random", "--config", "tiny", "--weights-seed",
+                                std::to_string(weights_seed()), "--prompt", "a red fox", "--size", "80x48", "--frames",
+                                "9", "--steps", "4", "--seed", std::to_string(noise_seed())};
+  v.insert(v.end(), extra.begin(), extra.end());
+  return v;
+}
+
+}  // namespace
+
+TEST(GenerateDistCli, PausedAndResumedRunWritesTheSameFiles) {
+  REQUIRE_GPUS(2);
+  REQUIRE_BINARY();
+  test::TempDir full("gdpause_full"), paused("gdpause_state"), resumed("gdpause_resumed"), logs("gdpause_logs");
+  double s = 0;
+  auto outputs = [](const test::TempDir& d) {
+    return std::vector<std::string>{"--output", d / "video.y4m", "--save-latents", d / "latents.safetensors"};
+  };
+  auto with = [](std::vector<std::string> a, const std::vector<std::string>& b) {
+    a.insert(a.end(), b.begin(), b.end());
+    return a;
+  };
+  const std::vector<std::string> in_process = {"--gpus", "2", "--ulysses", "2"};
+  const std::vector<Proc> p0 = run_wan(tiny_cli(with(in_process, outputs(full))), {{}}, logs.str(), 300, &s);
+  ASSERT_EQ(p0[0].code, 0) << dump(p0);
+
+  // Paused in-process after step 2: only the state (and the timings) are written, by rank 0's process.
+  const std::string state = paused / "s.safetensors";
+  const std::vector<Proc> p1 = run_wan(
+      tiny_cli(with(in_process, {"--save-state", state, "--stop-after-steps", "2", "--timings-json", paused / "t.json"})),
+      {{}}, logs.str(), 300, &s);
+  ASSERT_EQ(p1[0].code, 0) << dump(p1);
+  EXPECT_NE(p1[0].out.find("stopped after step 2 of 4"), std::string::npos) << p1[0].out;
+  EXPECT_EQ(paused.files(), (std::set<std::string>{"s.safetensors", "t.json"}));
+  const auto j1 = nlohmann::json::parse(slurp(paused / "t.json"));
+  EXPECT_EQ(j1.at("last_step"), 2);
+  EXPECT_EQ(j1.at("parallel").at("gpus"), 2);
+  const RunState st = read_run_state(state);
+  EXPECT_EQ(st.step, 2);
+  EXPECT_NE(st.fingerprint.find("cuda bf16, 2 GPUs, cfg 1 x ulysses 2 x ring 1"), std::string::npos) << st.fingerprint;
+
+  // Resumed in-process: the uninterrupted run's files, byte for byte.
+  const std::vector<Proc> p2 = run_wan(
+      tiny_cli(with(with(in_process, outputs(resumed)), {"--resume", state, "--timings-json", resumed / "t.json"})), {{}},
+      logs.str(), 300, &s);
+  ASSERT_EQ(p2[0].code, 0) << dump(p2);
+  EXPECT_NE(p2[0].out.find("whole run (steps 1-2 in earlier processes, 3-4 here)"), std::string::npos) << p2[0].out;
+  const auto j2 = nlohmann::json::parse(slurp(resumed / "t.json"));
+  EXPECT_EQ(j2.at("first_step"), 2);
+  EXPECT_EQ(j2.at("resumed_from"), state);
+  EXPECT_EQ(j2.at("whole_run").at("steps"), 4);
+  for (const char* f : {"video.y4m", "latents.safetensors"}) {
+    const std::string x = slurp(full / f), y = slurp(resumed / f);
+    EXPECT_FALSE(x.empty()) << f;
+    EXPECT_EQ(x, y) << f << " differs between the uninterrupted and the paused + resumed run";
+  }
+
+  // Paused as 2 processes (WAN_RANK) after step 3, resumed in-process: the same files again (how the
+  // ranks were started is not part of the numerics); only rank 0's process writes the state.
+  test::TempDir paused2("gdpause_state2"), resumed2("gdpause_resumed2");
+  const std::string state2 = paused2 / "s.safetensors";
+  const std::vector<Proc> p3 = run_wan(tiny_cli({"--ulysses", "2", "--save-state", state2, "--stop-after-steps", "3"}),
+                                       ranks_env(2), logs.str(), 300, &s);
+  ASSERT_EQ(p3[0].code, 0) << dump(p3);
+  ASSERT_EQ(p3[1].code, 0) << dump(p3);
+  EXPECT_TRUE(p3[1].out.empty()) << p3[1].out;
+  EXPECT_EQ(paused2.files(), (std::set<std::string>{"s.safetensors"}));
+  const std::vector<Proc> p4 =
+      run_wan(tiny_cli(with(with(in_process, outputs(resumed2)), {"--resume", state2})), {{}}, logs.str(), 300, &s);
+  ASSERT_EQ(p4[0].code, 0) << dump(p4);
+  for (const char* f : {"video.y4m", "latents.safetensors"})
+    EXPECT_EQ(slurp(full / f), slurp(resumed2 / f)) << f << ": paused by 2 processes, resumed in-process";
+}
+
+TEST(GenerateDistCli, BadPauseAndResumeCombinationsGiveOneError) {
+  REQUIRE_GPUS(2);
+  REQUIRE_BINARY();
+  test::TempDir states("gdbad_states"), logs("gdbad_logs");
+  double s = 0;
+  const std::string one = states / "one.safetensors", u2 = states / "u2.safetensors";
+  const std::vector<Proc> a = run_wan(tiny_cli({"--device", "cuda:0", "--save-state", one, "--stop-after-steps", "2"}),
+                                      {{}}, logs.str(), 300, &s);
+  ASSERT_EQ(a[0].code, 0) << dump(a);
+  const std::vector<Proc> b = run_wan(
+      tiny_cli({"--gpus", "2", "--ulysses", "2", "--save-state", u2, "--stop-after-steps", "2"}), {{}}, logs.str(), 300, &s);
+  ASSERT_EQ(b[0].code, 0) << dump(b);
+  const std::string different = ": the state was saved by a different run: numerics ";
+  struct Case {
+    std::vector<std::string> args;  // after tiny_cli's; <out> is replaced by the case's output folder
+    bool processes;                 // 2 processes (WAN_RANK) instead of --gpus 2
+    std::string message;            // the one error line
+  };
+  const std::vector<Case> cases = {
+      {{"--gpus", "2", "--save-state", "<out>/s.safetensors"}, false,
+       "error: --save-state FILE and --stop-after-steps N go together (the state after step N is written to FILE)"},
+      {{"--gpus", "2", "--save-state", "<out>/s.safetensors", "--stop-after-steps", "2", "--output", "<out>/v.y4m"},
+       false, "error: --stop-after-steps: the run stops before the end, so there is no video or final latents to write (drop "
+       "--output / --save-latents; they belong to the --resume run)"},
+      {{"--gpus", "2", "--save-state", "<out>/s.safetensors", "--stop-after-steps", "9"}, false,
+       "error: --stop-after-steps 9: must be in 1..4 (the run's steps)"},
+      {{"--gpus", "2", "--ulysses", "2", "--resume", one, "--output", "<out>/v.y4m"}, false,
+       cat("error: --resume ", one, different, "cuda bf16 (saved) vs cuda bf16, 2 GPUs, cfg 1 x ulysses 2 x ring 1 (now)")},
+      {{"--gpus", "2", "--ring", "2", "--resume", u2, "--output", "<out>/v.y4m"}, false,
+       cat("error: --resume ", u2, different,
+           "cuda bf16, 2 GPUs, cfg 1 x ulysses 2 x ring 1 (saved) vs cuda bf16, 2 GPUs, cfg 1 x ulysses 1 x ring 2 (now)")},
+      {{"--device", "cuda:0", "--resume", u2, "--output", "<out>/v.y4m"}, false,
+       cat("error: --resume ", u2, different, "cuda bf16, 2 GPUs, cfg 1 x ulysses 2 x ring 1 (saved) vs cuda bf16 (now)")},
+      {{"--gpus", "2", "--ulysses", "2", "--resume", u2, "--save-state", "<out>/s.safetensors", "--stop-after-steps", "1"},
+       false, "error: --stop-after-steps 1: the resumed state is already at step 2"},
+      {{"--ulysses", "2", "--resume", one, "--output", "<out>/v.y4m"}, true,
+       cat("error: --resume ", one, different, "cuda bf16 (saved) vs cuda bf16, 2 GPUs, cfg 1 x ulysses 2 x ring 1 (now)")},
+  };
+  for (const Case& c : cases) {
+    test::TempDir out("gdbad_out");
+    std::vector<std::string> args;
+    for (const std::string& x : c.args) args.push_back(x.rfind("<out>", 0) == 0 ? out.str() + x.substr(5) : x);
+    const std::vector<Proc> p = run_wan(tiny_cli(args), c.processes ? ranks_env(2) : std::vector<std::map<std::string, std::string>>{{}},
+                                        logs.str(), 120, &s);
+    for (size_t i = 0; i < p.size(); ++i) {
+      EXPECT_EQ(p[i].code, 2) << c.message << ", process " << i << "\n" << dump(p);
+      const std::vector<std::string> lines = error_lines(p[i].err);
+      ASSERT_EQ(lines.size(), 1u) << c.message << ", process " << i << "\n" << dump(p);
+      EXPECT_EQ(lines[0], c.message);
+    }
+    EXPECT_TRUE(out.files().empty()) << c.message << ": an output file was left behind";
+  }
+  EXPECT_EQ(states.files(), (std::set<std::string>{"one.safetensors", "u2.safetensors"})) << "the states are untouched";
 }
 
 #endif  // WAN_HAVE_NCCL
