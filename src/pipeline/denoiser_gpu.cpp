@@ -15,6 +15,7 @@
 #include "cuda/sampler_gpu.h"
 #include "cuda/vae_gpu.h"
 #include "pipeline/denoiser.h"
+#include "pipeline/dit_step_gpu.h"
 #include "pipeline/pipeline_internal.h"
 
 namespace wan {
@@ -31,10 +32,6 @@ cuda::DiTShape max_shape(const DenoiserSpec& spec) {
 size_t sampler_bytes(const DenoiserSpec& spec) {
   return spec.fused_sampler ? static_cast<size_t>(spec.latent_shape.numel()) * 4 * 7 : 0;
 }
-
-struct CudaFree {
-  void operator()(float* p) const { cudaFree(p); }
-};
 
 std::vector<Role> expert_roles(const CheckpointInfo& ckpt, const DenoiserSpec& spec) {
   return pipeline_detail::expert_roles(ckpt, spec.use_high, spec.use_low);
@@ -71,66 +68,18 @@ class GpuDenoiser : public Denoiser {
   }
   void forward(Expert e, const Tensor& x, int batch, float t, const Tensor& ctx, const std::vector<int64_t>& lens,
                float* out) override {
-    const int expert = e == Expert::High ? high_index_ : low_index_;
-    WAN_ASSERT(expert >= 0, "expert not loaded");
-    const int64_t n = x.numel();
-    xb_.resize(static_cast<size_t>(n * batch));
-    for (int b = 0; b < batch; ++b) std::memcpy(xb_.data() + b * n, x.f32(), static_cast<size_t>(n) * 4);
-    std::vector<float> tt(static_cast<size_t>(batch), t);
-    cuda::DiTInputs in;
-    in.x = xb_.data();
-    in.t = tt.data();
-    in.context = ctx.f32();
-    in.context_dtype = DType::F32;
-    in.ctx_rows = ctx.dim(1);
-    in.ctx_lens = lens.data();
-    cuda::DiTShape shape{batch, x.dim(1), x.dim(2), x.dim(3)};
-    dit_->forward(expert, shape, in, out, nullptr);
+    dit_forward_host(*dit_, index(e), x, batch, t, ctx, lens, out, xb_, nullptr);
     CUDA_CHECK(cudaStreamSynchronize(nullptr));
   }
 
   void begin_sampling(Sampler& s, const Tensor& x) override {
     if (!spec_.fused_sampler) return Denoiser::begin_sampling(s, x);
-    WAN_ASSERT(x.dtype() == DType::F32 && x.ndim() == 4, "sampling latent ", x.shape().str());
-    const DiTConfig& c = dit_->config();
-    WAN_CHECK(x.dim(0) == c.in_dim && c.out_dim == c.in_dim, "GPU sampling: a latent of ", x.dim(0),
-              " channels for a DiT of in_dim ", c.in_dim, " and out_dim ", c.out_dim);
-    const SamplerState st = s.state();  // throws unless s holds its history
-    const size_t n = static_cast<size_t>(x.numel());
-    CUDA_CHECK(cudaSetDevice(device_));
-    if (!samp_ || samp_->numel() != n || samp_->solver() != s.solver()) {
-      samp_.reset();
-      out_.reset();
-      samp_ = std::make_unique<cuda::SamplerGpu>(s.solver(), n, /*x_copies=*/2, device_);
-      float* p = nullptr;
-      CUDA_CHECK(cudaMalloc(&p, 2 * n * 4));
-      out_.reset(p);
-    }
-    samp_->set_x(x.f32());
-    samp_->upload_state(st);
-    latent_shape_ = x.shape();
+    fused_.begin(s, x, dit_->config(), device_, nullptr);
   }
 
   void guided_step(Sampler& s, Expert e, float guide, const Tensor& ctx, const std::vector<int64_t>& lens) override {
     if (!spec_.fused_sampler) return Denoiser::guided_step(s, e, guide, ctx, lens);
-    WAN_ASSERT(samp_ && samp_->index() == s.index(), "guided_step: the GPU sampler is at step ",
-               samp_ ? samp_->index() : -1, ", the sampler at ", s.index());
-    const int expert = e == Expert::High ? high_index_ : low_index_;
-    WAN_ASSERT(expert >= 0, "expert not loaded");
-    const int batch = static_cast<int>(ctx.dim(0));
-    WAN_ASSERT(batch == 1 || batch == 2, "guided_step: batch ", batch);
-    std::vector<float> tt(static_cast<size_t>(batch), static_cast<float>(s.timestep()));
-    cuda::DiTInputs in;
-    in.x = samp_->x();  // [2, n] on the device: the first `batch` copies are read
-    in.t = tt.data();
-    in.context = ctx.f32();
-    in.context_dtype = DType::F32;
-    in.ctx_rows = ctx.dim(1);
-    in.ctx_lens = lens.data();
-    const Shape& ls = latent_shape_;
-    dit_->forward(expert, cuda::DiTShape{batch, ls[1], ls[2], ls[3]}, in, out_.get(), nullptr);
-    const StepCoeffs c = s.take_step();
-    samp_->step(c, out_.get(), batch == 2 ? out_.get() + samp_->numel() : nullptr, guide, nullptr);
+    fused_.step(*dit_, index(e), s, guide, ctx, lens, nullptr);
     CUDA_CHECK(cudaStreamSynchronize(nullptr));
   }
 
@@ -147,25 +96,23 @@ class GpuDenoiser : public Denoiser {
 
   Tensor sync_sampling(Sampler& s) override {
     if (!spec_.fused_sampler) return Denoiser::sync_sampling(s);
-    WAN_ASSERT(samp_ && samp_->index() == s.index(), "sync_sampling: the GPU sampler is at step ",
-               samp_ ? samp_->index() : -1, ", the sampler at ", s.index());
-    Tensor x = Tensor::empty(DType::F32, latent_shape_);
-    samp_->get_x(x.f32());
-    s.set_state(samp_->download_state());
-    return x;
+    return fused_.sync(s, nullptr);
   }
 
  private:
+  int index(Expert e) const {
+    const int i = e == Expert::High ? high_index_ : low_index_;
+    WAN_ASSERT(i >= 0, "expert not loaded");
+    return i;
+  }
+
   DenoiserSpec spec_;
   int device_ = 0;
   std::vector<std::unique_ptr<WeightStore>> stores_;  // the experts' (checkpoint weights)
   std::unique_ptr<cuda::DiTGpu> dit_;
   int high_index_ = -1, low_index_ = -1;
-  std::vector<float> xb_;
-  // fused sampling
-  std::unique_ptr<cuda::SamplerGpu> samp_;
-  std::unique_ptr<float, CudaFree> out_;  // the DiT output [2, n]
-  Shape latent_shape_;
+  std::vector<float> xb_;  // forward(): the host batch
+  FusedDiTStep fused_;     // fused sampling (spec_.fused_sampler)
 };
 
 }  // namespace

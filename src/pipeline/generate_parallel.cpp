@@ -28,6 +28,7 @@
 #include "cuda/check.h"
 #include "cuda/load_gpu.h"
 #include "cuda/sampler_gpu.h"
+#include "pipeline/dit_step_gpu.h"
 #include "dist/comm.h"
 #include "dist/parallel_groups.h"
 #endif
@@ -301,80 +302,26 @@ class ParallelDenoiser final : public Denoiser {
   // Collective: every rank runs the parallel forward on the same inputs and gets the whole output.
   void forward(Expert e, const Tensor& x, int batch, float t, const Tensor& ctx, const std::vector<int64_t>& lens,
                float* out) override {
-    const int expert = index(e);
-    WAN_ASSERT(batch == 1 || batch == 2, "forward: batch ", batch);
     WAN_ASSERT(layout_.cfg == 1 || batch == 2, "CFG-parallel forward without guidance");
-    const int64_t n = x.numel();
-    xb_.resize(static_cast<size_t>(n * batch));
-    for (int b = 0; b < batch; ++b) std::memcpy(xb_.data() + b * n, x.f32(), static_cast<size_t>(n) * 4);
-    const float tt[2] = {t, t};
-    cuda::DiTInputs in;
-    in.x = xb_.data();
-    in.t = tt;
-    in.context = ctx.f32();
-    in.context_dtype = DType::F32;
-    in.ctx_rows = ctx.dim(1);
-    in.ctx_lens = lens.data();
-    dit_->forward(expert, cuda::DiTShape{batch, x.dim(1), x.dim(2), x.dim(3)}, in, out, stream_.s);
+    dit_forward_host(*dit_, index(e), x, batch, t, ctx, lens, out, xb_, stream_.s);
     ctx_.sync(stream_.s);
   }
 
   // Local: x and the state are the same on every rank (broadcast from rank 0 before).
   void begin_sampling(Sampler& s, const Tensor& x) override {
-    WAN_ASSERT(x.dtype() == DType::F32 && x.ndim() == 4, "sampling latent ", x.shape().str());
-    const DiTConfig& c = dit_->config();
-    WAN_CHECK(x.dim(0) == c.in_dim && c.out_dim == c.in_dim, "GPU sampling: a latent of ", x.dim(0),
-              " channels for a DiT of in_dim ", c.in_dim, " and out_dim ", c.out_dim);
-    const SamplerState st = s.state();  // throws unless s holds its history
-    const size_t n = static_cast<size_t>(x.numel());
-    CUDA_CHECK(cudaSetDevice(ctx_.device));
-    if (!samp_ || samp_->numel() != n || samp_->solver() != s.solver()) {
-      out_.reset();
-      samp_.reset();
-      samp_ = std::make_unique<cuda::SamplerGpu>(s.solver(), n, /*x_copies=*/2, ctx_.device);
-      out_ = std::make_unique<DeviceBytes>(2 * n * sizeof(float));
-    }
-    samp_->set_x(x.f32(), stream_.s);
-    samp_->upload_state(st, stream_.s);
-    latent_shape_ = x.shape();
+    fused_.begin(s, x, dit_->config(), ctx_.device, stream_.s);
   }
 
   // Collective: the parallel forward of step s.index(), then the fused guidance + solver update.
   void guided_step(Sampler& s, Expert e, float guide, const Tensor& ctx, const std::vector<int64_t>& lens) override {
     if (before_step_) before_step_();
-    WAN_ASSERT(samp_ && samp_->index() == s.index(), "guided_step: the GPU sampler is at step ",
-               samp_ ? samp_->index() : -1, ", the sampler at ", s.index());
-    const int expert = index(e);
-    const int batch = static_cast<int>(ctx.dim(0));
-    WAN_ASSERT(batch == 1 || batch == 2, "guided_step: batch ", batch);
-    WAN_ASSERT(layout_.cfg == 1 || batch == 2, "CFG-parallel step without guidance");
-    const size_t n = samp_->numel();
-    const float t = static_cast<float>(s.timestep());
-    const float tt[2] = {t, t};
-    cuda::DiTInputs in;
-    in.x = samp_->x();  // [2, n] on the device: the first `batch` copies are read
-    in.t = tt;
-    in.context = ctx.f32();
-    in.context_dtype = DType::F32;
-    in.ctx_rows = ctx.dim(1);
-    in.ctx_lens = lens.data();
-    float* out = static_cast<float*>(out_->p);
-    const Shape& ls = latent_shape_;
-    dit_->forward(expert, cuda::DiTShape{batch, ls[1], ls[2], ls[3]}, in, out, stream_.s);
-    const StepCoeffs k = s.take_step();
-    samp_->step(k, out, batch == 2 ? out + n : nullptr, guide, stream_.s);
+    WAN_ASSERT(layout_.cfg == 1 || ctx.dim(0) == 2, "CFG-parallel step without guidance");
+    fused_.step(*dit_, index(e), s, guide, ctx, lens, stream_.s);
     ctx_.sync(stream_.s);
   }
 
   // Local: this rank's copy (equal on every rank).
-  Tensor sync_sampling(Sampler& s) override {
-    WAN_ASSERT(samp_ && samp_->index() == s.index(), "sync_sampling: the GPU sampler is at step ",
-               samp_ ? samp_->index() : -1, ", the sampler at ", s.index());
-    Tensor x = Tensor::empty(DType::F32, latent_shape_);
-    samp_->get_x(x.f32(), stream_.s);
-    s.set_state(samp_->download_state(stream_.s));
-    return x;
-  }
+  Tensor sync_sampling(Sampler& s) override { return fused_.sync(s, stream_.s); }
 
  private:
   int index(Expert e) const {
@@ -389,10 +336,8 @@ class ParallelDenoiser final : public Denoiser {
   std::unique_ptr<cuda::DiTGpu> dit_;
   std::function<void()> before_step_;
   int high_index_ = -1, low_index_ = -1;
-  std::vector<float> xb_;                  // forward(): the host batch
-  std::unique_ptr<cuda::SamplerGpu> samp_;  // x [2, n] and the history
-  std::unique_ptr<DeviceBytes> out_;        // the DiT output [2, n] f32
-  Shape latent_shape_;
+  std::vector<float> xb_;  // forward(): the host batch
+  FusedDiTStep fused_;     // x [2, n], the DiT output and the history on this rank's device
 };
 
 // Stage events: rank 0 passes the caller's hooks, the others none.

@@ -1,0 +1,48 @@
+// The GPU denoising step shared by the one-GPU denoiser (denoiser_gpu.cpp) and every rank of a multi-GPU
+// run (generate_parallel.cpp): both drive a cuda::DiTGpu (the multi-GPU one configured for its shard of
+// the sequence / batch) and differ only in the stream they order work on and how they wait for it.
+//   - dit_forward_host: the plain forward (Denoiser::forward): x [z, T, H, W] host f32 copied `batch`
+//     times into a host batch, timestep t for every sample, context [batch, rows, text_dim] f32.
+//   - FusedDiTStep: the fused sampling state (x kept as the [2, n] CFG batch the DiT reads, the DiT
+//     output, the solver history: cuda::SamplerGpu); begin() checks the latent against the DiT's config
+//     and uploads x and the sampler's state, step() runs the forward of step s.index() and the fused
+//     guidance + solver update, sync() brings x and the history back into s.
+// Invariants: nothing here synchronises the stream (the callers do, each its own way); the objects
+// belong to the device that was current at begin() and must be used with it current.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <memory>
+#include <vector>
+
+#include "core/tensor.h"
+#include "cuda/dit_gpu.h"
+#include "cuda/sampler_gpu.h"
+#include "sampler/sampler.h"
+
+namespace wan {
+
+void dit_forward_host(cuda::DiTGpu& dit, int expert, const Tensor& x, int batch, float t, const Tensor& ctx,
+                      const std::vector<int64_t>& lens, float* out, std::vector<float>& host_batch,
+                      cudaStream_t stream);
+
+class FusedDiTStep {
+ public:
+  void begin(Sampler& s, const Tensor& x, const DiTConfig& c, int device, cudaStream_t stream);
+  // ctx [batch, rows, text_dim] f32 (batch 2: cond, uncond, combined with `guide`; 1: the conditional
+  // output alone).
+  void step(cuda::DiTGpu& dit, int expert, Sampler& s, float guide, const Tensor& ctx,
+            const std::vector<int64_t>& lens, cudaStream_t stream);
+  Tensor sync(Sampler& s, cudaStream_t stream);
+
+ private:
+  struct CudaFree {
+    void operator()(float* p) const { cudaFree(p); }
+  };
+  void check_index(const Sampler& s, const char* what) const;
+  std::unique_ptr<cuda::SamplerGpu> samp_;  // x [2, n] and the history
+  std::unique_ptr<float, CudaFree> out_;    // the DiT output [2, n] f32
+  Shape latent_shape_;
+};
+
+}  // namespace wan
