@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sets up a fresh Debian/Ubuntu machine for building and testing wan, then builds it.
-#   - Debian packages: compiler, CMake, Ninja, nlohmann-json, GoogleTest, Python venv support.
+#   - Debian packages: compiler, CMake, Ninja, nlohmann-json, GoogleTest, Python venv support, Open MPI
+#     (the MPI bootstrap of multi-process runs and its tests).
 #   - Python venv .venv with the test oracle (torch, diffusers, transformers, ...) from PyPI.
 #   - Configures and builds into build/ (CUDA targets too when a CUDA toolkit is installed).
 # Idempotent: re-running skips what is already there. Environment:
@@ -12,7 +13,8 @@ cd "$(dirname "$0")/.."
 log() { printf '[setup] %s\n' "$*"; }
 
 DEB_PKGS=(build-essential cmake ninja-build pkg-config nlohmann-json3-dev libgtest-dev python3 python3-venv python3-pip
-          libavcodec-dev libavformat-dev libavutil-dev libswscale-dev ffmpeg libsentencepiece-dev)
+          libavcodec-dev libavformat-dev libavutil-dev libswscale-dev ffmpeg libsentencepiece-dev
+          libopenmpi-dev openmpi-bin)
 missing=()
 for p in "${DEB_PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -22,10 +22,12 @@
 #include <memory>
 #include <mutex>
 #include <new>
+#include <random>
 #include <set>
 #include <thread>
 
 #include "core/log.h"
+#include "dist/bootstrap.h"
 #include "dist/rendezvous.h"
 
 #ifdef WAN_HAVE_NCCL
@@ -86,6 +88,7 @@ struct Settings {
   double grace_s = kDefaultGrace;          // after a failure, how long ranks get to return
   double peer_timeout_s = kDefaultPeerTimeout;
   bool revoke = true;                      // ncclCommRevoke (else ncclCommAbort) on failure
+  BootstrapKind bootstrap = BootstrapKind::Auto;  // WAN_BOOTSTRAP
 };
 
 Settings settings_from_env(const LaunchOptions& opt) {
@@ -94,6 +97,7 @@ Settings settings_from_env(const LaunchOptions& opt) {
   s.timeout_s = opt.timeout_s > 0 ? opt.timeout_s : env_seconds("WAN_DIST_TIMEOUT", kDefaultTimeout);
   s.grace_s = env_seconds("WAN_DIST_ABORT_GRACE", kDefaultGrace);
   s.peer_timeout_s = env_seconds("WAN_DIST_PEER_TIMEOUT", kDefaultPeerTimeout);
+  s.bootstrap = parse_bootstrap([](const char* n) { return std::getenv(n); }, mpi_built());
   const char* m = std::getenv("WAN_DIST_ABORT_MODE");
   if (m && *m) {
     WAN_CHECK(!std::strcmp(m, "revoke") || !std::strcmp(m, "abort"), "WAN_DIST_ABORT_MODE='", m,
@@ -440,6 +444,7 @@ void maybe_fail(const RankContext& ctx, const char* tag) {
   if (parse_int("WAN_DIST_FAIL_RANK", r) != ctx.rank) return;
   const char* at = std::getenv("WAN_DIST_FAIL_AT");
   if (at && *at && std::strcmp(at, tag) != 0) return;
+  if ((!at || !*at) && !std::strcmp(tag, "bootstrap")) return;  // named only: tcp peers would wait out the timeout
   const char* m = std::getenv("WAN_DIST_FAIL_MODE");
   const std::string mode = m && *m ? m : "throw";
   LOG_WARN("dist: rank ", ctx.rank, ": forced failure (", mode, ") at '", tag, "'");
@@ -569,9 +574,10 @@ struct Plan {
   std::optional<LauncherEnv> env;
 };
 
-Plan plan_launch(const LaunchOptions& opt) {
+// need_addr: the tcp bootstrap needs rank 0's address from the environment (the mpi one sends it).
+Plan plan_launch(const LaunchOptions& opt, const std::optional<LauncherEnv>& env, bool need_addr) {
   Plan p;
-  p.env = parse_launcher_env([](const char* n) { return std::getenv(n); });
+  p.env = env;
   int ndev = -1;
 #ifdef WAN_HAVE_NCCL
   if (opt.nccl) {
@@ -605,7 +611,7 @@ Plan plan_launch(const LaunchOptions& opt) {
       c.device = ndev == 1 ? 0 : c.local_rank;
     }
     check_dev(c.device, cat("rank ", c.rank, " (local rank ", c.local_rank, ")").c_str());
-    WAN_CHECK(p.world == 1 || !p.env->master_addr.empty(), "multi-process launch (", p.env->source,
+    WAN_CHECK(p.world == 1 || !need_addr || !p.env->master_addr.empty(), "multi-process launch (", p.env->source,
               ", world size ", p.world, ") needs rank 0's address: set WAN_MASTER_ADDR (and WAN_MASTER_PORT, default ",
               kDefaultPort, ")");
     p.ranks.push_back(c);
@@ -688,45 +694,103 @@ void run_rank(LaunchState& st, RankContext& ctx, const std::function<void(RankCo
 void launch(const LaunchOptions& opt, const std::function<void(RankContext&)>& fn) {
   WAN_ASSERT(fn, "launch without a function");
   const Settings settings = settings_from_env(opt);
-  Plan plan = plan_launch(opt);
-  setenv("NCCL_NVLS_ENABLE", "0", 0);  // NVLink multicast stays off (issue 5), unless set explicitly
-
-  auto st = std::make_unique<LaunchState>();
-  st->s = settings;
-  st->nccl = opt.nccl;
-  st->nslots = static_cast<int>(plan.ranks.size());
-  st->slots.reset(new detail::Slot[st->nslots]);
-  st->ctxs = &plan.ranks;
-  for (int i = 0; i < st->nslots; ++i) {
-    plan.ranks[i].state_ = st.get();
-    plan.ranks[i].slot_ = i;
-  }
-
-  // The NCCL unique id: made here (in-process, or on rank 0) and sent to the other processes.
-  std::vector<uint8_t> unique_id;
-#ifdef WAN_HAVE_NCCL
-  if (opt.nccl && (!plan.multi || plan.ranks[0].rank == 0)) {
-    ncclUniqueId id;
-    NCCL_CHECK(ncclGetUniqueId(&id));
-    unique_id.assign(id.internal, id.internal + sizeof id.internal);
+  const EnvLookup getenv_fn = [](const char* n) { return std::getenv(n); };
+  std::optional<LauncherEnv> env = parse_launcher_env(getenv_fn);
+  const BootstrapKind boot = env && env->world > 1 ? choose_bootstrap(settings.bootstrap, getenv_fn, mpi_built())
+                                                   : BootstrapKind::Tcp;
+  const bool use_mpi = boot == BootstrapKind::Mpi;
+  bool one_node = false;  // mpi: every rank shares this node
+#ifdef WAN_HAVE_MPI
+  if (use_mpi) {
+    mpi::set_finalize_at_exit(false);  // until this launch ends well
+    const mpi::World mw = mpi::init();
+    WAN_CHECK(mw.world == env->world && mw.rank == env->rank, "MPI bootstrap: MPI gives rank ", mw.rank, " of ",
+              mw.world, " but the ", env->source, " launcher environment says rank ", env->rank, " of ", env->world,
+              " (is this the launcher's MPI? start with its mpirun or srun --mpi=pmix, or set WAN_BOOTSTRAP=tcp)");
+    if (!getenv_nonempty(getenv_fn, "WAN_LOCAL_RANK")) env->local_rank = mw.local_rank;
+    one_node = mw.local_size == mw.world;
   }
 #endif
-  if (plan.multi) {
-    const RankContext& c = plan.ranks[0];
-    LOG_INFO("dist: rank ", c.rank, " of ", c.world, " (", plan.env->source, "), local rank ", c.local_rank,
-             ", device ", c.device);
-    if (plan.world > 1) {
+
+  // Under the mpi bootstrap a failure of this rank from here to the exchange is not thrown at once: the
+  // exchange hands it to every rank (bootstrap.h). Elsewhere it is thrown (tcp: the other ranks end at
+  // the rendezvous timeout, naming this rank).
+  Plan plan;
+  auto st = std::make_unique<LaunchState>();
+  std::vector<uint8_t> unique_id;  // the NCCL unique id: made in-process or on rank 0, sent to the others
+  BootstrapInfo root_info;         // mpi: what rank 0 sends
+  std::unique_ptr<TcpListener> listener;
+  std::optional<Failure> early;
+  try {
+    plan = plan_launch(opt, env, /*need_addr=*/!use_mpi);
+    setenv("NCCL_NVLS_ENABLE", "0", 0);  // NVLink multicast stays off (issue 5), unless set explicitly
+    st->s = settings;
+    st->nccl = opt.nccl;
+    st->nslots = static_cast<int>(plan.ranks.size());
+    st->slots.reset(new detail::Slot[st->nslots]);
+    st->ctxs = &plan.ranks;
+    for (int i = 0; i < st->nslots; ++i) {
+      plan.ranks[i].state_ = st.get();
+      plan.ranks[i].slot_ = i;
+      plan.ranks[i].bootstrap = !plan.multi ? "in-process" : plan.world == 1 ? "none" : bootstrap_name(boot);
+    }
+    if (plan.multi && plan.world > 1) maybe_fail(plan.ranks[0], "bootstrap");
+#ifdef WAN_HAVE_NCCL
+    if (opt.nccl && (!plan.multi || plan.ranks[0].rank == 0)) {
+      ncclUniqueId id;
+      NCCL_CHECK(ncclGetUniqueId(&id));
+      unique_id.assign(id.internal, id.internal + sizeof id.internal);
+    }
+#endif
+    if (use_mpi && plan.ranks[0].rank == 0) {
+      // An explicit WAN_MASTER_PORT/ADDR is honoured; else an ephemeral port and rank 0's addresses.
+      const bool port_given =
+          getenv_nonempty(getenv_fn, "WAN_MASTER_PORT") || getenv_nonempty(getenv_fn, "MASTER_PORT");
+      listener = std::make_unique<TcpListener>(port_given ? env->master_port : 0);
+      const char* addr = getenv_nonempty(getenv_fn, "WAN_MASTER_ADDR");
+      if (!addr) addr = getenv_nonempty(getenv_fn, "MASTER_ADDR");
+      root_info.addr = addr ? addr : control_addresses(one_node);
+      root_info.port = listener->port();
+      root_info.blob = unique_id;
+      std::random_device rd;
+      root_info.job = cat("mpi-", std::hex, rd(), rd());
+    }
+  } catch (const Error& e) {
+    if (!use_mpi) throw;
+    early = Failure{with_rank(env->rank, e.what()), e.kind()};
+  } catch (const std::bad_alloc&) {
+    if (!use_mpi) throw;
+    early = Failure{with_rank(env->rank, "out of host memory"), ErrorKind::Internal};
+  }
+
+  if (plan.multi || early) {  // early: a failed plan, still a multi-process launch
+    if (!early) {
+      const RankContext& c = plan.ranks[0];
+      LOG_INFO("dist: rank ", c.rank, " of ", c.world, " (", plan.env->source, ", ", c.bootstrap,
+               " bootstrap), local rank ", c.local_rank, ", device ", c.device);
+    }
+    if (env->world > 1) {
       RendezvousConfig rc;
-      rc.addr = plan.env->master_addr;
-      rc.port = plan.env->master_port;
-      rc.rank = c.rank;
-      rc.world = c.world;
-      rc.job = plan.env->job;
+      rc.addr = env->master_addr;
+      rc.port = env->master_port;
+      rc.rank = env->rank;
+      rc.world = env->world;
+      rc.job = env->job;
       rc.timeout_s = settings.timeout_s;
       rc.heartbeat_timeout_s = settings.peer_timeout_s;
+#ifdef WAN_HAVE_MPI
+      if (use_mpi) {  // throws the lowest failing rank's failure on every rank
+        const BootstrapInfo got = mpi::exchange(early, root_info, settings.timeout_s);
+        unique_id = got.blob;
+        rc.addr = got.addr;
+        rc.port = got.port;
+        rc.job = got.job;
+      }
+#endif
       LaunchState* raw = st.get();
-      st->channel = ControlChannel::open(rc, unique_id, [raw](const Failure& f) { raw->on_verdict(f); });
-      unique_id = st->channel->blob();
+      st->channel = ControlChannel::open(rc, use_mpi ? std::vector<uint8_t>{} : unique_id,
+                                         [raw](const Failure& f) { raw->on_verdict(f); }, std::move(listener));
+      if (!use_mpi) unique_id = st->channel->blob();
     }
   } else {
     std::string devs;
@@ -819,6 +883,9 @@ void launch(const LaunchOptions& opt, const std::function<void(RankContext&)>& f
   if (st->reaper.joinable()) st->reaper.join();
   st->ctxs = nullptr;
   if (f) throw Error(f->message, f->kind);
+#ifdef WAN_HAVE_MPI
+  if (use_mpi) mpi::set_finalize_at_exit(true);
+#endif
 }
 
 }  // namespace wan::dist

@@ -21,8 +21,12 @@
 //    id) keeps ranks of another job that reach the same port out.
 //    The device is opt.devices[local_rank] when devices are given, device 0 when the process sees one
 //    GPU (CUDA_VISIBLE_DEVICES per rank), else local_rank.
-//    TODO(MPI): with an MPI build, bootstrap through MPI_Bcast of the unique id and use MPI_Abort for
-//    failures; this machine has no MPI, so mpirun/srun runs go through the TCP rendezvous.
+//    That is the tcp bootstrap. A build with MPI started by mpirun/mpiexec (or srun --mpi=...) uses
+//    the mpi bootstrap instead (bootstrap.h; WAN_BOOTSTRAP=tcp|mpi forces one): rank, world size and
+//    local rank come from MPI, and the unique id and rank 0's control address go over MPI, so no
+//    WAN_MASTER_ADDR/PORT is needed. Either way the same code path continues: control channel, NCCL
+//    init, failure propagation. Under MPI a rank's error before that point (bad --devices, ...)
+//    reaches every rank as "rank R: <message>".
 //
 // Failure (issue item 4): if any rank fails, every rank ends with the same wan::Error within seconds.
 //  - a rank's exception (bad input, out of memory, NCCL or CUDA error) becomes the failure
@@ -52,8 +56,10 @@
 // Test hook: maybe_fail(ctx, tag) fails rank WAN_DIST_FAIL_RANK at the point named WAN_DIST_FAIL_AT
 // (any point when unset). WAN_DIST_FAIL_MODE: throw (default) | exit (the process dies at once, like a
 // crash) | hang (stops making progress until the failure is noticed) | oom (a real out-of-memory error:
-// a huge cudaMalloc, or host bad_alloc without CUDA). launch() calls it at "init" (before the NCCL
-// communicator is made) and "start" (just before fn).
+// a huge cudaMalloc, or host bad_alloc without CUDA). launch() calls it at "bootstrap" (multi-process,
+// before the ranks exchange the unique id; only when WAN_DIST_FAIL_AT names it; "hang" there stops the
+// process for good: the other ranks fail at their bootstrap timeout and the launcher ends it), "init"
+// (before the NCCL communicator is made) and "start" (just before fn).
 //
 // NVLink multicast stays off: launch() sets NCCL_NVLS_ENABLE=0 unless it is already set.
 #pragma once
@@ -89,6 +95,7 @@ LaunchOptions parse_launch_options(const std::string& gpus, const std::string& d
 struct RankContext {
   int rank = 0, world = 1, local_rank = 0, device = 0;
   bool in_process = true;  // threads of one process, or one process per rank (mpirun/srun/env)
+  std::string bootstrap;   // how the ranks met: "in-process", "tcp", "mpi", or "none" (a launcher's only rank)
 #ifdef WAN_HAVE_NCCL
   ncclComm_t comm = nullptr;  // world communicator (blocking), initialised; `device` is current
 #endif
@@ -121,7 +128,8 @@ struct RankContext {
 // Runs fn once per rank (see the top of this file). Returns when every rank has returned; throws one
 // wan::Error (the verdict: "rank R: <message>" or "lost peer rank R: ...") on every rank/process if
 // any rank failed. Bad options or environment (device out of range, rank >= world, no master address,
-// a port in use, ...) are a wan::Error before any rank starts.
+// a port in use, ...) are a wan::Error before any rank starts (under the mpi bootstrap, on every rank:
+// "rank R: <message>" of the lowest failing rank).
 void launch(const LaunchOptions& opt, const std::function<void(RankContext&)>& fn);
 
 // What the launcher's environment says (see the top of this file); nullopt when the process was not

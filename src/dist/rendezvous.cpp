@@ -253,8 +253,22 @@ int free_tcp_port() {
 
 ControlChannel::ControlChannel(const RendezvousConfig& cfg) : cfg_(cfg) {}
 
+TcpListener::TcpListener(int port) {
+  WAN_CHECK(port >= 0 && port <= 65535, "rendezvous: TCP port ", port, " is outside 0..65535");
+  fd_ = listen_on(port, port_);
+}
+TcpListener::~TcpListener() {
+  if (fd_ >= 0) ::close(fd_);
+}
+int TcpListener::release() {
+  const int fd = fd_;
+  fd_ = -1;
+  return fd;
+}
+
 std::unique_ptr<ControlChannel> ControlChannel::open(const RendezvousConfig& cfg, std::vector<uint8_t> blob,
-                                                     FailureHandler on_failure) {
+                                                     FailureHandler on_failure,
+                                                     std::unique_ptr<TcpListener> listener) {
   WAN_CHECK(cfg.world >= 1 && cfg.rank >= 0 && cfg.rank < cfg.world, "rendezvous: rank ", cfg.rank,
             " is outside world size ", cfg.world);
   WAN_CHECK(cfg.port >= 0 && cfg.port <= 65535, "rendezvous: TCP port ", cfg.port, " is outside 0..65535");
@@ -263,13 +277,20 @@ std::unique_ptr<ControlChannel> ControlChannel::open(const RendezvousConfig& cfg
             " needs rank 0's address (WAN_MASTER_ADDR)");
   WAN_CHECK(cfg.timeout_s > 0, "rendezvous: timeout must be positive");
   WAN_CHECK(blob.size() <= kMaxBlob, "rendezvous: blob of ", blob.size(), " bytes is over ", kMaxBlob);
+  WAN_ASSERT(!listener || cfg.rank == 0, "rendezvous: only rank 0 listens");
   std::unique_ptr<ControlChannel> ch(new ControlChannel(cfg));
   ch->on_failure_ = std::move(on_failure);
   ch->conns_.resize(cfg.rank == 0 ? cfg.world : 1);
   if (::pipe2(ch->wake_, O_CLOEXEC | O_NONBLOCK) != 0) WAN_THROW_INTERNAL("pipe2: ", std::strerror(errno));
   if (cfg.rank == 0) {
     ch->blob_ = std::move(blob);
-    const int lfd = listen_on(cfg.port, ch->port_);
+    int lfd = -1;
+    if (listener) {
+      ch->port_ = listener->port();
+      lfd = listener->release();
+    } else {
+      lfd = listen_on(cfg.port, ch->port_);
+    }
     try {
       ch->serve(lfd);
     } catch (...) {
@@ -383,30 +404,51 @@ void ControlChannel::join() {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
-  addrinfo* res = nullptr;
+  // Every candidate address that resolves (a list separated by commas; usually one).
+  std::vector<std::string> names;
+  for (size_t p = 0; p <= cfg_.addr.size();) {
+    const size_t q = std::min(cfg_.addr.find(',', p), cfg_.addr.size());
+    if (q > p) names.push_back(cfg_.addr.substr(p, q - p));
+    p = q + 1;
+  }
+  struct Resolved {
+    std::vector<addrinfo*> lists;
+    ~Resolved() {
+      for (addrinfo* r : lists) ::freeaddrinfo(r);
+    }
+  } res;
   for (;;) {
-    const int g = ::getaddrinfo(cfg_.addr.c_str(), std::to_string(cfg_.port).c_str(), &hints, &res);
-    if (g == 0) break;
-    if (g != EAI_AGAIN || ms_left(deadline) == 0)
+    int g = EAI_NONAME;
+    bool again = false;
+    for (const std::string& n : names) {
+      addrinfo* r = nullptr;
+      const int k = ::getaddrinfo(n.c_str(), std::to_string(cfg_.port).c_str(), &hints, &r);
+      if (k == 0) {
+        res.lists.push_back(r);
+      } else {
+        g = k;
+        again = again || k == EAI_AGAIN;
+      }
+    }
+    if (!res.lists.empty()) break;
+    if (!again || ms_left(deadline) == 0)
       throw Error(cat("rendezvous: cannot resolve rank 0's address '", cfg_.addr, "' (WAN_MASTER_ADDR): ",
                       gai_strerror(g)));
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
   }
   int fd = -1, err = 0;
   while (fd < 0) {
-    for (addrinfo* ai = res; ai && fd < 0; ai = ai->ai_next)
-      fd = connect_once(ai, std::max(1, std::min(1000, ms_left(deadline))), err);
+    for (addrinfo* list : res.lists)
+      for (addrinfo* ai = list; ai && fd < 0; ai = ai->ai_next)
+        fd = connect_once(ai, std::max(1, std::min(1000, ms_left(deadline))), err);
     if (fd >= 0) break;
-    if (ms_left(deadline) == 0) {
-      ::freeaddrinfo(res);
+    if (ms_left(deadline) == 0)
       throw Error(cat("rendezvous: timed out after ", cfg_.timeout_s, " s: rank ", cfg_.rank,
                       " cannot reach rank 0 at ", where, " (", std::strerror(err),
                       "; check WAN_MASTER_ADDR/WAN_MASTER_PORT and that rank 0 started)"),
                   ErrorKind::Internal);
-    }
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
-  ::freeaddrinfo(res);
   set_socket_options(fd);
   auto c = std::make_unique<Conn>();
   c->fd = fd;

@@ -20,6 +20,11 @@
 // Invariants: every blocking call is bounded (deadline, verdict, or lost peer); the failure handler
 // is called at most once per process, with the verdict; after the final barrier releases, closing
 // connections are expected and are not failures.
+//
+// Rank 0's address may be a comma-separated list of candidates (the MPI bootstrap sends rank 0's host
+// name and interface addresses): a rank > 0 tries each in turn until one answers. Rank 0 may be handed
+// a socket it bound earlier (TcpListener; the MPI bootstrap binds an ephemeral port first, then sends
+// its address to the other ranks).
 #pragma once
 #include <condition_variable>
 #include <cstdint>
@@ -44,12 +49,28 @@ struct Failure {
 };
 
 struct RendezvousConfig {
-  std::string addr;                  // rank 0's host name or address (unused on rank 0)
+  std::string addr;                  // rank 0's host name or address, or a comma-separated list of
+                                     // candidates tried in turn (unused on rank 0)
   int port = 0;                      // rank 0's TCP port; on rank 0, 0 picks a free port (see port())
   int rank = 0, world = 1;
   std::string job;                   // job token; a connection with another token is refused
   double timeout_s = 600;            // bound on the whole rendezvous
   double heartbeat_timeout_s = 30;   // silence after which a connected peer counts as lost
+};
+
+// A TCP socket listening on every local address (dual-stack IPv6, else IPv4). Port 0: an ephemeral
+// port, see port(). Throws wan::Error when the port cannot be bound (in use, ...).
+class TcpListener {
+ public:
+  explicit TcpListener(int port);
+  ~TcpListener();
+  TcpListener(const TcpListener&) = delete;
+  TcpListener& operator=(const TcpListener&) = delete;
+  int port() const { return port_; }
+  int release();  // hands over the socket (the caller closes it)
+
+ private:
+  int fd_ = -1, port_ = 0;
 };
 
 class ControlChannel {
@@ -60,9 +81,11 @@ class ControlChannel {
   // Runs the rendezvous and starts the channel's I/O thread. Rank 0 sends `blob` to every rank (others
   // pass {}). on_failure is called once with the verdict, from the I/O thread or from the caller of
   // report_failure(); it must not call back into the channel. Throws wan::Error on any rendezvous
-  // failure (message names the variable or the peer at fault).
+  // failure (message names the variable or the peer at fault). Rank 0 serves on `listener` when given
+  // (cfg.port is then ignored), else it binds cfg.port.
   static std::unique_ptr<ControlChannel> open(const RendezvousConfig& cfg, std::vector<uint8_t> blob,
-                                              FailureHandler on_failure = {});
+                                              FailureHandler on_failure = {},
+                                              std::unique_ptr<TcpListener> listener = nullptr);
   ~ControlChannel();
   ControlChannel(const ControlChannel&) = delete;
   ControlChannel& operator=(const ControlChannel&) = delete;
