@@ -22,6 +22,7 @@
 
 #include "dist/launch.h"
 #include "dist/rendezvous.h"
+#include "dist_test_util.h"
 #include "test_util.h"
 
 using namespace wan;
@@ -29,49 +30,14 @@ using namespace wan::dist;
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+using test::error_of;
+using test::EnvGuard;
+using test::random_blob;
+using test::host_ranks;
+using test::lookup;
+using test::since;
 
-EnvLookup lookup(const std::map<std::string, std::string>& m) {
-  return [&m](const char* n) -> const char* {
-    auto it = m.find(n);
-    return it == m.end() ? nullptr : it->second.c_str();
-  };
-}
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
-
-// Sets environment variables for one scope and restores them after.
-struct EnvGuard {
-  std::vector<std::pair<std::string, std::optional<std::string>>> saved;
-  void set(const std::string& k, const std::string& v) {
-    const char* old = std::getenv(k.c_str());
-    saved.emplace_back(k, old ? std::optional<std::string>(old) : std::nullopt);
-    setenv(k.c_str(), v.c_str(), 1);
-  }
-  ~EnvGuard() {
-    for (auto it = saved.rbegin(); it != saved.rend(); ++it) {
-      if (it->second)
-        setenv(it->first.c_str(), it->second->c_str(), 1);
-      else
-        unsetenv(it->first.c_str());
-    }
-  }
-};
-
-std::vector<uint8_t> random_blob(size_t n) {
-  std::random_device rd;
-  std::vector<uint8_t> b(n);
-  for (auto& x : b) x = static_cast<uint8_t>(rd());
-  return b;
-}
 
 void sleep_ms(int ms) { std::this_thread::sleep_for(std::chrono::milliseconds(ms)); }
 
@@ -166,12 +132,6 @@ std::string launch_child(int rank, int world, int port, const std::function<void
   return "ok";
 }
 
-LaunchOptions host_ranks(int n) {
-  LaunchOptions o;
-  o.nccl = false;
-  for (int i = 0; i < n; ++i) o.devices.push_back(i);
-  return o;
-}
 
 }  // namespace
 

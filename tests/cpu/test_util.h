@@ -4,14 +4,27 @@
 // folder left behind by an earlier run. The destructor removes it recursively and never throws.
 // Accessors: p (fs::path), str(), t / "name" and t.file("name") (a child path as a string),
 // files() (every entry below it, relative, sorted).
+// error_of(f): the message of the wan::Error that f throws, "(no error)" when it throws none.
+// EnvGuard: set(k, v) / unset(k) environment variables for one scope; the old values (or their absence)
+// come back when it ends, in reverse order.
+// random_blob(n): n bytes from std::random_device.
 #pragma once
 #include <stdlib.h>
 
+#include <cstdint>
+#include <cstdlib>
 #include <filesystem>
+#include <functional>
+#include <optional>
+#include <random>
 #include <set>
 #include <stdexcept>
 #include <string>
 #include <system_error>
+#include <utility>
+#include <vector>
+
+#include "core/error.h"
 
 namespace wan::test {
 
@@ -40,5 +53,50 @@ struct TempDir {
     return s;
   }
 };
+
+inline std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+struct EnvGuard {
+  std::vector<std::pair<std::string, std::optional<std::string>>> saved;
+  void set(const std::string& k, const std::string& v) {
+    save(k);
+    ::setenv(k.c_str(), v.c_str(), 1);
+  }
+  void unset(const std::string& k) {
+    save(k);
+    ::unsetenv(k.c_str());
+  }
+  EnvGuard() = default;
+  EnvGuard(const EnvGuard&) = delete;
+  EnvGuard& operator=(const EnvGuard&) = delete;
+  ~EnvGuard() {
+    for (auto it = saved.rbegin(); it != saved.rend(); ++it) {
+      if (it->second)
+        ::setenv(it->first.c_str(), it->second->c_str(), 1);
+      else
+        ::unsetenv(it->first.c_str());
+    }
+  }
+
+ private:
+  void save(const std::string& k) {
+    const char* old = std::getenv(k.c_str());
+    saved.emplace_back(k, old ? std::optional<std::string>(old) : std::nullopt);
+  }
+};
+
+inline std::vector<uint8_t> random_blob(size_t n) {
+  std::random_device rd;
+  std::vector<uint8_t> b(n);
+  for (auto& x : b) x = static_cast<uint8_t>(rd());
+  return b;
+}
 
 }  // namespace wan::test

@@ -35,6 +35,9 @@ using namespace wan::dist;
 
 namespace {
 
+using test::error_of;
+using test::EnvGuard;
+
 using Clock = std::chrono::steady_clock;
 double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
@@ -136,32 +139,6 @@ void work_fail_in_allreduce(RankContext& ctx, bool warm, FailTiming* t) {
 }
 
 uint64_t fresh_seed() { return (uint64_t(std::random_device{}()) << 32) ^ std::random_device{}(); }
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
-
-struct EnvGuard {
-  std::vector<std::pair<std::string, std::optional<std::string>>> saved;
-  void set(const std::string& k, const std::string& v) {
-    const char* old = std::getenv(k.c_str());
-    saved.emplace_back(k, old ? std::optional<std::string>(old) : std::nullopt);
-    setenv(k.c_str(), v.c_str(), 1);
-  }
-  ~EnvGuard() {
-    for (auto it = saved.rbegin(); it != saved.rend(); ++it) {
-      if (it->second)
-        setenv(it->first.c_str(), it->second->c_str(), 1);
-      else
-        unsetenv(it->first.c_str());
-    }
-  }
-};
 
 LaunchOptions all_gpus() {
   LaunchOptions o;

@@ -664,20 +664,6 @@ TEST_F(Checkpoints, WarmUpBeforeTheWeightsThenReplayEqualsEager) {
 // ---------------------------------------------------------------------------------------------
 // (g) the pipeline's fast start: same latents and video as the one-after-the-other path
 
-// Sets an environment variable for one scope; the old value (or its absence) comes back after.
-struct EnvGuard {
-  std::string name;
-  std::optional<std::string> old;
-  EnvGuard(std::string n, const std::string& v) : name(std::move(n)) {
-    if (const char* o = std::getenv(name.c_str())) old = o;
-    ::setenv(name.c_str(), v.c_str(), 1);
-  }
-  ~EnvGuard() {
-    if (old) ::setenv(name.c_str(), old->c_str(), 1);
-    else ::unsetenv(name.c_str());
-  }
-};
-
 nlohmann::json read_trace(const std::string& path) {
   std::ifstream f(path);
   EXPECT_TRUE(f.good()) << path << ": no start-up trace written";
@@ -704,7 +690,8 @@ TEST_F(Checkpoints, PipelineFastStartEqualsSequentialLoad) {
   GenerateResult a;
   nlohmann::json ta;
   {
-    EnvGuard tr("WAN_STARTUP_TRACE", trace);
+    test::EnvGuard tr;
+    tr.set("WAN_STARTUP_TRACE", trace);
     a = guarded([&] { return run_generate(fast, {}); });
     ta = read_trace(trace);
   }
