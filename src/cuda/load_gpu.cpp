@@ -7,10 +7,13 @@
 // `m` guards what the caller reads (state, error, recorded groups).
 // Resources: everything the load thread (and the grow thread) allocates lives in a Resources object
 // that synchronises the copy and conversion streams before freeing, so neither success nor failure
-// leaves memory or copies behind (on failure before the error is reported; on success in finish() or
-// the destructor, on the caller's thread). The group events belong to the Impl and outlive the load
-// thread (a waiter may still synchronise one). add() / add_group() / start() take `m` too: objects
-// may register their tensors from several threads.
+// leaves memory or copies behind. The load thread never frees it: on success and on failure alike it
+// synchronises its own two streams (cudaStreamSynchronize of non-blocking streams that no capture
+// touches: legal beside a cudaStreamCaptureModeThreadLocal capture on another thread, which is how
+// the engine captures) and hands the object to Impl::leftover, which finish() or the destructor free
+// on the caller's thread. The group events belong to the Impl and outlive the load thread (a waiter
+// may still synchronise one). add() / add_group() / start() take `m` too: objects may register their
+// tensors from several threads.
 #include "cuda/load_gpu.h"
 
 #include <algorithm>
@@ -123,10 +126,12 @@ struct DeviceLoader::Impl {
   LoadStats stats;
   std::thread thread;
   std::atomic<bool> cancelled{false};
-  // After a successful load: the staging (pinned and device memory, streams), freed by finish() or the
-  // destructor on the caller's thread. Freeing synchronises the device, which must not happen while
-  // another thread captures a CUDA graph (the DiT's warm-up runs beside the load): the caller knows
-  // when no capture runs, the load thread does not.
+  // After the load, successful or not: the staging (pinned and device memory, streams, events), its
+  // streams synchronised, freed by finish() or the destructor on the caller's thread. Freeing (and
+  // unpinning) synchronises the device, which must not happen while another thread captures a CUDA
+  // graph (the DiT's warm-up runs beside the load): the caller knows when no capture runs, the load
+  // thread does not. A failed load is no exception: freeing there invalidated the other thread's
+  // capture, and the user saw that capture's CUDA error instead of the loader's clear one.
   std::unique_ptr<Resources> leftover;
 
   ~Impl() {
@@ -152,36 +157,31 @@ struct DeviceLoader::Impl {
 
 void DeviceLoader::Impl::run() {
   const Clock::time_point t0 = Clock::now();
+  std::unique_ptr<Resources> r;
   std::exception_ptr err;
-  auto done = [&](std::exception_ptr e) {
-    std::lock_guard<std::mutex> lk(m);
-    stats.seconds = seconds_since(t0);
-    error = std::move(e);
-    state = State::Done;
-    cv.notify_all();
-  };
-  {
-    auto r = std::make_unique<Resources>();
-    try {
-      load(*r);
-      r->sync();
-      // Success: every weight is on the device. The staging is kept for finish() / the destructor to
-      // free on the caller's thread (see Impl::leftover).
-      {
-        std::lock_guard<std::mutex> lk(m);
-        leftover = std::move(r);
-      }
-      done(nullptr);
-      return;
-    } catch (const Error& e) {
-      err = std::make_exception_ptr(e.with_context("streaming the weights to the GPU"));
-    } catch (const std::exception& e) {
-      err = std::make_exception_ptr(Error(cat("streaming the weights to the GPU: ", e.what()), ErrorKind::Internal));
-    } catch (...) {
-      err = std::make_exception_ptr(Error("streaming the weights to the GPU: unknown error", ErrorKind::Internal));
-    }
-  }  // failure: streams synchronised and staging freed before the error is reported
-  done(err);
+  try {
+    r = std::make_unique<Resources>();
+    load(*r);
+  } catch (const Error& e) {
+    err = std::make_exception_ptr(e.with_context("streaming the weights to the GPU"));
+  } catch (const std::exception& e) {
+    err = std::make_exception_ptr(Error(cat("streaming the weights to the GPU: ", e.what()), ErrorKind::Internal));
+  } catch (...) {
+    err = std::make_exception_ptr(Error("streaming the weights to the GPU: unknown error", ErrorKind::Internal));
+  }
+  // Success: every weight is on the device. Failure: no more work is issued (the readers and the grow
+  // thread are joined); what was enqueued finishes here, on the loader's own streams only. Either way
+  // the staging is kept for finish() / the destructor to free on the caller's thread (Impl::leftover).
+  if (r) {
+    r->sync();
+    cudaGetLastError();  // a failed load's CUDA error is in `err`; nothing sticks to this thread
+  }
+  std::lock_guard<std::mutex> lk(m);
+  leftover = std::move(r);
+  stats.seconds = seconds_since(t0);
+  error = std::move(err);
+  state = State::Done;
+  cv.notify_all();
 }
 
 void DeviceLoader::Impl::load(Resources& r) {
@@ -414,6 +414,8 @@ void DeviceLoader::wait_group(int group) {
   WAN_CHECK(m.state != Impl::State::Idle, "weight loader: wait_group() before start()");
   m.cv.wait(lk, [&] { return m.group_done[gi] || m.state == Impl::State::Done; });
   if (m.state == Impl::State::Done) {
+    // A failed load's staging stays for finish() / the destructor: this frees nothing, so it may be
+    // called while another thread captures.
     if (m.error && !m.group_done[gi]) std::rethrow_exception(m.error);
     return;  // the stream was synchronised
   }
@@ -427,15 +429,16 @@ LoadStats DeviceLoader::finish() {
   std::unique_lock<std::mutex> lk(m.m);
   WAN_CHECK(m.state != Impl::State::Idle, "weight loader: finish() before start()");
   m.cv.wait(lk, [&] { return m.state == Impl::State::Done; });
-  if (m.error) std::rethrow_exception(m.error);
   std::unique_ptr<Resources> staging = std::move(m.leftover);
+  const std::exception_ptr err = m.error;
   LoadStats stats = m.stats;
   lk.unlock();
   if (staging) {
     const Clock::time_point t0 = Clock::now();
-    staging.reset();  // on this thread: see Impl::leftover
+    staging.reset();  // on this thread, failed load or not: see Impl::leftover
     stats.free_seconds = seconds_since(t0);
   }
+  if (err) std::rethrow_exception(err);
   return stats;
 }
 

@@ -26,14 +26,21 @@
 // - Groups: read in the order their first target was added (a text encoder added first is on the
 //   device first); wait_group() returns once every byte of the group is on the device.
 // - Errors (a short or failing read, a file truncated during the load, a CUDA error, cancel()):
-//   the load stops, the streams are synchronised, everything the loader allocated (pinned and
-//   device staging, streams, events) is freed, and then wait_group() / finish() throw one wan::Error
-//   naming the file and tensor. On success finish() returns as soon as every weight is on the
-//   device, and frees the staging on the calling thread (or the destructor does): freeing device or
-//   pinned memory synchronises the device, which would break a CUDA graph capture running on another
-//   thread, so it happens where the caller controls it, never on the load thread after success. The
-//   destination memory belongs to the caller (it may be freed once finish() or the destructor has
-//   returned).
+//   the load stops issuing work (no new read, copy or conversion), the loader's own streams are
+//   synchronised, and then wait_group() / finish() throw one wan::Error naming the file and tensor.
+// - Staging (pinned host buffers, device staging, streams, events) is freed on the caller's thread,
+//   never on the load thread, whether the load succeeded or failed: by finish() (which frees it,
+//   then returns the statistics or throws the error) or by the destructor. Freeing device memory and
+//   freeing (unpinning) pinned host memory synchronise the device, which would invalidate a CUDA graph
+//   capture running on another thread (the DiT's warm-up beside the load) and bury the loader's clear
+//   error under that capture's CUDA error; the caller knows when no capture runs, the load thread does
+//   not. Apart from allocating and pinning the ring at the start, the load threads only enqueue on,
+//   query and synchronise the loader's own non-blocking streams and events, also after a failure,
+//   which a cudaStreamCaptureModeThreadLocal capture on another thread (the engine's mode) tolerates;
+//   wait_group() frees nothing, so it may be called during a capture. On success the load is done
+//   (LoadStats::seconds) as soon as every weight is on the device; finish() frees the staging after
+//   that (LoadStats::free_seconds). The destination memory belongs to the caller (it may be freed once
+//   finish() or the destructor has returned).
 // - The destructor cancels a running load and waits for it; it never throws.
 #pragma once
 #include <cuda_runtime.h>
@@ -111,9 +118,10 @@ class DeviceLoader {
   // Starts the background load (once).
   void start();
   // Blocks until every target of `group` is on the device; throws the load's error if it failed
-  // before that. A group with no targets is complete at once.
+  // before that (freeing nothing). A group with no targets is complete at once.
   void wait_group(int group);
-  // Waits for the whole load; throws its error (every call). Returns the statistics.
+  // Waits for the whole load, frees the staging on this thread (success or failure: not while another
+  // thread captures a CUDA graph), then throws the load's error (every call) or returns the statistics.
   LoadStats finish();
   // Stops a running load at the next chunk (finish() then throws "cancelled").
   void cancel();

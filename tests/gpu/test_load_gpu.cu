@@ -14,7 +14,10 @@
 //     byte range past the end of its file: one clear wan::Error naming the file, no hang (a 60 s guard),
 //     no device memory left allocated (cudaMemGetInfo before/after, after a warm-up load) also through
 //     DiTGpu::create; a destroyed running loader stops; a cancel() right after start() (while the
-//     staging ring is still being pinned) stops it too;
+//     staging ring is still being pinned) stops it too; a load that fails (file truncated, cancel())
+//     while another thread holds a CUDA graph capture open (the engine's mode, ThreadLocal) leaves
+//     that capture valid (the load thread frees nothing; finish() frees the staging) and still gives
+//     its one clear error;
 // (e) groups: after wait_group(g) group g is complete while later groups may still stream;
 // (f) warm-up: graphs captured before the weights arrive (deferred arena, shared loader), then the
 //     first forward replays them and equals an eager forward bit for bit;
@@ -46,6 +49,7 @@
 #include "../cpu/test_util.h"
 #include "ckpt/layout.h"
 #include "ckpt/stream.h"
+#include "core/clock.h"
 #include "core/dtype.h"
 #include "core/error.h"
 #include "cuda/check.h"
@@ -557,6 +561,216 @@ TEST(LoadGpuErrors, CancelAndDestroyWhileRunningStopAndFree) {
     return 0;
   });
   EXPECT_EQ(free_device_bytes(), before);
+}
+
+// The capture thread's graph nodes: p[i] += 1.
+__global__ void add_one(int* p, int n) {
+  const int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (i < n) p[i] += 1;
+}
+
+// CUDA graph captures on a stream of their own, as DiTGpu's warm-up makes them beside a load
+// (cudaStreamCaptureModeThreadLocal on a non-blocking stream): after `go`, capture 0 stays open,
+// a node every 200 us (at most kMaxNodes), until `stop` (the load fails meanwhile); captures 1..3 of
+// 8 nodes follow at once. Each is ended, instantiated, launched once and synchronised; every CUDA
+// status that is not success is kept.
+struct Capturer {
+  static constexpr int kCaptures = 4;
+  static constexpr int kCounters = 256;
+  static constexpr int kMaxNodes = 1000;  // capture 0 stays open longer than that takes (10 s at most)
+  cudaStream_t s;
+  int* counters;  // device, kCounters
+  std::atomic<bool> go{false}, open{false}, stop{false};
+  std::vector<std::string> errors;  // "capture i: call: error"
+  int captures = 0;                 // launched and synchronised without an error
+  int64_t nodes = 0;                // add_one nodes launched (each counter went up by that many)
+  std::thread t;
+
+  void note(int i, const char* call, cudaError_t e) {
+    if (e != cudaSuccess) errors.push_back(cat("capture ", i, ": ", call, ": ", cudaGetErrorString(e)));
+  }
+  // One capture of `n` nodes (n < 0: until `stop`); false after an error.
+  bool capture(int i, int n) {
+    const size_t before = errors.size();
+    note(i, "cudaStreamBeginCapture", cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    if (errors.size() != before) return false;
+    open = true;
+    int made = 0;
+    const Clock::time_point t0 = Clock::now();
+    while (n < 0 ? !stop && seconds_since(t0) < 10 : made < n) {
+      if (made < kMaxNodes) {
+        add_one<<<1, kCounters, 0, s>>>(counters, kCounters);
+        note(i, "kernel launch", cudaGetLastError());
+        ++made;
+      }
+      if (n < 0) std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    note(i, "cudaStreamIsCapturing", cudaStreamIsCapturing(s, &status));
+    if (status != cudaStreamCaptureStatusActive)
+      errors.push_back(cat("capture ", i, ": no longer active (status ", static_cast<int>(status), ")"));
+    cudaGraph_t graph = nullptr;
+    note(i, "cudaStreamEndCapture", cudaStreamEndCapture(s, &graph));
+    cudaGraphExec_t exec = nullptr;
+    if (graph) note(i, "cudaGraphInstantiate", cudaGraphInstantiate(&exec, graph, 0));
+    if (exec) {
+      note(i, "cudaGraphLaunch", cudaGraphLaunch(exec, s));
+      note(i, "cudaStreamSynchronize", cudaStreamSynchronize(s));
+      cudaGraphExecDestroy(exec);
+    }
+    if (graph) cudaGraphDestroy(graph);
+    if (errors.size() != before || !exec) return false;
+    ++captures;
+    nodes += made;
+    return true;
+  }
+  void start(int device) {
+    t = std::thread([this, device] {
+      note(-1, "cudaSetDevice", cudaSetDevice(device));
+      const Clock::time_point t0 = Clock::now();
+      while (!go && !stop && seconds_since(t0) < 30) std::this_thread::sleep_for(std::chrono::microseconds(100));
+      if (!go) return;
+      for (int i = 0; i < kCaptures; ++i)
+        if (!capture(i, i == 0 ? -1 : 8)) return;
+    });
+  }
+  void join() {
+    stop = true;
+    if (t.joinable()) t.join();
+  }
+};
+
+TEST(LoadGpuErrors, FailureDuringAGraphCaptureOnAnotherThreadKeepsTheCaptureValid) {
+  REQUIRE_GPU();
+  // 32 tensors of 1 MiB of f32 (fresh random values) in one file, loaded to bf16: every chunk is
+  // converted, so the ring has device slots (4 x 1 MiB, seen by cudaMemGetInfo if they leaked).
+  constexpr int kTensors = 32, kRing = 4;
+  constexpr int64_t kElems = int64_t{1} << 18;
+  constexpr size_t kBytes = static_cast<size_t>(kElems) * 4;
+  TempDir dir("load_gpu_capture");
+  const std::string path = dir / "weights.bin";
+  std::vector<float> data(static_cast<size_t>(kTensors * kElems));
+  {
+    std::mt19937 g(std::random_device{}());
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    for (float& x : data) x = nd(g);
+  }
+  auto write_file = [&] {
+    std::ofstream f(path, std::ios::binary | std::ios::trunc);
+    f.write(reinterpret_cast<const char*>(data.data()), static_cast<std::streamsize>(data.size() * 4));
+    ASSERT_TRUE(f.good());
+  };
+  gpu_test::DevBuf<uint16_t> dst(data.size());
+  auto add_targets = [&](DeviceLoader& l) {
+    for (int i = 0; i < kTensors; ++i) {
+      LoadTarget t;
+      t.name = cat("capture test tensor ", i);
+      t.span = RawSpan{path, static_cast<uint64_t>(i) * kBytes, kBytes, DType::F32, Shape{kElems}};
+      t.dst = dst.p + static_cast<size_t>(i) * static_cast<size_t>(kElems);
+      t.dtype = DType::BF16;
+      t.shape = Shape{kElems};
+      l.add(std::move(t));
+    }
+  };
+  // kRing readers: while the first chunk's hook sleeps, the others take every buffer of the ring as it
+  // is pinned, so a chunk in buffer kRing - 1 comes soon: the ring is complete (the grow thread
+  // allocates nothing more) before any capture begins.
+  const LoadOptions base = small_options(kBytes, kRing, kRing);
+
+  // A load that succeeds (bit-exact), and a capture, first: kernels and library state that stay loaded
+  // are not counted as leaks.
+  write_file();
+  guarded([&] {
+    DeviceLoader l(base);
+    add_targets(l);
+    l.start();
+    return l.finish();
+  });
+  {
+    const std::vector<uint16_t> got = dst.download();
+    for (size_t i = 0; i < data.size(); ++i) ASSERT_EQ(got[i], f32_to_bf16(data[i])) << "element " << i;
+  }
+  gpu_test::StreamGuard cs;
+  gpu_test::DevBuf<int> counters(Capturer::kCounters);
+  std::vector<int> init(Capturer::kCounters);
+  {
+    std::mt19937 g(std::random_device{}());
+    for (int& v : init) v = static_cast<int>(g() % 100000);
+  }
+  {
+    // Without a load the captures work (else the test below would say nothing about the loader).
+    Capturer warm{cs.s, counters.p};
+    warm.start(0);
+    warm.go = true;
+    const Clock::time_point t0 = Clock::now();
+    while (!warm.open && seconds_since(t0) < 20) std::this_thread::sleep_for(std::chrono::microseconds(100));
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    warm.join();  // capture 0 runs until `stop`
+    ASSERT_TRUE(warm.errors.empty()) << warm.errors.front();
+    ASSERT_EQ(warm.captures, Capturer::kCaptures);
+  }
+  const size_t before = free_device_bytes();
+
+  for (const bool cancel : {false, true}) {
+    SCOPED_TRACE(cancel ? "cancel()" : "file truncated during the load");
+    write_file();
+    counters.upload(init);
+    Capturer cap{cs.s, counters.p};
+    cap.start(0);
+    LoadOptions o = base;
+    DeviceLoader* self = nullptr;
+    int chunks = 0;
+    bool fired = false, opened = false;
+    o.on_chunk = [&](const Chunk& c) {  // serialised: one reader at a time
+      if (++chunks == 1) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      if (fired || c.buffer != kRing - 1) return;
+      fired = true;
+      cap.go = true;
+      const Clock::time_point t0 = Clock::now();
+      while (!cap.open && seconds_since(t0) < 20) std::this_thread::sleep_for(std::chrono::microseconds(100));
+      opened = cap.open;
+      // The load fails while the capture is open: the chunks still to read lie past the new end.
+      if (cancel) self->cancel();
+      else fs::resize_file(path, kBytes * kTensors / 4);
+    };
+    std::string waited, finished, again;
+    guarded([&] {
+      DeviceLoader loader(o);
+      self = &loader;
+      add_targets(loader);
+      loader.start();
+      try {
+        loader.wait_group(0);  // frees nothing: the capture is still open
+      } catch (const Error& e) {
+        waited = e.what();
+      }
+      cap.join();  // capture 0 ends now, 1..3 follow; then no capture runs
+      finished = error_of([&] { loader.finish(); });  // frees the staging here
+      again = error_of([&] { loader.finish(); });
+      return 0;
+    });
+    cap.join();
+    EXPECT_TRUE(fired) << "no chunk came in buffer " << kRing - 1 << " (" << chunks << " chunks)";
+    EXPECT_TRUE(opened) << "the capture never began";
+    std::string errs;
+    for (const std::string& e : cap.errors) errs += e + "\n";
+    EXPECT_TRUE(cap.errors.empty()) << "the failed load broke the capture on the other thread:\n" << errs;
+    EXPECT_EQ(cap.captures, Capturer::kCaptures) << errs;
+    EXPECT_GE(cap.nodes, 1 + 8 * (Capturer::kCaptures - 1));
+    const std::vector<int> got = counters.download();
+    for (int i = 0; i < Capturer::kCounters; ++i)
+      ASSERT_EQ(got[static_cast<size_t>(i)], init[static_cast<size_t>(i)] + cap.nodes) << "counter " << i;
+    EXPECT_NE(waited.find(path), std::string::npos) << waited;
+    EXPECT_NE(waited.find(cancel ? "cancelled" : "truncated"), std::string::npos) << waited;
+    EXPECT_NE(waited.find("capture test tensor "), std::string::npos) << waited;
+    EXPECT_EQ(waited.find('\n'), std::string::npos) << "one line: " << waited;
+    EXPECT_EQ(finished, waited);
+    EXPECT_EQ(again, waited);
+    // The staging went with finish() / the destructor: 4 MiB of device slots if it leaked.
+    const size_t after = free_device_bytes();
+    EXPECT_LE(before > after ? before - after : 0, size_t{1} << 20)
+        << "device memory left allocated after the failed load: " << before << " -> " << after << " bytes free";
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
