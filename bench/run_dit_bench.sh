@@ -6,7 +6,9 @@
 # with device, commit, date and rows {name, engine_s, baseline, baseline_s, ratio}, ratio = engine_s /
 # baseline_s, plus every raw measurement. Both sides are compared like for like: 1- and 3-block models
 # extrapolated to 40 blocks by ANCHORS.md's method ((t3 - t1)/2 x 40); the engine's full 40-layer step
-# is also measured directly and compared with the same baseline figures.
+# is also measured directly and compared with the same baseline figures. The "time outside attention and
+# GEMMs" target is judged on `wan bench`'s in-step breakdown (events around every GEMM and attention of
+# the real 40-layer forward, --profile-reps), with the isolated-model and residual figures kept next to it.
 #
 # Usage: WAN_COMMIT=<sha> bench/run_dit_bench.sh [full|quick]
 #   full  (default) 480p and 720p, 81 frames; about 9 minutes on an H100
@@ -49,7 +51,8 @@ else
   engine 480p-40 --size 832x480 --frames 81 --layers 40 --steps 2 --warmup 2 --no-breakdown
   engine 720p-13 --size 1280x720 --frames 81 --layers 1,3 --steps 3 --warmup 2
   # a 40-layer 720p step is ~20 s: two timed after the eager and the capturing forward
-  engine 720p-40 --size 1280x720 --frames 81 --layers 40 --steps 2 --warmup 2 --no-breakdown
+  # (one in-step profiled forward: another ~20 s eager forward; the 480p ones take the default 2)
+  engine 720p-40 --size 1280x720 --frames 81 --layers 40 --steps 2 --warmup 2 --no-breakdown --profile-reps 1
   SIZES=832x480,1280x720
 fi
 
@@ -118,12 +121,30 @@ for res, size in sizes.items():
                 goal = 0.95 if res == "720p" else 0.85
                 targets.append({"target": f"{res}: engine s/step <= {goal} x diffusers + torch.compile",
                                 "engine": tag, "ratio": round(es / bs, 4), "met": es / bs <= goal})
-    if e13 and "breakdown" in e13:
-        of = e13["breakdown"]["other_fraction"]
-        targets.append({"target": f"{res}: time outside attention and GEMMs <= 8% of a step",
-                        "isolated_model": round(of["isolated_model"], 4),
-                        "measured_residual": round(of["measured_residual"], 4),
-                        "met": max(of["isolated_model"], of["measured_residual"]) <= 0.08})
+    # Time outside attention and GEMMs: judged on the in-step measurement (events around every GEMM and
+    # attention of the real forward, `wan bench` breakdown.in_step), of the 40-layer step when it ran,
+    # else of the 1/3-layer run's deepest model; the isolated model and the residual (step minus isolated
+    # GEMM and attention) stay in the entry for the record.
+    of = (e13 or {}).get("breakdown", {}).get("other_fraction", {})
+    ins, ins_run = None, None
+    for k, e in ((f"{res}-40", e40), (f"{res}-13", e13)):
+        if e and "in_step" in e.get("breakdown", {}):
+            ins, ins_run = e["breakdown"]["in_step"], k
+            break
+    if ins or "isolated_model" in of:
+        t = {"target": f"{res}: time outside attention and GEMMs <= 8% of a step"}
+        if ins:
+            t.update({"in_step": round(ins["other_fraction"], 4), "in_step_run": f"engine-{ins_run}",
+                      "in_step_layers": ins.get("layers"), "in_step_method": ins["method"]})
+        if "isolated_model" in of:
+            t.update({"isolated_model": round(of["isolated_model"], 4),
+                      "measured_residual": round(of["measured_residual"], 4)})
+        if ins:
+            t["met"], t["judged_on"] = ins["other_fraction"] <= 0.08, "in_step"
+        else:
+            t["met"] = max(of["isolated_model"], of["measured_residual"]) <= 0.08
+            t["judged_on"] = "max(isolated_model, measured_residual): no in-step measurement"
+        targets.append(t)
 # Diagnostic rows: the engine with PyTorch's cuDNN (same binary, LD_LIBRARY_PATH), not the shipped setup.
 diag_rows = []
 for res, size in sizes.items():

@@ -13,10 +13,18 @@
 //   non-block ops replayed eagerly with events between ops; "other" is everything that is neither a
 //   GEMM nor an attention. The residual "measured step - isolated GEMM - isolated attention" is also
 //   printed, since graph replay hides launch gaps that the isolated replay cannot.
+// - the in-step breakdown (--profile-reps, default 2): after the timed steps, the same model (the most
+//   layers asked for: the full depth unless the step is extrapolated, then the method says so) runs
+//   eager forwards of the same batch-2 step through DiTGpu::profile_forward, CUDA events around every
+//   GEMM and attention of the production code path, at the clocks the step ran at; median per
+//   category. "other" = first event to last minus GEMMs and attentions: every other kernel, the input
+//   and output copies and the gaps. Its share is the direct measurement of issue 4's "time outside
+//   attention and GEMMs"; the profiled eager total is printed next to the graph-replayed step time.
 // - FLOPs (ANCHORS.md): self-attention 4·L²·dim per block per sample; linear layers 2·L·(6·dim² +
 //   2·dim·ffn) per block per sample (q, k, v, o, cross q, o, FFN). Cross-attention, the text k/v and
 //   the embeddings are not counted (as in ANCHORS). Floor: attention at 650 TFLOP/s + GEMMs at 770.
 // In a build without CUDA the command parses its options and then fails with one clear error.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -66,6 +74,8 @@ void print_help() {
       "  --no-graphs          eager forwards instead of CUDA-graph replay\n"
       "  --no-breakdown       skip the per-op breakdown (it needs an activation arena of its own)\n"
       "  --breakdown-reps N   repetitions of the isolated op sequence (default 3; median)\n"
+      "  --profile-reps N     eager forwards of the step with events around every GEMM and attention\n"
+      "                       after the timed steps (default 2; median; 0: no in-step breakdown; one GPU)\n"
       "  --device N           CUDA device (default 0)\n"
       "  --attention K        auto (default: the engine's own kernel on sm_90, cuDNN elsewhere) | own | cudnn\n"
       "  --json FILE          write the results as JSON (commit from $WAN_COMMIT)\n"
@@ -290,7 +300,7 @@ int bench_parallel(const Args& args, const std::string& task, const DiTConfig& f
 int cmd_bench(int argc, char** argv) {
   const Args args(argc, argv,
                   {"task", "size", "frames", "layers", "steps", "warmup", "batch", "seed", "breakdown-reps", "device",
-                   "json", "attention", "gpus", "devices", "ulysses", "ring"},
+                   "json", "attention", "gpus", "devices", "ulysses", "ring", "profile-reps"},
                   {"help", "no-graphs", "no-breakdown", "verbose", "cfg-parallel"});
   if (args.flag("help")) {
     print_help();
@@ -309,6 +319,9 @@ int cmd_bench(int argc, char** argv) {
   WAN_CHECK(batch >= 1 && batch <= 64, "--batch ", batch, ": expected 1..64");
   WAN_CHECK(seed >= 0, "--seed ", seed, ": must be >= 0");
   WAN_CHECK(reps >= 1 && reps <= 100, "--breakdown-reps ", reps, ": expected 1..100");
+  const long long profile_reps = args.get_int("profile-reps", 2);
+  WAN_CHECK(profile_reps >= 0 && profile_reps <= 100, "--profile-reps ", profile_reps,
+            ": expected 0..100 (0: no in-step breakdown)");
   const bool graphs = !args.flag("no-graphs"), breakdown = !args.flag("no-breakdown");
   const bool verbose = args.flag("verbose");
   const std::string json_path = args.get_or("json", "");
@@ -318,6 +331,7 @@ int cmd_bench(int argc, char** argv) {
 
 #ifndef WAN_HAVE_CUDA
   (void)geo, (void)layer_counts, (void)steps, (void)warmup, (void)batch, (void)seed, (void)reps, (void)device;
+  (void)profile_reps;
   (void)graphs, (void)breakdown, (void)verbose, (void)json_path, (void)attention_name;
   WAN_THROW("wan bench: this wan was built without CUDA; rebuild with a CUDA toolkit (WAN_ENABLE_CUDA=ON)");
 #else
@@ -357,14 +371,24 @@ int cmd_bench(int argc, char** argv) {
   // The step runs as a graph replay: the graph-captured breakdown is the one to compare with it.
   const OpBreakdown& br = iso.graph.ops.empty() ? iso.eager : iso.graph;
 
-  // 2. Whole forwards per layer count.
+  // 2. Whole forwards per layer count; after the timed steps of the deepest model, its in-step profile.
   std::vector<ForwardTiming> runs;
   nlohmann::json jruns = nlohmann::json::array();
+  const int profile_layers = *std::max_element(layer_counts.begin(), layer_counts.end());
+  std::vector<OpProfile> profiles;
+  bool profiled = false;  // profile_layers done (a repeated count is profiled once)
   for (int n : layer_counts) {
     DiTConfig c = full;
     c.num_layers = n;
+    AfterSteps profile;
+    if (profile_reps > 0 && n == profile_layers && !profiled) {
+      profiled = true;
+      profile = [&](DiTGpu& gpu, const DiTInputs& in, float* out, cudaStream_t s) {
+        for (long long i = 0; i < profile_reps; ++i) profiles.push_back(gpu.profile_forward(0, shape, in, out, s));
+      };
+    }
     const ForwardTiming r = time_forward(c, shape, static_cast<int>(warmup), static_cast<int>(steps), graphs,
-                                         static_cast<uint64_t>(seed), dev, verbose, attention);
+                                         static_cast<uint64_t>(seed), dev, verbose, attention, {}, profile);
     printf("layers %2d: median %10.2f ms/step (mean %.2f, min %.2f; %lld timed after %lld warm-up, %s)  "
            "create %.1f s, warm-up %.1f s\n",
            n, r.median_ms, r.mean_ms, r.min_ms, steps, warmup, graphs ? "graph replay" : "eager", r.create_s,
@@ -517,6 +541,72 @@ int cmd_bench(int argc, char** argv) {
         {"achieved_tflops", {{"block_gemm", gemm_tf}, {"self_attention", self_tf}}},
         {"self_attention_engine", iso.self_attention_engine},
         {"other_fraction", {{"isolated_model", other_iso}, {"measured_residual", other_resid}}}};
+  }
+
+  // 4b. The in-step breakdown: the real forward (eager), events around each of its GEMMs and attentions.
+  if (!profiles.empty()) {
+    auto med = [&](double (*field)(const OpProfile&)) {
+      std::vector<double> v;
+      for (const OpProfile& p : profiles) v.push_back(field(p) / 1e3);
+      std::sort(v.begin(), v.end());
+      const size_t k = v.size();
+      return k % 2 ? v[k / 2] : 0.5 * (v[k / 2 - 1] + v[k / 2]);
+    };
+    const double tot = med([](const OpProfile& p) { return p.total_ms; });
+    const double gm = med([](const OpProfile& p) { return p.gemm_ms; });
+    const double sa = med([](const OpProfile& p) { return p.self_attention_ms; });
+    const double ca = med([](const OpProfile& p) { return p.cross_attention_ms; });
+    const double ot = med([](const OpProfile& p) { return p.other_ms(); });
+    const double frac = ot / tot;
+    const ForwardTiming& prun = *hi;  // the deepest model: the one profiled
+    const double step_timed_s = prun.median_ms / 1e3;
+    const char* step_mode = graphs ? "graph replay" : "eager";
+    const OpProfile& p0 = profiles.front();
+    const bool at_full = profile_layers == target_layers;
+    std::string pmethod =
+        cat("DiTGpu::profile_forward: ", profiles.size(), " eager forward(s) of the batch-", batch, " step (",
+            profile_layers, " layers) right after the timed steps, same model, inputs and stream; CUDA events around "
+            "each of its ", p0.gemms, " GEMMs, ", p0.self_attentions, " self- and ", p0.cross_attentions,
+            " cross-attentions; total = the forward's first to last event (input staging to output copy); other = "
+            "total - GEMM - attention (every other kernel and the gaps); median per category");
+    if (!at_full)
+      pmethod += cat("; the ", target_layers, "-layer step is extrapolated, so this profiles the ", profile_layers,
+                     "-layer forward that ran (its once-per-forward ops weigh more than in the full step)");
+    printf("in-step breakdown (events around each GEMM and attention of the real forward, eager; %d layers, median of "
+           "%zu):\n",
+           profile_layers, profiles.size());
+    printf("  %-16s %9.3f s %6.1f%%  (%d per forward)\n", "GEMM", gm, 100 * gm / tot, p0.gemms);
+    printf("  %-16s %9.3f s %6.1f%%  (%d)\n", "self-attention", sa, 100 * sa / tot, p0.self_attentions);
+    printf("  %-16s %9.3f s %6.1f%%  (%d)\n", "cross-attention", ca, 100 * ca / tot, p0.cross_attentions);
+    printf("  %-16s %9.3f s %6.1f%%  (every other kernel, the input/output copies and the gaps)\n", "other", ot,
+           100 * ot / tot);
+    printf("  %-16s %9.3f s          first to last event; the timed step (%s, %d layers) %.3f s: profiled eager / "
+           "timed = %.3f\n",
+           "total", tot, step_mode, prun.layers, step_timed_s, tot / step_timed_s);
+    if (!at_full)
+      printf("  (the %d-layer step is extrapolated: these are the %d-layer forward's shares)\n", target_layers,
+             profile_layers);
+    printf("  time outside GEMM and attention in the real forward: %.1f%% (issue 4 target <= 8%%)\n", 100 * frac);
+    nlohmann::json per_rep = nlohmann::json::array();
+    for (const OpProfile& p : profiles)
+      per_rep.push_back({{"total_s", p.total_ms / 1e3}, {"gemm_s", p.gemm_ms / 1e3},
+                         {"self_attention_s", p.self_attention_ms / 1e3},
+                         {"cross_attention_s", p.cross_attention_ms / 1e3}, {"other_s", p.other_ms() / 1e3}});
+    J["breakdown"]["in_step"] = {{"method", pmethod},
+                                 {"reps", profiles.size()},
+                                 {"layers", profile_layers},
+                                 {"total_s", tot},
+                                 {"gemm_s", gm},
+                                 {"self_attention_s", sa},
+                                 {"cross_attention_s", ca},
+                                 {"other_s", ot},
+                                 {"other_fraction", frac},
+                                 {"graph_step_s", step_timed_s},
+                                 {"graph_step_mode", step_mode},
+                                 {"counts", {{"gemm", p0.gemms}, {"self_attention", p0.self_attentions},
+                                             {"cross_attention", p0.cross_attentions}}},
+                                 {"per_rep", per_rep}};
+    J["breakdown"]["other_fraction"]["in_step"] = frac;
   }
 
   // 5. Memory: the plan (what create() reserved) and what the device showed at its fullest.

@@ -398,7 +398,7 @@ IsolatedTimings time_ops_isolated(const DiTConfig& cfg, const DiTShape& shape, i
 
 ForwardTiming time_forward(const DiTConfig& cfg, const DiTShape& shape, int warmup, int steps, bool graphs,
                            uint64_t seed, int device, bool verbose, DiTGpu::Attention attention,
-                           const DiTGpu::Options::Parallel& parallel) {
+                           const DiTGpu::Options::Parallel& parallel, const AfterSteps& after_steps) {
   WAN_CHECK(warmup >= 1, "bench: --warmup must be >= 1 (the first forward builds the plans)");
   WAN_CHECK(steps >= 1, "bench: --steps must be >= 1");
   CUDA_CHECK(cudaSetDevice(device));
@@ -472,6 +472,7 @@ ForwardTiming time_forward(const DiTConfig& cfg, const DiTShape& shape, int warm
       r.step_ms.push_back(ms);
       r.device_used_peak = std::max(r.device_used_peak, device_used());
     }
+    if (after_steps) after_steps(gpu, in, out, s);
     // A NaN-free output shows the forward really ran on these inputs (random weights keep it finite).
     std::vector<float> probe(std::min<size_t>(nout, 4096));
     CUDA_CHECK(cudaMemcpy(probe.data(), out, probe.size() * 4, cudaMemcpyDeviceToHost));

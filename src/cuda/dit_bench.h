@@ -19,6 +19,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -82,9 +83,12 @@ struct ForwardTiming {
 // `parallel`: one rank of a multi-GPU forward (issue 5); every rank of the layout calls time_forward
 // with the same arguments (same seed: the weights and inputs are the same on every rank), and each
 // rank's step time includes its waits on the others.
+// `after_steps`, when set, runs after the timed forwards on the same model, inputs and stream, before the
+// model is freed (`wan bench` runs its in-step op profile there: DiTGpu::profile_forward).
+using AfterSteps = std::function<void(DiTGpu& gpu, const DiTInputs& in, float* out, cudaStream_t stream)>;
 ForwardTiming time_forward(const DiTConfig& cfg, const DiTShape& shape, int warmup, int steps, bool graphs,
                            uint64_t seed, int device, bool verbose,
                            DiTGpu::Attention attention = DiTGpu::Attention::Auto,
-                           const DiTGpu::Options::Parallel& parallel = {});
+                           const DiTGpu::Options::Parallel& parallel = {}, const AfterSteps& after_steps = {});
 
 }  // namespace wan::cuda

@@ -347,6 +347,36 @@ struct DiTGpu::Impl {
   using Key = std::tuple<int, int64_t, int64_t, int64_t, int64_t>;  // expert, B, T, H, W
   std::map<Key, cudaGraphExec_t> graphs;
   std::set<Key> warmed;
+  // In-step op profile (profile_forward): the event pool lives as long as the object; `prof` points to
+  // it only during a profiled forward, so every hook below is one null test when profiling is off.
+  enum class OpCat : uint8_t { Gemm, SelfAttention, CrossAttention };
+  struct OpProfiler {
+    struct Span {
+      OpCat cat;
+      size_t begin, end;  // indices into events
+    };
+    std::vector<cudaEvent_t> events;  // created before the profiled forward, never inside it
+    size_t used = 0;
+    std::vector<Span> spans;
+    ~OpProfiler() {
+      for (cudaEvent_t e : events) cudaEventDestroy(e);
+    }
+    void reserve(size_t n) {
+      events.reserve(n);
+      while (events.size() < n) {
+        cudaEvent_t e = nullptr;
+        CUDA_CHECK(cudaEventCreate(&e));
+        events.push_back(e);
+      }
+    }
+    size_t mark(cudaStream_t s) {
+      WAN_ASSERT(used < events.size(), "op profiler: the pool of ", events.size(), " events is exhausted");
+      CUDA_CHECK(cudaEventRecord(events[used], s));
+      return used++;
+    }
+  };
+  std::unique_ptr<OpProfiler> profiler;
+  OpProfiler* prof = nullptr;
 
   // arena buffers
   float *x_in, *t, *ctx_f32, *sinus, *temb, *e, *e_silu, *e0, *rope, *resid, *head_out, *out;
@@ -357,6 +387,7 @@ struct DiTGpu::Impl {
     // No throws from here: let queued work finish, then release in reverse order of creation,
     // ignoring errors.
     if (stream) cudaStreamSynchronize(stream);
+    profiler.reset();
     spa.reset();
     for (auto& [k, g] : graphs) cudaGraphExecDestroy(g);
     gemm.reset();
@@ -389,6 +420,25 @@ struct DiTGpu::Impl {
     if (attn) attn->run(sh, a, attn_ws, attn_ws_bytes, s);
     else OwnAttention::run(sh, a, s);
   }
+  // The forward's GEMMs and (single-GPU / CFG-parallel) attentions, bracketed by events when profiling.
+  template <typename X, typename Wt, typename Bias, typename Y>
+  void linear_op(const X* x, const Wt* w, const Bias* bias, Y* y, int64_t M, int64_t K, int64_t N, Act act,
+                 cudaStream_t s) {
+    if (!prof) return gemm->linear(x, w, bias, y, M, K, N, act, s);
+    const size_t b = prof->mark(s);
+    gemm->linear(x, w, bias, y, M, K, N, act, s);
+    prof->spans.push_back({OpCat::Gemm, b, prof->mark(s)});
+  }
+  void attention_op(OpCat cat, const AttentionShape& sh, const AttentionArgs& a, cudaStream_t s) {
+    if (!prof) return run_attention(sh, a, s);
+    const size_t b = prof->mark(s);
+    run_attention(sh, a, s);
+    prof->spans.push_back({cat, b, prof->mark(s)});
+  }
+  // Events one profiled forward of `layers` blocks records: 2 around the forward, 2 per interval.
+  static size_t profile_events(int layers) { return 2 + 2 * static_cast<size_t>(7 + 7 * layers + 2 * layers); }
+  // forward() after the checks; eager: run the body even when a graph exists (profile_forward).
+  void forward(int expert, const DiTShape& shape, const DiTInputs& in, float* out, cudaStream_t stream, bool eager);
   void head_and_output(const ExpertPtrs& w, const Geometry& g, cudaStream_t s);
 
   // The activation arena and what lives in it (bound buffers, parallel setup, GEMM runner, RoPE table):
@@ -436,7 +486,7 @@ void DiTGpu::Impl::block(const BlockPtrs& w, const Geometry& g, const RopeArgs& 
 
   // self-attention
   layernorm_modulate(resid, h, rows, D, chunk(0), chunk(1), eps, s);
-  gemm->linear(h, w.qkv_w, w.qkv_b, qkv, rows, D, 3 * D, Act::None, s);
+  linear_op(h, w.qkv_w, w.qkv_b, qkv, rows, D, 3 * D, Act::None, s);
   const RmsNormJob jq{qkv, 3 * D, w.nq, q, rows}, jk{qkv + D, 3 * D, w.nk, k, rows};
   qk_rmsnorm_rope(jq, &jk, D, eps, &rope_args, s);
   if (spa) {  // the sequence is split over ranks: Ulysses / Ring / 2D (dit_seq_attention.h)
@@ -447,28 +497,28 @@ void DiTGpu::Impl::block(const BlockPtrs& w, const Geometry& g, const RopeArgs& 
     const AttentionShape ss = self_attn_shape(g);
     AttentionArgs sa;
     sa.q = q, sa.k = k, sa.v = qkv + 2 * D, sa.o = att;
-    run_attention(ss, sa, s);
+    attention_op(OpCat::SelfAttention, ss, sa, s);
   }
-  gemm->linear(att, w.o_w, w.o_b, h, rows, D, D, Act::None, s);
+  linear_op(att, w.o_w, w.o_b, h, rows, D, D, Act::None, s);
   gated_residual_add(resid, h, rows, D, chunk(2), s);
 
   // cross-attention: affine pre-norm, no modulation or gate, all text_len keys
   layernorm_affine(resid, w.n3w, w.n3b, h, rows, D, eps, s);
-  gemm->linear(h, w.cq_w, w.cq_b, q, rows, D, D, Act::None, s);
-  gemm->linear(ctx, w.ckv_w, w.ckv_b, ckv, crow, D, 2 * D, Act::None, s);
+  linear_op(h, w.cq_w, w.cq_b, q, rows, D, D, Act::None, s);
+  linear_op(ctx, w.ckv_w, w.ckv_b, ckv, crow, D, 2 * D, Act::None, s);
   const RmsNormJob cq{q, D, w.cnq, q, rows}, cjk{ckv, 2 * D, w.cnk, ck, crow};
   qk_rmsnorm_rope(cq, &cjk, D, eps, nullptr, s);
   const AttentionShape cs = cross_attn_shape(g);
   AttentionArgs ca;
   ca.q = q, ca.k = ck, ca.v = ckv + D, ca.o = att;
-  run_attention(cs, ca, s);
-  gemm->linear(att, w.co_w, w.co_b, h, rows, D, D, Act::None, s);
+  attention_op(OpCat::CrossAttention, cs, ca, s);
+  linear_op(att, w.co_w, w.co_b, h, rows, D, D, Act::None, s);
   residual_add(resid, h, rows * D, s);
 
   // feed-forward
   layernorm_modulate(resid, h, rows, D, chunk(3), chunk(4), eps, s);
-  gemm->linear(h, w.f0_w, w.f0_b, ffn, rows, D, g.F, Act::GeluTanh, s);
-  gemm->linear(ffn, w.f2_w, w.f2_b, att, rows, g.F, D, Act::None, s);
+  linear_op(h, w.f0_w, w.f0_b, ffn, rows, D, g.F, Act::GeluTanh, s);
+  linear_op(ffn, w.f2_w, w.f2_b, att, rows, g.F, D, Act::None, s);
   gated_residual_add(resid, att, rows, D, chunk(5), s);
 }
 
@@ -480,20 +530,20 @@ void DiTGpu::Impl::run_body(const ExpertPtrs& w, const Geometry& g, cudaStream_t
     patchify_slice_bf16(x_in, patch_rows, g.B, g.C, g.T, g.H, g.W, g.pt, g.ph, g.pw, seq_rank * g.S, g.S, s);
   else
     patchify_bf16(x_in, patch_rows, g.B, g.C, g.T, g.H, g.W, g.pt, g.ph, g.pw, g.L, s);
-  gemm->linear(patch_rows, w.pe_w, w.pe_b, h, rows, g.K, D, Act::None, s);
+  linear_op(patch_rows, w.pe_w, w.pe_b, h, rows, g.K, D, Act::None, s);
   convert_bf16_to_f32(h, resid, rows * D, s);
 
   // time embedding and projection, fp32: e [B, D], e0 [B, 6D]
   timestep_embedding(t, g.B, g.FQ, sinus, s);
-  gemm->linear(sinus, w.tm0_w, w.tm0_b, temb, g.B, g.FQ, D, Act::None, s);
+  linear_op(sinus, w.tm0_w, w.tm0_b, temb, g.B, g.FQ, D, Act::None, s);
   silu(temb, temb, g.B * D, s);
-  gemm->linear(temb, w.tm2_w, w.tm2_b, e, g.B, D, D, Act::None, s);
+  linear_op(temb, w.tm2_w, w.tm2_b, e, g.B, D, D, Act::None, s);
   silu(e, e_silu, g.B * D, s);
-  gemm->linear(e_silu, w.tp_w, w.tp_b, e0, g.B, D, 6 * D, Act::None, s);
+  linear_op(e_silu, w.tp_w, w.tp_b, e0, g.B, D, 6 * D, Act::None, s);
 
   // text embedding, bf16: ctx [B, text_len, D], once per forward for every block's cross k/v
-  gemm->linear(ctx_in, w.te0_w, w.te0_b, ctx_hidden, g.B * g.TL, g.TD, D, Act::GeluTanh, s);
-  gemm->linear(ctx_hidden, w.te2_w, w.te2_b, ctx, g.B * g.TL, D, D, Act::None, s);
+  linear_op(ctx_in, w.te0_w, w.te0_b, ctx_hidden, g.B * g.TL, g.TD, D, Act::GeluTanh, s);
+  linear_op(ctx_hidden, w.te2_w, w.te2_b, ctx, g.B * g.TL, D, D, Act::None, s);
 
   RopeArgs ra;
   ra.table = rope, ra.max_pos = kRopeMaxPos, ra.head_dim = 128, ra.seq = g.S, ra.f = g.f, ra.h = g.gh, ra.w = g.gw;
@@ -509,7 +559,7 @@ void DiTGpu::Impl::head_and_output(const ExpertPtrs& w, const Geometry& g, cudaS
   const ModVec shift{w.hmod, e, D, g.S}, scale{w.hmod + D, e, D, g.S};
   layernorm_modulate(resid, head_in, rows, D, shift, scale, cfg.eps, s);
   float* head_rows = head_out + seq_rank * rows * g.OP;  // [B, S, OP] this rank's rows
-  gemm->linear(head_in, w.head_w, w.head_b, head_rows, rows, D, g.OP, Act::None, s);
+  linear_op(head_in, w.head_w, w.head_b, head_rows, rows, D, g.OP, Act::None, s);
   const float* seq_rows = head_out;  // [B, Lpad, OP] every token of this rank's samples
   if (P > 1) {
     // [P][B, S, OP] from every sequence rank (in place), then sample-major for unpatchify
@@ -587,6 +637,7 @@ void DiTGpu::Impl::allocate_arena() {
 
 void DiTGpu::Impl::capture(const Key& key, const ExpertPtrs& w, const Geometry& g, cudaStream_t s) {
   if (graphs.count(key)) return;
+  WAN_ASSERT(!prof, "DiT GPU: a graph capture while the op profiler is on");
   cudaGraph_t graph = nullptr;
   CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
   try {
@@ -695,7 +746,12 @@ DiTGpu DiTGpu::create(const DiTConfig& cfg, const std::vector<DiTWeightSource>& 
 }
 
 void DiTGpu::forward(int expert, const DiTShape& shape, const DiTInputs& in, float* out, cudaStream_t stream) {
-  Impl& m = *impl_;
+  impl_->forward(expert, shape, in, out, stream, false);
+}
+
+void DiTGpu::Impl::forward(int expert, const DiTShape& shape, const DiTInputs& in, float* out, cudaStream_t stream,
+                           bool eager) {
+  Impl& m = *this;
   WAN_CHECK(expert >= 0 && expert < static_cast<int>(m.ptrs.size()), "DiT GPU forward: expert ", expert, " of ",
             m.ptrs.size());
   const Geometry g = geometry(m.cfg, shape, m.par);
@@ -720,10 +776,11 @@ void DiTGpu::forward(int expert, const DiTShape& shape, const DiTInputs& in, flo
   cudaStream_t s = m.stream;
   CUDA_CHECK(cudaEventRecord(m.ev_in, stream));
   CUDA_CHECK(cudaStreamWaitEvent(s, m.ev_in, 0));
+  if (m.prof) m.prof->mark(s);  // the profiled forward's first event
   m.stage_inputs(g, in, s);
   const Impl::Key key{expert, shape.batch, shape.frames, shape.height, shape.width};
   const ExpertPtrs& w = m.ptrs[static_cast<size_t>(expert)];
-  if (m.opt.use_graphs && m.warmed.count(key)) {
+  if (!eager && m.opt.use_graphs && m.warmed.count(key)) {
     auto it = m.graphs.find(key);
     if (it == m.graphs.end()) {
       m.capture(key, w, g, s);
@@ -735,8 +792,61 @@ void DiTGpu::forward(int expert, const DiTShape& shape, const DiTInputs& in, flo
     m.warmed.insert(key);
   }
   CUDA_CHECK(cudaMemcpyAsync(out, m.out, static_cast<size_t>(g.Bg * g.Co * g.T * g.H * g.W) * 4, cudaMemcpyDefault, s));
+  if (m.prof) m.prof->mark(s);  // its last event
   CUDA_CHECK(cudaEventRecord(m.ev_out, s));
   CUDA_CHECK(cudaStreamWaitEvent(stream, m.ev_out, 0));
+}
+
+OpProfile DiTGpu::profile_forward(int expert, const DiTShape& shape, const DiTInputs& in, float* out,
+                                  cudaStream_t stream) {
+  Impl& m = *impl_;
+  CUDA_CHECK(cudaSetDevice(m.opt.device));
+  WAN_CHECK(m.opt.parallel.degrees().seq() == 1, "DiT GPU profile_forward: a sequence split over ",
+            m.opt.parallel.degrees().seq(), " ranks is not profiled (its self-attention is not bracketed); profile "
+            "the single-GPU or CFG-parallel forward");
+  // Events inside a capture would become graph nodes that the host cannot read per op afterwards.
+  for (cudaStream_t st : {stream, m.stream}) {
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    CUDA_CHECK(cudaStreamIsCapturing(st, &cs));
+    WAN_CHECK(cs == cudaStreamCaptureStatusNone, "DiT GPU profile_forward: the stream is being captured into a CUDA "
+              "graph; the op profile times an eager forward and reads its events on the host, so it cannot run "
+              "inside a capture (profile outside it)");
+  }
+  const Impl::Key key{expert, shape.batch, shape.frames, shape.height, shape.width};
+  if (!m.warmed.count(key)) m.forward(expert, shape, in, out, stream, true);  // builds the plans, untimed
+  if (!m.profiler) m.profiler = std::make_unique<Impl::OpProfiler>();
+  Impl::OpProfiler& p = *m.profiler;
+  p.reserve(Impl::profile_events(m.cfg.num_layers));
+  p.used = 0;
+  p.spans.clear();
+  p.spans.reserve(p.events.size() / 2);
+  m.prof = &p;
+  try {
+    m.forward(expert, shape, in, out, stream, true);
+  } catch (...) {
+    m.prof = nullptr;
+    throw;
+  }
+  m.prof = nullptr;
+  WAN_ASSERT(p.used >= 2, "op profiler: no events recorded");
+  CUDA_CHECK(cudaEventSynchronize(p.events[p.used - 1]));
+  auto elapsed = [&](size_t a, size_t b) {
+    float ms = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, p.events[a], p.events[b]));
+    return static_cast<double>(ms);
+  };
+  OpProfile r;
+  r.layers = m.cfg.num_layers;
+  r.total_ms = elapsed(0, p.used - 1);
+  for (const Impl::OpProfiler::Span& sp : p.spans) {
+    const double ms = elapsed(sp.begin, sp.end);
+    switch (sp.cat) {
+      case Impl::OpCat::Gemm: r.gemm_ms += ms, ++r.gemms; break;
+      case Impl::OpCat::SelfAttention: r.self_attention_ms += ms, ++r.self_attentions; break;
+      case Impl::OpCat::CrossAttention: r.cross_attention_ms += ms, ++r.cross_attentions; break;
+    }
+  }
+  return r;
 }
 
 DiTGpu::Attention DiTGpu::parse_attention(const std::string& s) {

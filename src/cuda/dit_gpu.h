@@ -28,6 +28,12 @@
 //   the plans and captures the graph without running a forward, so the first forward replays. Inputs are copied into
 //   fixed arena buffers before the graph, the output copied out after it.
 // - All work runs on an internal stream ordered after / before the caller's stream with events.
+// - In-step op profile (issue 4, `wan bench`): profile_forward() runs one forward of the production code
+//   path eagerly (never a graph: events inside a graph cannot be read per op) with a CUDA event recorded
+//   on the stream before and after every GEMM (GemmRunner::linear) and every self- and cross-attention,
+//   from an event pool created before the forward (sized from the op count). Off (every other forward)
+//   the hooks cost one null-pointer test each. It refuses a stream that is being captured and a split
+//   sequence (the sequence-parallel self-attention is not bracketed; CFG-parallel is fine).
 // - Not thread-safe; one object per device. Files: dit_gpu.cpp (plan, forward, graphs),
 //   dit_gpu_weights.cpp (weight table, upload, random draw), dit_gpu_kernels.cu (init kernels).
 #pragma once
@@ -146,6 +152,22 @@ struct DiTInputs {
   const int64_t* ctx_lens = nullptr;  // [B] host: real rows per sample; rows beyond are zero-padded
 };
 
+// What profile_forward() measured: one eager forward, CUDA events on the forward's stream. Intervals
+// are disjoint (one stream), so other_ms() >= 0 up to the events' resolution (about 0.5 us each).
+struct OpProfile {
+  int layers = 0;
+  int gemms = 0;             // GEMM intervals: 7 per block (q|k|v, o, cross q, cross k|v, cross o, FFN up,
+                             // FFN down) + 7 outside (patch embedding, time MLP 2 + projection, text MLP 2, head)
+  int self_attentions = 0;   // 1 per block
+  int cross_attentions = 0;  // 1 per block
+  double total_ms = 0;       // first event to last: input staging, the whole body, the output copy (what a
+                             // forward() call puts on the stream, as the bench's step time counts it)
+  double gemm_ms = 0, self_attention_ms = 0, cross_attention_ms = 0;  // sums of the intervals
+  // Every kernel that is neither a GEMM nor an attention (norms, RoPE, residual adds, embeddings' glue,
+  // copies) plus the gaps between kernels.
+  double other_ms() const { return total_ms - gemm_ms - self_attention_ms - cross_attention_ms; }
+};
+
 class DiTGpu {
  public:
   // Attention kernel: Auto = the engine's own Hopper kernel (attention_own.h) on sm_90, cuDNN elsewhere.
@@ -204,6 +226,13 @@ class DiTGpu {
   // Velocity prediction out[B, out_dim, T, H, W] f32 (host or device memory) of expert `expert` for
   // `shape`. Ordered on `stream` (may be 0); returns without synchronising when out is device memory.
   void forward(int expert, const DiTShape& shape, const DiTInputs& in, float* out, cudaStream_t stream);
+
+  // The same forward, run eagerly with events around every GEMM and attention (see the invariants and
+  // OpProfile), then synchronised and summed on the host. The output is bit-identical to forward()'s.
+  // When (expert, shape) has never run, one unprofiled eager forward runs first so the plan building
+  // (host work) stays out of the timings. Graphs already captured are left as they are. Throws
+  // wan::Error when `stream` is being captured into a CUDA graph or the sequence is split over ranks.
+  OpProfile profile_forward(int expert, const DiTShape& shape, const DiTInputs& in, float* out, cudaStream_t stream);
 
   // Warm-up (issue 6): allocates a deferred arena, then builds every cuBLASLt / cuDNN plan and captures
   // and instantiates the CUDA graph of each (expert, shape) without running it. Capture records
