@@ -41,8 +41,12 @@ constexpr uint32_t kQHalfBytes = 128 * 64 * 2;     // one [128][64] bf16 half of
 constexpr uint32_t kQTileBytes = 2 * kQHalfBytes;  // 32 KiB
 constexpr int kThreads = 384;
 constexpr int kStages = 2;  // K/V ring depth (3 stages of 128-key tiles measured slower for the text keys)
+// Q buffers: two with 128-key tiles (the next item's Q loads during the current one: the text keys are
+// 4 tiles per item), one with 176 (no room; the long-key items are one per CTA).
+constexpr int q_buffers(int bn) { return bn == 128 ? 2 : 1; }
 constexpr size_t smem_bytes(int bn) {
-  return size_t{kQTileBytes} + size_t{2} * kStages * (2 * bn * 128) + 1024 /*align*/ + 256 /*barriers*/;
+  return size_t{kQTileBytes} * q_buffers(bn) + size_t{2} * kStages * (2 * bn * 128) + 1024 /*align*/ +
+         256 /*barriers*/;
 }
 
 struct Params {
@@ -244,35 +248,47 @@ __device__ __forceinline__ void decode_item(int w, int num_q_tiles, int H, int& 
 }
 #endif  // WAN_OWN_ATTN_SM90A
 
-// Persistent kernel: CTA k runs work items k, k + gridDim.x, ... The producer runs ahead across items
-// (K/V ring stages and phases continue over items; Q of the next item is loaded as soon as both
-// consumers have issued their last Q·Kᵀ of the current one), so loads overlap the epilogue.
+// Persistent kernel: CTA k runs work items k, k + gridDim.x, ... The producer runs ahead across items:
+// the K/V ring's stages and phases continue over items, and Q of the next item goes into the other Q
+// buffer (two with 128-key tiles; with one, as soon as both consumers have issued their last Q·Kᵀ).
+//
+// With 128-key tiles (the text keys: 4 tiles per item, persistent grid) the consumers run one continuous
+// pipeline over the tiles of all their items: the last P·V of an item is issued together with the first
+// Q·Kᵀ of the next, and the item's epilogue (O / l, stores) runs after that P·V while the other
+// consumer's matrix products occupy the tensor cores, so an item boundary costs about what a tile
+// boundary does. With 176-key tiles (long keys, one item per CTA) items run one after the other.
+//
+// The producer issues K one tile ahead of V (K_{n+1} before V_n): K_{n+1} waits for S_{n-1} (early in the
+// consumers' iteration n-1) and V_n for P·V_{n-2} (late in it), so the K that the next Q·Kᵀ needs is not
+// queued behind a V wait.
 //
 // PP (ping-pong): the two consumer warpgroups take turns at issuing their matrix products, so that one
 // warpgroup's softmax (exp2 on the MUFU, max/sum shuffles) runs while the other's wgmmas occupy the
 // tensor cores. Named barrier 1 + c is consumer c's turn: it waits there (bar.sync, 256 threads: its
 // own 128 plus the other's 128 bar.arrive), issues, then hands the turn over (bar.arrive on the other's
 // barrier). Consumer 1 hands consumer 0 the first turn. Both run the same items with the same number of
-// issue points (n_tiles + 1 per item), so the turns stay paired to the end; the last hand-over is never
-// waited for (barrier state does not outlive the CTA).
+// issue points (one per tile plus one at the end), so the turns stay paired to the end; the last
+// hand-over is never waited for (barrier state does not outlive the CTA).
 template <int BN, bool PP>
 __global__ void __launch_bounds__(kThreads, 1)
     attn_fwd_sm90(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                   const __grid_constant__ CUtensorMap tv, const Params p) {
 #if defined(WAN_OWN_ATTN_SM90A)
-  constexpr uint32_t kKVHalf = BN * 128;      // bytes of one [BN][64] half
+  constexpr uint32_t kKVHalf = BN * 128;  // bytes of one [BN][64] half
   constexpr uint32_t kKVTile = 2 * kKVHalf;
+  constexpr int kQB = q_buffers(BN);
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
-  const uint32_t sQ = smem_u32(smem);
-  const uint32_t sK = sQ + kQTileBytes;               // stage s at sK + s·kKVTile
+  const uint32_t sQ = smem_u32(smem);                 // buffer j at sQ + j·kQTileBytes
+  const uint32_t sK = sQ + kQB * kQTileBytes;         // stage s at sK + s·kKVTile
   const uint32_t sV = sK + kStages * kKVTile;
   const uint32_t bars = sV + kStages * kKVTile;       // 8-byte mbarriers
-  const uint32_t q_full = bars, q_empty = bars + 8;
-  auto k_full = [&](int s) { return bars + 8u * (2 + s); };
-  auto v_full = [&](int s) { return bars + 8u * (2 + kStages + s); };
-  auto k_empty = [&](int s) { return bars + 8u * (2 + 2 * kStages + s); };
-  auto v_empty = [&](int s) { return bars + 8u * (2 + 3 * kStages + s); };
+  auto q_full = [&](int j) { return bars + 8u * j; };
+  auto q_empty = [&](int j) { return bars + 8u * (2 + j); };
+  auto k_full = [&](int s) { return bars + 8u * (4 + s); };
+  auto v_full = [&](int s) { return bars + 8u * (4 + kStages + s); };
+  auto k_empty = [&](int s) { return bars + 8u * (4 + 2 * kStages + s); };
+  auto v_empty = [&](int s) { return bars + 8u * (4 + 3 * kStages + s); };
 
   const int tid = threadIdx.x;
   const int wg = tid / 128;
@@ -283,13 +299,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   };
 
   if (tid == 0) {
-    mbar_init(q_full, 1);
-    mbar_init(q_empty, 256);
+    for (int j = 0; j < kQB; ++j) {
+      mbar_init(q_full(j), 1);
+      mbar_init(q_empty(j), 256);  // every consumer thread arrives
+    }
     for (int s = 0; s < kStages; ++s) {
       mbar_init(k_full(s), 1);
       mbar_init(v_full(s), 1);
-      mbar_init(k_empty(s), 256);  // every consumer thread arrives
-      mbar_init(v_empty(s), 256);
+      mbar_init(k_empty(s), 8);  // one arrival per consumer warp
+      mbar_init(v_empty(s), 8);
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
@@ -298,46 +316,49 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (wg == 0) {
     // ---- producer ----
     asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
-    if (tid == 0) {
-      uint32_t it = 0;    // key tiles issued so far (ring position)
-      uint32_t item = 0;  // items issued so far (Q phase)
-      for (int w = blockIdx.x; w < num_items; w += gridDim.x, ++item) {
-        int qt, h, b;
-        decode_item(w, p.num_q_tiles, p.H, qt, h, b);
-        const int n_tiles = (n_valid_of(b) + BN - 1) / BN;
-        mbar_wait(q_empty, (item & 1) ^ 1);  // the previous item's last Q·Kᵀ is done
-        mbar_expect_tx(q_full, kQTileBytes);
-        tma_load(sQ, &tq, q_full, 0, h, qt * kBlockM, b);
-        tma_load(sQ + kQHalfBytes, &tq, q_full, 64, h, qt * kBlockM, b);
-        for (int n = 0; n < n_tiles; ++n, ++it) {
-          const int s = it % kStages;
-          const uint32_t ph = (it / kStages) & 1;
-          const int k0 = n * BN;
-          mbar_wait(k_empty(s), ph ^ 1);  // K two tiles back consumed (released once its S is done)
-          mbar_expect_tx(k_full(s), kKVTile);
-          tma_load(sK + s * kKVTile, &tk, k_full(s), 0, h, k0, b);
-          tma_load(sK + s * kKVTile + kKVHalf, &tk, k_full(s), 64, h, k0, b);
-          mbar_wait(v_empty(s), ph ^ 1);  // V two tiles back consumed (released once its P·V is done)
-          mbar_expect_tx(v_full(s), kKVTile);
-          tma_load(sV + s * kKVTile, &tv, v_full(s), 0, h, k0, b);
-          tma_load(sV + s * kKVTile + kKVHalf, &tv, v_full(s), 64, h, k0, b);
-        }
+    if (tid != 0) return;
+    // Key tile n (ring position pos) of K or V: wait until the stage's previous tile was released, then load.
+    auto load_kv = [&](bool is_v, uint32_t pos, int n, int h, int b) {
+      const int s = pos % kStages;
+      const uint32_t full = is_v ? v_full(s) : k_full(s);
+      const uint32_t dst = (is_v ? sV : sK) + s * kKVTile;
+      const CUtensorMap* map = is_v ? &tv : &tk;
+      mbar_wait(is_v ? v_empty(s) : k_empty(s), ((pos / kStages) & 1) ^ 1);
+      mbar_expect_tx(full, kKVTile);
+      tma_load(dst, map, full, 0, h, n * BN, b);
+      tma_load(dst + kKVHalf, map, full, 64, h, n * BN, b);
+    };
+    uint32_t it = 0;  // key tiles issued so far (ring position)
+    uint32_t item = 0;
+    for (int w = blockIdx.x; w < num_items; w += gridDim.x, ++item) {
+      int qt, h, b;
+      decode_item(w, p.num_q_tiles, p.H, qt, h, b);
+      const int n_tiles = (n_valid_of(b) + BN - 1) / BN;
+      const int qb = static_cast<int>(item % kQB);
+      mbar_wait(q_empty(qb), ((item / kQB) & 1) ^ 1);  // the buffer's previous item's last Q·Kᵀ is done
+      mbar_expect_tx(q_full(qb), kQTileBytes);
+      tma_load(sQ + qb * kQTileBytes, &tq, q_full(qb), 0, h, qt * kBlockM, b);
+      tma_load(sQ + qb * kQTileBytes + kQHalfBytes, &tq, q_full(qb), 64, h, qt * kBlockM, b);
+      load_kv(false, it, 0, h, b);
+      for (int n = 0; n < n_tiles; ++n) {
+        if (n + 1 < n_tiles) load_kv(false, it + n + 1, n + 1, h, b);
+        load_kv(true, it + n, n, h, b);
       }
+      it += n_tiles;
     }
     return;
   }
 
   // ---- consumers ----
   asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
-  const int c = wg - 1;               // consumer index: query rows 64c .. 64c+63 of the tile
-  const int t = tid - 128 * wg;       // thread in the warpgroup
+  const int c = wg - 1;          // consumer index: query rows 64c .. 64c+63 of the tile
+  const int t = tid - 128 * wg;  // thread in the warpgroup
   const int warp = t / 32, lane = t % 32;
-  const uint32_t q_base = sQ + c * (64 * 128);  // 64 rows of 128 bytes into each half
   const float sl2 = p.scale_log2;
-
-  float s[BN / 2], o[64];
-  uint32_t pf[BN / 4];
-  uint32_t it = 0, item = 0;
+  // A K/V stage is released once per warp, after the warp's wgmma wait (every lane has passed it).
+  auto release = [&](uint32_t bar) {
+    if (lane == 0) mbar_arrive(bar);
+  };
   auto turn_begin = [&] {
     if constexpr (PP) named_bar_sync(1 + c, 256);
   };
@@ -347,90 +368,31 @@ __global__ void __launch_bounds__(kThreads, 1)
   if constexpr (PP) {
     if (c == 1) named_bar_arrive(1, 256);  // consumer 0 issues first
   }
-  for (int w = blockIdx.x; w < num_items; w += gridDim.x, ++item) {
-    int qt, h, b;
-    decode_item(w, p.num_q_tiles, p.H, qt, h, b);
-    const int n_valid = n_valid_of(b);
-    const int n_tiles = (n_valid + BN - 1) / BN;
-    RowState st;
-    st.m[0] = st.m[1] = -INFINITY;
-    st.l[0] = st.l[1] = 0.f;
-#pragma unroll
-    for (int i = 0; i < 64; ++i) o[i] = 0.f;
-    float alpha[2];
 
-    // tile 0: S_0, softmax, P_0
-    mbar_wait(q_full, item & 1);
-    {
-      const int s0 = it % kStages;
-      mbar_wait(k_full(s0), (it / kStages) & 1);
-      turn_begin();
-      wgmma_fence();
-      issue_qk<BN>(s, q_base, sK + s0 * kKVTile);
-      wgmma_commit();
-      turn_end();
-      wgmma_wait<0>();
-      reg_fence(s);
-      mbar_arrive(k_empty(s0));
-      if (n_tiles == 1) mbar_arrive(q_empty);
-      softmax_tile<BN>(s, st, sl2, n_valid, lane, alpha);
-      to_bf16_fragments<BN>(s, pf);
-    }
-    for (int n = 1; n < n_tiles; ++n) {
-      const uint32_t cur = it + n, prev = it + n - 1;
-      const int sn = cur % kStages, sp = prev % kStages;
-      mbar_wait(k_full(sn), (cur / kStages) & 1);
-      mbar_wait(v_full(sp), (prev / kStages) & 1);
-      turn_begin();
-      wgmma_fence();
-      issue_qk<BN>(s, q_base, sK + sn * kKVTile);  // S_n = Q·K_nᵀ
-      wgmma_commit();
-      // O (P·V of tile n-2 done) rescaled to tile n-1's maxima while Q·K_nᵀ runs, then O += P_{n-1}·V_{n-1}
-      // (the fence orders the multiplies before the wgmma that accumulates into O).
+  float s[BN / 2], o[64];
+  uint32_t pf[BN / 4];
 #pragma unroll
-      for (int i = 0; i < 64; ++i) o[i] *= alpha[(i >> 1) & 1];
-      wgmma_fence();
-      issue_pv<BN>(o, pf, sV + sp * kKVTile);
-      wgmma_commit();
-      turn_end();
-      wgmma_wait<1>();                             // S_n ready (P·V may still run)
-      reg_fence(s);
-      mbar_arrive(k_empty(sn));
-      if (n == n_tiles - 1) mbar_arrive(q_empty);  // Q no longer read: the producer may load the next
-      softmax_tile<BN>(s, st, sl2, n_valid - n * BN, lane, alpha);
-      wgmma_wait<0>();                             // P·V done: O and the V stage are free
-      reg_fence(o);
-      mbar_arrive(v_empty(sp));
-      to_bf16_fragments<BN>(s, pf);
-    }
-    {
-      const uint32_t last = it + n_tiles - 1;
-      const int sp = last % kStages;
-      mbar_wait(v_full(sp), (last / kStages) & 1);
-#pragma unroll
-      for (int i = 0; i < 64; ++i) o[i] *= alpha[(i >> 1) & 1];  // to the last tile's maxima
-      turn_begin();
-      wgmma_fence();
-      issue_pv<BN>(o, pf, sV + sp * kKVTile);
-      wgmma_commit();
-      turn_end();
-      wgmma_wait<0>();
-      reg_fence(o);
-      mbar_arrive(v_empty(sp));
-    }
-    it += n_tiles;
+  for (int i = 0; i < 64; ++i) o[i] = 0.f;
+  RowState st, st_prev;
+  st.m[0] = st.m[1] = -INFINITY;
+  st.l[0] = st.l[1] = 0.f;
+  float alpha[2] = {0.f, 0.f};
+  // The pending P·V: P (in pf) of the last tile whose softmax is done, its V ring position, its item.
+  uint32_t pend_pos = 0;
+  int pend_qt = 0, pend_h = 0, pend_b = 0;
 
-    // ---- epilogue: O / l -> bf16, log-sum-exp ----
+  // O / l -> bf16 and the log-sum-exp of one finished item (O complete in o, its statistics in rs).
+  auto epilogue = [&](const RowState& rs, int qt, int h, int b) {
     float inv_l[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      float l = st.l[r];
+      float l = rs.l[r];
       l += __shfl_xor_sync(0xffffffffu, l, 1);
       l += __shfl_xor_sync(0xffffffffu, l, 2);
       inv_l[r] = 1.f / l;
       const int row = qt * kBlockM + 64 * c + 16 * warp + (lane >> 2) + 8 * r;
       if (p.lse && (lane & 3) == 0 && row < p.Lq)
-        p.lse[(static_cast<int64_t>(b) * p.H + h) * p.Lq + row] = (st.m[r] + __log2f(l)) * 0.69314718055994531f;
+        p.lse[(static_cast<int64_t>(b) * p.H + h) * p.Lq + row] = (rs.m[r] + __log2f(l)) * 0.69314718055994531f;
     }
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -443,6 +405,148 @@ __global__ void __launch_bounds__(kThreads, 1)
         const uint32_t v = pack_bf16(o[4 * j + 2 * r] * inv_l[r], o[4 * j + 2 * r + 1] * inv_l[r]);
         *reinterpret_cast<uint32_t*>(dst + 8 * j) = v;
       }
+    }
+  };
+
+  // The item being computed (the pending P·V's item is pend_*).
+  int qt = 0, h = 0, b = 0, n_valid = 0, n_tiles = 0, qb = 0;
+  uint32_t q_base = 0, it = 0, item = 0;
+  auto begin_item = [&](int w) {
+    decode_item(w, p.num_q_tiles, p.H, qt, h, b);
+    n_valid = n_valid_of(b);
+    n_tiles = (n_valid + BN - 1) / BN;
+    qb = static_cast<int>(item % kQB);
+    q_base = sQ + qb * kQTileBytes + c * (64 * 128);  // 64 rows of 128 bytes into each half
+    mbar_wait(q_full(qb), (item / kQB) & 1);
+  };
+  // After S_n is ready: free K_n's stage (and Q after the item's last Q·Kᵀ).
+  auto after_s = [&](int n, int sn) {
+    reg_fence(s);
+    release(k_empty(sn));
+    if (n == n_tiles - 1) mbar_arrive(q_empty(qb));  // Q no longer read: the producer may refill it
+  };
+  auto pend = [&](uint32_t pos) {
+    to_bf16_fragments<BN>(s, pf);
+    pend_pos = pos;
+    pend_qt = qt, pend_h = h, pend_b = b;
+  };
+  // Every wgmma below is waited for in the same straight-line block that issued it (no conditional
+  // waits: ptxas serialises wgmmas whose accumulators it cannot prove untouched between issue and wait).
+  // Tile 0 of the CTA's first item: S_0 alone.
+  auto first_tile = [&] {
+    const int s0 = it % kStages;
+    mbar_wait(k_full(s0), (it / kStages) & 1);
+    turn_begin();
+    wgmma_fence();
+    issue_qk<BN>(s, q_base, sK + s0 * kKVTile);
+    wgmma_commit();
+    turn_end();
+    wgmma_wait<0>();
+    after_s(0, s0);
+    softmax_tile<BN>(s, st, sl2, n_valid, lane, alpha);
+    pend(it);
+  };
+  // Tile 0 of a later item: S_0 together with the previous item's last P·V, then that item's epilogue.
+  auto boundary_tile = [&] {
+    const int s0 = it % kStages, sp = pend_pos % kStages;
+    mbar_wait(k_full(s0), (it / kStages) & 1);
+    mbar_wait(v_full(sp), (pend_pos / kStages) & 1);
+    turn_begin();
+    wgmma_fence();
+    issue_qk<BN>(s, q_base, sK + s0 * kKVTile);
+    wgmma_commit();
+#pragma unroll
+    for (int i = 0; i < 64; ++i) o[i] *= alpha[(i >> 1) & 1];
+    wgmma_fence();
+    issue_pv<BN>(o, pf, sV + sp * kKVTile);
+    wgmma_commit();
+    turn_end();
+    wgmma_wait<1>();
+    after_s(0, s0);
+    st_prev = st;  // the finished item's statistics, for its epilogue
+    st.m[0] = st.m[1] = -INFINITY;
+    st.l[0] = st.l[1] = 0.f;
+    softmax_tile<BN>(s, st, sl2, n_valid, lane, alpha);
+    wgmma_wait<0>();
+    reg_fence(o);
+    release(v_empty(sp));
+    epilogue(st_prev, pend_qt, pend_h, pend_b);
+#pragma unroll
+    for (int i = 0; i < 64; ++i) o[i] = 0.f;
+    pend(it);
+  };
+  // Tiles 1 .. n_tiles-1: S_n = Q·K_nᵀ issued, then O rescaled to tile n-1's maxima (while Q·K_nᵀ runs)
+  // and O += P_{n-1}·V_{n-1}; the softmax of S_n overlaps that P·V.
+  auto rest_tiles = [&] {
+    for (int n = 1; n < n_tiles; ++n) {
+      const uint32_t cur = it + n;
+      const int sn = cur % kStages, sp = pend_pos % kStages;
+      mbar_wait(k_full(sn), (cur / kStages) & 1);
+      mbar_wait(v_full(sp), (pend_pos / kStages) & 1);
+      turn_begin();
+      wgmma_fence();
+      issue_qk<BN>(s, q_base, sK + sn * kKVTile);
+      wgmma_commit();
+#pragma unroll
+      for (int i = 0; i < 64; ++i) o[i] *= alpha[(i >> 1) & 1];
+      wgmma_fence();  // orders the multiplies before the wgmma that accumulates into O
+      issue_pv<BN>(o, pf, sV + sp * kKVTile);
+      wgmma_commit();
+      turn_end();
+      wgmma_wait<1>();  // S_n ready (P·V may still run)
+      after_s(n, sn);
+      softmax_tile<BN>(s, st, sl2, n_valid - n * BN, lane, alpha);
+      wgmma_wait<0>();  // P·V done: O and the V stage are free
+      reg_fence(o);
+      release(v_empty(sp));
+      pend(cur);
+    }
+    it += n_tiles;
+    ++item;
+  };
+
+  // The last P·V of the current item and its epilogue.
+  auto last_pv_and_epilogue = [&] {
+    const int sp = pend_pos % kStages;
+    mbar_wait(v_full(sp), (pend_pos / kStages) & 1);
+#pragma unroll
+    for (int i = 0; i < 64; ++i) o[i] *= alpha[(i >> 1) & 1];
+    turn_begin();
+    wgmma_fence();
+    issue_pv<BN>(o, pf, sV + sp * kKVTile);
+    wgmma_commit();
+    turn_end();
+    wgmma_wait<0>();
+    reg_fence(o);
+    release(v_empty(sp));
+    epilogue(st, pend_qt, pend_h, pend_b);
+  };
+
+  if constexpr (kQB == 2) {
+    // One pipeline across the items (the persistent grid over the text keys).
+    int w = blockIdx.x;
+    if (w >= num_items) return;
+    begin_item(w);
+    first_tile();
+    rest_tiles();
+    for (w += gridDim.x; w < num_items; w += gridDim.x) {
+      begin_item(w);
+      boundary_tile();
+      rest_tiles();
+    }
+    last_pv_and_epilogue();
+  } else {
+    // Item by item (long keys: one item per CTA; the extra state of the cross-item pipeline would not
+    // fit the registers with 176-key tiles).
+    for (int w = blockIdx.x; w < num_items; w += gridDim.x) {
+      begin_item(w);
+      st.m[0] = st.m[1] = -INFINITY;
+      st.l[0] = st.l[1] = 0.f;
+#pragma unroll
+      for (int i = 0; i < 64; ++i) o[i] = 0.f;
+      first_tile();
+      rest_tiles();
+      last_pv_and_epilogue();
     }
   }
 #endif  // WAN_OWN_ATTN_SM90A
@@ -583,8 +687,8 @@ void OwnAttention::run(const AttentionShape& s, const AttentionArgs& a, cudaStre
   const CUtensorMap tk = make_map(a.k, s.B, s.Lk, s.H, ld_or(s.k_ld, s.H), static_cast<uint32_t>(bn));
   const CUtensorMap tv = make_map(a.v, s.B, s.Lk, s.H, ld_or(s.v_ld, s.H), static_cast<uint32_t>(bn));
   // Long key sequences: one CTA per work item (the block scheduler starts a new item the moment an SM
-  // frees up; measured faster than the persistent grid at L = 75 600). Short ones (text keys): a
-  // persistent grid, so that the next item's Q and K/V loads overlap the current item's epilogue.
+  // frees up). Short ones (text keys): a persistent grid, one continuous pipeline over its items (the
+  // next item's Q·Kᵀ and loads overlap the current item's last P·V and epilogue).
   bool persistent = s.Lk <= 1024;
   if (const char* e = std::getenv("WAN_ATTN_PERSIST")) persistent = e[0] == '1';  // experiments
   const unsigned grid = static_cast<unsigned>(persistent ? std::min<int64_t>(items, num_sms) : items);

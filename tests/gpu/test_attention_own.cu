@@ -290,12 +290,18 @@ TEST(GpuAttentionOwn, SmallOddLengthsEveryRow) {
       // ~10 work items per CTA: the persistent grid's hand-over between items, ragged key counts
       {"many items masked (1, 300)", 2, 2000, 300, 40, {1, 300}, false, 0, 1.0f, 19},
   };
-  for (const char* bn : {"128", "176"}) {  // both key tiles on every case
-    setenv("WAN_ATTN_BN", bn, 1);
-    std::printf("key tile %s\n", bn);
-    for (const Case& c : cases) run_case(cudnn, c, st.s);
-  }
+  // Both key tiles, one CTA per item and the persistent grid on every case (the persistent grid runs one
+  // pipeline across items: an item's last P·V and epilogue overlap the next item's first Q·Kᵀ; with
+  // 128-key tiles the next item's Q goes to the second Q buffer).
+  for (const char* persist : {"0", "1"})
+    for (const char* bn : {"128", "176"}) {
+      setenv("WAN_ATTN_BN", bn, 1);
+      setenv("WAN_ATTN_PERSIST", persist, 1);
+      std::printf("key tile %s, persistent grid %s\n", bn, persist);
+      for (const Case& c : cases) run_case(cudnn, c, st.s);
+    }
   unsetenv("WAN_ATTN_BN");
+  unsetenv("WAN_ATTN_PERSIST");
 }
 
 TEST(GpuAttentionOwn, EngineShapesSampledRows) {
