@@ -9,10 +9,10 @@
 // sequences, a persistent grid (one CTA per SM looping over items) for short ones (<= 1024 keys, the text);
 // 3 warpgroups:
 //   - producer (1 thread issues, registers released with setmaxnreg): TMA (cp.async.bulk.tensor, 128-byte
-//     swizzle) loads of Q once per item and of K/V tiles (176 keys, or 128 for short sequences) into a
-//     2-stage shared-memory ring, completion
-//     on mbarriers (separate K and V barriers so Q·Kᵀ starts before V lands), consumers free a stage with
-//     an mbarrier arrive;
+//     swizzle) loads of Q once per item (two Q buffers with 128-key tiles, so the next item's Q loads
+//     during the current one) and of K/V tiles (176 keys, or 128 for short sequences) into a 2-stage
+//     shared-memory ring, K issued one tile ahead of V; completion on mbarriers (separate K and V barriers
+//     so Q·Kᵀ starts before V lands); each consumer warp frees a stage with one mbarrier arrive;
 //   - 2 consumers (64 query rows each): S = Q·Kᵀ with wgmma m64nNk16 (both operands from shared memory),
 //     online softmax in fp32 (exp2 with the scale folded into one FMA, row max over the quad by shuffles),
 //     P rounded to bf16 and kept in registers as the A operand of O += P·V (wgmma, V read N-major through
@@ -21,6 +21,8 @@
 //     issuing (ping-pong on named barriers), so one's softmax runs under the other's wgmmas. Row max and
 //     sum use 4 independent chains per row; O's rescale by the previous tile's factors runs after the
 //     next Q·Kᵀ is issued (on the tensor cores meanwhile), just before the P·V that accumulates into O.
+//     With 128-key tiles (persistent grid) the pipeline runs across items: an item's last P·V is issued
+//     with the next item's first Q·Kᵀ and its epilogue runs under the other consumer's wgmmas.
 // Numerics: fp32 scores, softmax and accumulation; P rounded to bf16 before P·V (as cuDNN and FA3);
 // O = acc / rowsum rounded once to bf16. Ragged lengths: TMA zero-fills rows past Lq / Lk, keys >= the
 // valid length are masked to -inf in the last tile, rows >= Lq are not stored.
