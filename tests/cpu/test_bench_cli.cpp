@@ -11,46 +11,13 @@
 #include <string>
 #include <vector>
 
-#include "test_util.h"
+#include "run_util.h"
 
 namespace {
 
-struct Result {
-  int code = -1;
-  std::string out, err;
-};
+using Result = wan::test::RunResult;
 
-std::string slurp(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-Result run_wan(std::vector<std::string> args) {
-  wan::test::TempDir io("bench_cli");
-  const std::string out = io / "stdout", err = io / "stderr";
-  const pid_t pid = fork();
-  if (pid == 0) {
-    const int o = open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    const int e = open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    dup2(o, 1);
-    dup2(e, 2);
-    std::string bin = WAN_BINARY;
-    std::vector<char*> argv{bin.data()};
-    for (std::string& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    execv(bin.c_str(), argv.data());
-    _exit(127);
-  }
-  Result r;
-  int status = 0;
-  waitpid(pid, &status, 0);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  r.out = slurp(out);
-  r.err = slurp(err);
-  return r;
-}
+Result run_wan(const std::vector<std::string>& args) { return wan::test::run_captured(WAN_BINARY, args); }
 
 int lines(const std::string& s) {
   int n = 0;

@@ -21,7 +21,7 @@
 
 #include "core/error.h"
 #include "st/safetensors.h"
-#include "test_util.h"
+#include "run_util.h"
 
 namespace fs = std::filesystem;
 using wan::cat;
@@ -33,17 +33,9 @@ const std::string kModel = kFix + "/model";
 
 using wan::test::TempDir;
 
-std::string read_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
+std::string read_file(const std::string& path) { return wan::test::slurp(path); }
 
-struct Result {
-  int code = -1;
-  std::string out, err;
-};
+using Result = wan::test::RunResult;
 
 [[noreturn]] void exec_wan(const std::vector<std::string>& args) {
   std::vector<char*> argv;
@@ -57,25 +49,7 @@ struct Result {
 }
 
 // Runs `wan args...` with stdout / stderr captured in files.
-Result run_wan(const std::vector<std::string>& args) {
-  TempDir io;
-  const std::string out = io / "stdout", err = io / "stderr";
-  pid_t pid = fork();
-  if (pid == 0) {
-    int o = open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    int e = open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    dup2(o, 1);
-    dup2(e, 2);
-    exec_wan(args);
-  }
-  Result r;
-  int status = 0;
-  waitpid(pid, &status, 0);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  r.out = read_file(out);
-  r.err = read_file(err);
-  return r;
-}
+Result run_wan(const std::vector<std::string>& args) { return wan::test::run_captured(WAN_BINARY, args); }
 
 wan::Tensor load(const std::string& file, const std::string& name) {
   auto f = wan::SafetensorsFile::open(file);

@@ -19,7 +19,7 @@
 
 #include "core/error.h"
 #include "pipeline/generate_parallel.h"
-#include "test_util.h"
+#include "run_util.h"
 
 using namespace wan;
 using PL = dist::Layout;
@@ -359,22 +359,10 @@ TEST(GenerateDistShards, RangesCoverTheAllocationAtTensorStarts) {
 
 namespace {
 
-struct Result {
-  int code = -1;
-  std::string out, err;
-};
-
-std::string slurp(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
+using Result = test::RunResult;
 
 // `wan args...` with no launcher variables in its environment, stdout / stderr captured.
 Result run_wan(const std::vector<std::string>& args, const Env& extra = {}) {
-  test::TempDir io("gdcli");
-  const std::string out = io / "stdout", err = io / "stderr";
   std::vector<std::string> envs;
   for (char** e = environ; *e; ++e) {
     const std::string kv = *e, k = kv.substr(0, kv.find('='));
@@ -383,31 +371,7 @@ Result run_wan(const std::vector<std::string>& args, const Env& extra = {}) {
     if (!launcher && !extra.count(k)) envs.push_back(kv);
   }
   for (const auto& [k, v] : extra) envs.push_back(k + "=" + v);
-  std::vector<char*> envp;
-  for (auto& kv : envs) envp.push_back(kv.data());
-  envp.push_back(nullptr);
-  std::string bin = WAN_BINARY;
-  std::vector<std::string> copy = args;
-  std::vector<char*> argv{bin.data()};
-  for (auto& a : copy) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  fflush(nullptr);
-  const pid_t pid = fork();
-  if (pid == 0) {
-    const int o = open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    const int e = open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    dup2(o, 1);
-    dup2(e, 2);
-    execve(bin.c_str(), argv.data(), envp.data());
-    _exit(127);
-  }
-  int status = 0;
-  waitpid(pid, &status, 0);
-  Result r;
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  r.out = slurp(out);
-  r.err = slurp(err);
-  return r;
+  return test::run_captured(WAN_BINARY, args, &envs);
 }
 
 }  // namespace

@@ -23,7 +23,7 @@
 #include "pipeline/models.h"
 #include "pipeline/pipeline.h"
 #include "st/safetensors.h"
-#include "test_util.h"
+#include "run_util.h"
 
 namespace fs = std::filesystem;
 using namespace wan;
@@ -73,43 +73,10 @@ void expect_bad_input(const std::function<void()>& fn, const std::string& part) 
 // Plan + run, pausing after `stop` steps (0: to the end); returns the result.
 GenerateResult run(const GenerateOptions& o, bool decode = false) { return run_generate(plan_generate(o), {}, decode); }
 
-struct Result {
-  int code = -1;
-  std::string out, err;
-};
+using Result = wan::test::RunResult;
+using wan::test::slurp;
 
-std::string slurp(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-Result run_wan(const std::vector<std::string>& args) {
-  TempDir io;
-  const std::string out = io / "stdout", err = io / "stderr";
-  pid_t pid = fork();
-  if (pid == 0) {
-    int o = open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    int e = open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    dup2(o, 1);
-    dup2(e, 2);
-    std::vector<std::string> copy = args;
-    std::string bin = WAN_BINARY;
-    std::vector<char*> argv{bin.data()};
-    for (auto& a : copy) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    execv(bin.c_str(), argv.data());
-    _exit(127);
-  }
-  int status = 0;
-  waitpid(pid, &status, 0);
-  Result r;
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  r.out = slurp(out);
-  r.err = slurp(err);
-  return r;
-}
+Result run_wan(const std::vector<std::string>& args) { return wan::test::run_captured(WAN_BINARY, args); }
 
 }  // namespace
 
