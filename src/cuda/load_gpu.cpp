@@ -174,7 +174,7 @@ void DeviceLoader::Impl::run() {
   // the staging is kept for finish() / the destructor to free on the caller's thread (Impl::leftover).
   if (r) {
     r->sync();
-    cudaGetLastError();  // a failed load's CUDA error is in `err`; nothing sticks to this thread
+    (void)cudaGetLastError();  // a failed load's CUDA error is in `err`; nothing sticks to this thread
   }
   std::lock_guard<std::mutex> lk(m);
   leftover = std::move(r);

@@ -37,8 +37,6 @@ using test::host_ranks;
 using test::lookup;
 using test::since;
 
-
-
 void sleep_ms(int ms) { std::this_thread::sleep_for(std::chrono::milliseconds(ms)); }
 
 // Loops for up to `limit_s` seconds, checking for a failure elsewhere (throws it).

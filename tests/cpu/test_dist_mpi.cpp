@@ -40,7 +40,6 @@ using test::host_ranks;
 using test::lookup;
 using test::since;
 
-
 const EnvLookup process_env = [](const char* n) { return std::getenv(n); };
 
 
@@ -430,9 +429,9 @@ TEST(MpiJob, ForcedFailureAtBootstrap) {
 TEST(MpiJob, StuckRankBeforeExchangeTimesOut) {
   // Rank 1 stops before the exchange: the others fail at WAN_DIST_TIMEOUT, mpirun then ends rank 1.
   Job j = run_job(3, "ok",
-                        {{"WAN_DIST_FAIL_RANK", "1"}, {"WAN_DIST_FAIL_AT", "bootstrap"}, {"WAN_DIST_FAIL_MODE", "hang"},
-                         {"WAN_DIST_TIMEOUT", "2"}},
-                        30);
+                  {{"WAN_DIST_FAIL_RANK", "1"}, {"WAN_DIST_FAIL_AT", "bootstrap"}, {"WAN_DIST_FAIL_MODE", "hang"},
+                   {"WAN_DIST_TIMEOUT", "2"}},
+                  30);
   EXPECT_NE(j.code, 0);
   EXPECT_EQ(j.out.count(1), 0u) << j.out[1];
   for (int r : {0, 2})
@@ -445,9 +444,9 @@ TEST(MpiJob, StuckRankBeforeExchangeTimesOut) {
 TEST(MpiJob, DeadRankBeforeExchangeEndsTheJob) {
   // Rank 1 dies before the exchange (no error of its own): mpirun ends the job, well before the 60 s limit.
   Job j = run_job(3, "ok",
-                        {{"WAN_DIST_FAIL_RANK", "1"}, {"WAN_DIST_FAIL_AT", "bootstrap"}, {"WAN_DIST_FAIL_MODE", "exit"},
-                         {"WAN_DIST_TIMEOUT", "60"}},
-                        30);
+                  {{"WAN_DIST_FAIL_RANK", "1"}, {"WAN_DIST_FAIL_AT", "bootstrap"}, {"WAN_DIST_FAIL_MODE", "exit"},
+                   {"WAN_DIST_TIMEOUT", "60"}},
+                  30);
   EXPECT_NE(j.code, 0) << j.log;
   EXPECT_EQ(j.out.count(1), 0u);
   for (const auto& [r, o] : j.out) ADD_FAILURE() << "rank " << r << " finished: " << o;
