@@ -96,6 +96,18 @@ __device__ __forceinline__ void mod8(const float* base, const float* e_row, int6
   }
 }
 
+// The residual adds' arithmetic (spec §2.7 steps 3, 4, 6), shared by the add kernels and the add fused
+// into a LayerNorm so both store the same bits: x + y·g with the product and the sum each rounded to
+// fp32 (no FMA contraction, the reference's order), and x + y.
+__device__ __forceinline__ void gated_add8(float (&x)[8], const float (&y)[8], const float (&g)[8]) {
+#pragma unroll
+  for (int i = 0; i < 8; ++i) x[i] = __fadd_rn(x[i], __fmul_rn(y[i], g[i]));
+}
+__device__ __forceinline__ void add8(float (&x)[8], const float (&y)[8]) {
+#pragma unroll
+  for (int i = 0; i < 8; ++i) x[i] = __fadd_rn(x[i], y[i]);
+}
+
 // The e vector of row r (null when the ModVec has none).
 __device__ __forceinline__ const float* e_row_of(const ModVec& m, int64_t r) {
   return m.e ? m.e + (r / m.rows_per_e) * m.e_stride : nullptr;

@@ -3,9 +3,11 @@
 //
 // Arena (one allocation, offsets from plan(); rows = B·L tokens, D = dim, F = ffn_dim):
 //   resid  f32  [rows, D]   the residual stream (fp32 from the patch embedding on, spec §9.4)
-//   h      bf16 [rows, D]   norm outputs feeding GEMMs; also the o/FFN-down GEMM outputs before their add
+//   h      bf16 [rows, D]   norm outputs feeding GEMMs (all but block 0's norm1 come out of the residual
+//                           add before them, fused with the norm: dit_kernels.h residual_add_layernorm_*)
 //   att    bf16 [rows, D]   attention outputs; the FFN-down output
-//   big    bf16             [rows, 3D] qkv | [rows, D] q | [rows, D] k during attention; the FFN hidden
+//   big    bf16             [rows, 3D] qkv | [rows, D] q | [rows, D] k during attention, q then holding
+//                           the o GEMM's output until its fused add + norm; the FFN hidden
 //                           [rows, F] afterwards; the patch rows before block 0 and the fp32 head input
 //                           after the last block (live ranges never overlap, so these are views)
 // plus the text context ([B, text_len, ·] bf16), time embedding vectors (fp32), RoPE table, inputs,
@@ -448,7 +450,14 @@ struct DiTGpu::Impl {
   void capture(const Key& key, const ExpertPtrs& w, const Geometry& g, cudaStream_t s);
   void stage_inputs(const Geometry& g, const DiTInputs& in, cudaStream_t s);
   void run_body(const ExpertPtrs& w, const Geometry& g, cudaStream_t s);
-  void block(const BlockPtrs& w, const Geometry& g, const RopeArgs& rope_args, cudaStream_t s);
+  // One block; on entry h holds its norm1 output, `next` is the following block (null for the last),
+  // whose norm1 this block's last residual add computes on the way.
+  void block(const BlockPtrs& w, const BlockPtrs* next, const Geometry& g, const RopeArgs& rope_args, cudaStream_t s);
+  // Modulation vector k of a block for this step's rows: m = modulation + e0 (fp32), folded into the
+  // kernel that uses it; chunk k of sample b is mod[k] + e0[b, k].
+  ModVec block_mod(const BlockPtrs& w, int k, const Geometry& g) const {
+    return ModVec{w.mod + k * g.D, e0 + k * g.D, 6 * g.D, g.S};
+  }
 };
 
 void DiTGpu::Impl::stage_inputs(const Geometry& g, const DiTInputs& in, cudaStream_t s) {
@@ -474,18 +483,17 @@ void DiTGpu::Impl::stage_inputs(const Geometry& g, const DiTInputs& in, cudaStre
   if (spa) spa->set_key_lengths(spa_geometry(g), s);
 }
 
-void DiTGpu::Impl::block(const BlockPtrs& w, const Geometry& g, const RopeArgs& rope_args, cudaStream_t s) {
-  const int64_t D = g.D, rows = g.rows, S = g.S, crow = g.B * g.TL;
+void DiTGpu::Impl::block(const BlockPtrs& w, const BlockPtrs* next, const Geometry& g, const RopeArgs& rope_args,
+                         cudaStream_t s) {
+  const int64_t D = g.D, rows = g.rows, crow = g.B * g.TL;
   const float eps = cfg.eps;
-  // m = modulation + e0 (fp32) folded into the consumers: chunk k of sample b is mod[k] + e0[b, k]
-  auto chunk = [&](int k) { return ModVec{w.mod + k * D, e0 + k * D, 6 * D, S}; };
+  auto chunk = [&](int k) { return block_mod(w, k, g); };
   bf16* qkv = big;                 // [rows, 3D]
-  bf16* q = big + rows * 3 * D;    // [rows, D]
+  bf16* q = big + rows * 3 * D;    // [rows, D]; once its attention has run, the o GEMM's output
   bf16* k = big + rows * 4 * D;    // [rows, D]
   bf16* ffn = big;                 // [rows, F]
 
-  // self-attention
-  layernorm_modulate(resid, h, rows, D, chunk(0), chunk(1), eps, s);
+  // self-attention on h = norm1(resid), computed before this block (run_body or the previous block)
   linear_op(h, w.qkv_w, w.qkv_b, qkv, rows, D, 3 * D, Act::None, s);
   const RmsNormJob jq{qkv, 3 * D, w.nq, q, rows}, jk{qkv + D, 3 * D, w.nk, k, rows};
   qk_rmsnorm_rope(jq, &jk, D, eps, &rope_args, s);
@@ -499,11 +507,12 @@ void DiTGpu::Impl::block(const BlockPtrs& w, const Geometry& g, const RopeArgs& 
     sa.q = q, sa.k = k, sa.v = qkv + 2 * D, sa.o = att;
     attention_op(OpCat::SelfAttention, ss, sa, s);
   }
-  linear_op(att, w.o_w, w.o_b, h, rows, D, D, Act::None, s);
-  gated_residual_add(resid, h, rows, D, chunk(2), s);
+  linear_op(att, w.o_w, w.o_b, q, rows, D, D, Act::None, s);
+  // resid += o·gate_sa, and the cross-attention's affine pre-norm (norm3) of it, in one pass
+  const ModVec gate_sa = chunk(2);
+  residual_add_layernorm_affine(resid, q, &gate_sa, w.n3w, w.n3b, h, rows, D, eps, s);
 
-  // cross-attention: affine pre-norm, no modulation or gate, all text_len keys
-  layernorm_affine(resid, w.n3w, w.n3b, h, rows, D, eps, s);
+  // cross-attention: no modulation or gate, all text_len keys
   linear_op(h, w.cq_w, w.cq_b, q, rows, D, D, Act::None, s);
   linear_op(ctx, w.ckv_w, w.ckv_b, ckv, crow, D, 2 * D, Act::None, s);
   const RmsNormJob cq{q, D, w.cnq, q, rows}, cjk{ckv, 2 * D, w.cnk, ck, crow};
@@ -512,14 +521,20 @@ void DiTGpu::Impl::block(const BlockPtrs& w, const Geometry& g, const RopeArgs& 
   AttentionArgs ca;
   ca.q = q, ca.k = ck, ca.v = ckv + D, ca.o = att;
   attention_op(OpCat::CrossAttention, cs, ca, s);
-  linear_op(att, w.co_w, w.co_b, h, rows, D, D, Act::None, s);
-  residual_add(resid, h, rows * D, s);
+  linear_op(att, w.co_w, w.co_b, q, rows, D, D, Act::None, s);
+  // resid += o, and the FFN's pre-norm (norm2) of it, in one pass
+  residual_add_layernorm_modulate(resid, q, nullptr, h, rows, D, chunk(3), chunk(4), eps, s);
 
-  // feed-forward
-  layernorm_modulate(resid, h, rows, D, chunk(3), chunk(4), eps, s);
+  // feed-forward; resid += y·gate_ff, fused with the next block's norm1 (the last block's add is
+  // plain: the head norm reads the residual in head_and_output)
   linear_op(h, w.f0_w, w.f0_b, ffn, rows, D, g.F, Act::GeluTanh, s);
   linear_op(ffn, w.f2_w, w.f2_b, att, rows, g.F, D, Act::None, s);
-  gated_residual_add(resid, att, rows, D, chunk(5), s);
+  const ModVec gate_ff = chunk(5);
+  if (next)
+    residual_add_layernorm_modulate(resid, att, &gate_ff, h, rows, D, block_mod(*next, 0, g), block_mod(*next, 1, g),
+                                    eps, s);
+  else
+    gated_residual_add(resid, att, rows, D, gate_ff, s);
 }
 
 void DiTGpu::Impl::run_body(const ExpertPtrs& w, const Geometry& g, cudaStream_t s) {
@@ -548,7 +563,11 @@ void DiTGpu::Impl::run_body(const ExpertPtrs& w, const Geometry& g, cudaStream_t
   RopeArgs ra;
   ra.table = rope, ra.max_pos = kRopeMaxPos, ra.head_dim = 128, ra.seq = g.S, ra.f = g.f, ra.h = g.gh, ra.w = g.gw;
   if (g.seq_parallel()) ra.offset = seq_rank * g.S, ra.total = g.Lpad;  // global positions of the slice (§8)
-  for (const BlockPtrs& b : w.blocks) block(b, g, ra, s);
+  // norm1 of the first block; every later one comes out of the previous block's last residual add
+  if (!w.blocks.empty())
+    layernorm_modulate(resid, h, rows, D, block_mod(w.blocks[0], 0, g), block_mod(w.blocks[0], 1, g), cfg.eps, s);
+  for (size_t i = 0; i < w.blocks.size(); ++i)
+    block(w.blocks[i], i + 1 < w.blocks.size() ? &w.blocks[i + 1] : nullptr, g, ra, s);
   head_and_output(w, g, s);
 }
 

@@ -3,7 +3,8 @@
 // fp32 <-> bf16 conversion. Each thread handles one 8-element chunk (16-byte bf16 vector, two 16-byte
 // fp32 vectors); grids are flat over chunks, so any row count works.
 // Invariants: see dit_kernels.h. Residual arithmetic is `x + y·gate` with the product and the sum each
-// rounded to fp32 (no FMA), gate = base + e rounded first: the reference's order, bit for bit.
+// rounded to fp32 (no FMA), gate = base + e rounded first: the reference's order, bit for bit
+// (gated_add8 / add8 of dit_device.h, which the adds fused into a LayerNorm, dit_norm.cu, share).
 #include <cmath>
 
 #include "cuda/check.h"
@@ -30,8 +31,7 @@ __global__ void gated_residual_kernel(float* __restrict__ x, const bf16* __restr
   load8(x + at, xv);
   load8(y + at, yv);
   mod8(gate.base, e_row_of(gate, r), col, g);
-#pragma unroll
-  for (int e = 0; e < kChunk; ++e) xv[e] = __fadd_rn(xv[e], __fmul_rn(yv[e], g[e]));
+  gated_add8(xv, yv, g);
   store8(x + at, xv);
 }
 
@@ -45,8 +45,7 @@ __global__ void residual_add_kernel(float* __restrict__ x, const bf16* __restric
     float xv[kChunk], yv[kChunk];
     load8(x + at, xv);
     load8(y + at, yv);
-#pragma unroll
-    for (int e = 0; e < kChunk; ++e) xv[e] = __fadd_rn(xv[e], yv[e]);
+    add8(xv, yv);
     store8(x + at, xv);
   } else {
     for (int64_t j = at; j < n && j < at + kChunk; ++j) x[j] = __fadd_rn(x[j], __bfloat162float(y[j]));

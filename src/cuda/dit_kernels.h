@@ -1,6 +1,7 @@
 // Fused memory-bound kernels of the DiT (everything but GEMMs and attention): host launchers on raw
 // device pointers and a stream; no model types. Implementations: dit_norm.cu (LayerNorm + modulation,
-// q/k RMSNorm + 3D RoPE), dit_kernels.cu (residual adds, time embedding, patchify, conversions).
+// the residual adds fused into a LayerNorm, q/k RMSNorm + 3D RoPE), dit_kernels.cu (residual adds,
+// time embedding, patchify, conversions).
 //
 // Numerics follow the official reference (spec §2.10, §9): the residual stream, norms, modulation,
 // RoPE and the time embedding are fp32 (the sinusoid in float64), GEMM inputs are bf16. Where the
@@ -51,6 +52,20 @@ void layernorm_modulate(const float* x, float* y, int64_t rows, int64_t D, const
 // reference up-casts them and runs the norm in fp32) -> bf16 [rows, D].
 void layernorm_affine(const float* x, const float* w, const float* b, bf16* y, int64_t rows, int64_t D, float eps,
                       cudaStream_t stream);
+// The residual add before a LayerNorm fused into it (one pass over the residual instead of two):
+//   x[r, :] += a[r, :]·gate_r   (gate given: gated_residual_add's arithmetic)
+//   x[r, :] += a[r, :]          (gate == nullptr: residual_add's arithmetic)
+// stored to x, then y = LN(x[r, :])·(1 + scale_r) + shift_r (modulate) or LN(x[r, :])·w + b (affine) from
+// the same registers. Both outputs are bit-identical to the unfused add followed by layernorm_modulate /
+// layernorm_affine (same arithmetic, same reduction order). a bf16 [rows, D] (a GEMM output); x, a and
+// y must not overlap (checked). Same width and alignment rules as the LayerNorms; gate as in
+// gated_residual_add. Block uses: norm3 after the self-attention's gated add (affine, gated), norm2
+// after the cross-attention's plain add (modulate, no gate), the next block's norm1 after the FFN's
+// gated add (modulate, gated).
+void residual_add_layernorm_modulate(float* x, const bf16* a, const ModVec* gate, bf16* y, int64_t rows, int64_t D,
+                                     const ModVec& shift, const ModVec& scale, float eps, cudaStream_t stream);
+void residual_add_layernorm_affine(float* x, const bf16* a, const ModVec* gate, const float* w, const float* b,
+                                   bf16* y, int64_t rows, int64_t D, float eps, cudaStream_t stream);
 
 // ---- q/k RMSNorm over the full width fused with 3D RoPE (spec §2.6, §2.7, §9.6, §9.7) ----
 // One tensor to normalise: rows of D bf16 values (a GEMM output; x_stride lets q and k be column

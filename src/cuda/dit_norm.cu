@@ -1,5 +1,7 @@
-// Row-normalisation kernels of the DiT block: LayerNorm + adaLN modulation (norm1, norm2, head norm),
-// affine LayerNorm (norm3), and the q/k RMSNorm over the full width fused with 3D RoPE.
+// Row-normalisation kernels of the DiT block: LayerNorm + adaLN modulation (norm1, norm2, head norm)
+// and affine LayerNorm (norm3), each also with the residual add before it fused in (the same kernel,
+// which then stores the updated residual row and normalises it without reading it again), and the q/k
+// RMSNorm over the full width fused with 3D RoPE.
 // One block per row (per row and tensor for q/k): the row is loaded once into registers with 16-byte
 // vectors, the statistics come from fixed-order block sums, and the output is written once; the
 // modulation vectors (base + e0, spec §2.7) are summed on the fly and come from L1/L2, since every
@@ -14,6 +16,7 @@
 // rounded to bf16 (bf16 × bf16 in the reference), RoPE in fp32 from an fp32 table built in float64.
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "cuda/check.h"
 #include "cuda/dit_device.h"
@@ -23,15 +26,31 @@ namespace wan::cuda {
 namespace {
 using namespace dit_detail;
 
-// x fp32 [rows, D] -> y [rows, D]; kAffine: LN·w + b, else LN·(1 + scale) + shift. One block per row.
-template <typename OutT, bool kAffine>
+// The residual add a LayerNorm absorbs (the add just before it in the block): none, x += a, or
+// x += a·gate. The updated row is stored once, with the add kernels' arithmetic (gated_add8 / add8), and
+// normalised from the same registers, so the output equals the unfused add followed by the unfused
+// LayerNorm bit for bit.
+enum class Add : uint8_t { None, Plain, Gated };
+struct AddIn {
+  const bf16* a = nullptr;  // [rows, D] the GEMM output added to the residual
+  ModVec gate;              // Add::Gated only
+};
+// The residual is read-only without an add, updated in place with one.
+template <Add kAdd>
+using Resid = std::conditional_t<kAdd == Add::None, const float*, float*>;
+
+// x fp32 [rows, D] (+= the add) -> y [rows, D]; kAffine: LN·w + b, else LN·(1 + scale) + shift. One
+// block per row. All loads come first (no store can hold them back), the residual is stored in the
+// variance pass, which loads nothing.
+template <typename OutT, bool kAffine, Add kAdd>
 __global__ void __launch_bounds__(kMaxRowThreads)
-    layernorm_kernel(const float* __restrict__ x, OutT* __restrict__ y, int64_t D, float eps, ModVec shift,
-                     ModVec scale, const float* __restrict__ w, const float* __restrict__ b) {
+    layernorm_kernel(Resid<kAdd> __restrict__ x, OutT* __restrict__ y, int64_t D, float eps, ModVec shift,
+                     ModVec scale, const float* __restrict__ w, const float* __restrict__ b, AddIn add) {
   __shared__ float smem[32];
   const int64_t r = blockIdx.x;
   const int64_t chunks = D / kChunk;
-  const float* xr = x + r * D;
+  const Resid<kAdd> xr = x + r * D;
+  const float* gate_e = kAdd == Add::Gated ? e_row_of(add.gate, r) : nullptr;
   float v[kMaxChunksPerThread][kChunk];
   float s = 0.0f;
 #pragma unroll
@@ -39,6 +58,17 @@ __global__ void __launch_bounds__(kMaxRowThreads)
     const int64_t c = threadIdx.x + static_cast<int64_t>(i) * blockDim.x;
     if (c < chunks) {
       load8(xr + c * kChunk, v[i]);
+      if constexpr (kAdd != Add::None) {
+        float a[kChunk];
+        load8(add.a + r * D + c * kChunk, a);
+        if constexpr (kAdd == Add::Gated) {
+          float g[kChunk];
+          mod8(add.gate.base, gate_e, c * kChunk, g);
+          gated_add8(v[i], a, g);
+        } else {
+          add8(v[i], a);
+        }
+      }
 #pragma unroll
       for (int e = 0; e < kChunk; ++e) s += v[i][e];
     }
@@ -49,6 +79,7 @@ __global__ void __launch_bounds__(kMaxRowThreads)
   for (int i = 0; i < kMaxChunksPerThread; ++i) {
     const int64_t c = threadIdx.x + static_cast<int64_t>(i) * blockDim.x;
     if (c < chunks) {
+      if constexpr (kAdd != Add::None) store8(xr + c * kChunk, v[i]);
 #pragma unroll
       for (int e = 0; e < kChunk; ++e) {
         const float d = v[i][e] - mean;
@@ -94,14 +125,29 @@ void check_mod(const ModVec& m, int64_t D, const char* what) {
             ": bad modulation e layout (rows_per_e ", m.rows_per_e, ", e_stride ", m.e_stride, ")");
 }
 
-template <typename OutT, bool kAffine>
-void launch_layernorm(const float* x, OutT* y, int64_t rows, int64_t D, const ModVec& shift, const ModVec& scale,
-                      const float* w, const float* b, float eps, cudaStream_t stream, const char* what) {
+bool overlap(const void* p, size_t p_bytes, const void* q, size_t q_bytes) {
+  const auto a = reinterpret_cast<uintptr_t>(p), b = reinterpret_cast<uintptr_t>(q);
+  return a < b + q_bytes && b < a + p_bytes;
+}
+
+template <typename OutT, bool kAffine, Add kAdd = Add::None>
+void launch_layernorm(Resid<kAdd> x, OutT* y, int64_t rows, int64_t D, const ModVec& shift, const ModVec& scale,
+                      const float* w, const float* b, float eps, cudaStream_t stream, const char* what,
+                      const AddIn& add = {}) {
   WAN_CHECK(D > 0 && D % kChunk == 0, what, ": width ", D, " must be a positive multiple of 8");
   WAN_CHECK(aligned16(x) && aligned16(y), what, ": x and y must be 16-byte aligned");
+  if constexpr (kAdd != Add::None) {
+    WAN_CHECK(add.a && aligned16(add.a), what, ": the added rows must be given and 16-byte aligned");
+    if (kAdd == Add::Gated) check_mod(add.gate, D, what);
+    const size_t n = static_cast<size_t>(rows * D);
+    WAN_CHECK(!overlap(y, n * sizeof(OutT), add.a, n * 2) && !overlap(y, n * sizeof(OutT), x, n * 4) &&
+                  !overlap(add.a, n * 2, x, n * 4),
+              what, ": the residual, the added rows and the output must not overlap");
+  }
   if (rows == 0) return;
   const int threads = row_threads(D / kChunk, what);
-  layernorm_kernel<OutT, kAffine><<<static_cast<unsigned>(rows), threads, 0, stream>>>(x, y, D, eps, shift, scale, w, b);
+  layernorm_kernel<OutT, kAffine, kAdd>
+      <<<static_cast<unsigned>(rows), threads, 0, stream>>>(x, y, D, eps, shift, scale, w, b, add);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -233,6 +279,29 @@ void layernorm_affine(const float* x, const float* w, const float* b, bf16* y, i
                       cudaStream_t stream) {
   WAN_CHECK(w && b && aligned16(w) && aligned16(b), "layernorm_affine: weight and bias must be 16-byte aligned");
   launch_layernorm<bf16, true>(x, y, rows, D, ModVec{}, ModVec{}, w, b, eps, stream, "layernorm_affine");
+}
+void residual_add_layernorm_modulate(float* x, const bf16* a, const ModVec* gate, bf16* y, int64_t rows, int64_t D,
+                                     const ModVec& shift, const ModVec& scale, float eps, cudaStream_t stream) {
+  const char* what = "residual_add_layernorm_modulate";
+  check_mod(shift, D, what);
+  check_mod(scale, D, what);
+  if (gate)
+    launch_layernorm<bf16, false, Add::Gated>(x, y, rows, D, shift, scale, nullptr, nullptr, eps, stream, what,
+                                              AddIn{a, *gate});
+  else
+    launch_layernorm<bf16, false, Add::Plain>(x, y, rows, D, shift, scale, nullptr, nullptr, eps, stream, what,
+                                              AddIn{a, ModVec{}});
+}
+void residual_add_layernorm_affine(float* x, const bf16* a, const ModVec* gate, const float* w, const float* b,
+                                   bf16* y, int64_t rows, int64_t D, float eps, cudaStream_t stream) {
+  const char* what = "residual_add_layernorm_affine";
+  WAN_CHECK(w && b && aligned16(w) && aligned16(b), what, ": weight and bias must be 16-byte aligned");
+  if (gate)
+    launch_layernorm<bf16, true, Add::Gated>(x, y, rows, D, ModVec{}, ModVec{}, w, b, eps, stream, what,
+                                             AddIn{a, *gate});
+  else
+    launch_layernorm<bf16, true, Add::Plain>(x, y, rows, D, ModVec{}, ModVec{}, w, b, eps, stream, what,
+                                             AddIn{a, ModVec{}});
 }
 
 std::vector<float> rope_table_f32(int head_dim, int max_pos) {

@@ -5,7 +5,8 @@
 // is at most twice that of the same maths done plainly in bf16 (every intermediate rounded to bf16),
 // in max-abs and relative L2. Kernels whose arithmetic is fully specified (residual adds, patchify,
 // unpatchify, conversions) must match the CPU bit for bit; fp32-output norms and the float64 sinusoid
-// meet stated bounds (a few fp32 ulps).
+// meet stated bounds (a few fp32 ulps). The residual adds fused into a LayerNorm must also equal the
+// unfused add + LayerNorm kernels bit for bit (both outputs).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -287,6 +288,103 @@ TEST(GpuDitKernels, ResidualAdd) {
   }
 }
 
+// The residual add fused into the LayerNorm after it: norm3 after the self-attention's gated add
+// (affine, gated), norm2 after the cross-attention's plain add (modulate, no gate), the next block's
+// norm1 after the FFN's gated add (modulate, gated), and affine without a gate. The stored residual
+// must equal the unfused add kernel's and ops' bit for bit, the LayerNorm output the unfused LayerNorm
+// of that residual bit for bit (same arithmetic and reduction order), and meet the 2x-bf16 rule
+// against the fp32 CPU chain. Widths: 5120 (128 threads x 5 chunks), 256 (32 x 1), 40 (32 threads, 27
+// idle), 24576 (384 x 8, every register slot); 37 rows per sample, per-sample and per-token e0.
+TEST(GpuDitKernels, ResidualAddLayerNorm) {
+  REQUIRE_GPU();
+  uint64_t seed = 0x3D0;
+  for (int64_t D : {5120, 256, 40, 24576}) {
+    for (bool per_token : {false, true}) {
+      const int64_t B = per_token ? 1 : 3, S = 37, rows = B * S;
+      const int64_t rows_per_e = per_token ? 1 : S;
+      const auto x = randn(++seed, rows * D, 2.0f, 0.7f);  // residual stream with a non-zero mean
+      const auto ab = to_bf16(randn(++seed, rows * D, 1.0f));
+      const auto af = to_f32(ab);
+      const auto mod = randn(++seed, 6 * D, 0.05f);
+      const auto e0 = randn(++seed, (per_token ? rows : B) * 6 * D, 0.5f);
+      const auto w = round_bf16(randn(++seed, D, 0.1f, 1.0f)), b = round_bf16(randn(++seed, D, 0.1f));
+      const auto gate = mod_rows(mod.data() + 2 * D, e0.data() + 2 * D, 6 * D, rows_per_e, rows, D);
+      const auto shift = mod_rows(mod.data() + 3 * D, e0.data() + 3 * D, 6 * D, rows_per_e, rows, D);
+      const auto scale = mod_rows(mod.data() + 4 * D, e0.data() + 4 * D, 6 * D, rows_per_e, rows, D);
+
+      DevBuf<float> dmod(mod.size()), de0(e0.size()), dw(D), db(D);
+      DevBuf<uint16_t> da(ab.size());
+      dmod.upload(mod);
+      de0.upload(e0);
+      dw.upload(w);
+      db.upload(b);
+      da.upload(ab);
+      const ModVec mgate{dmod.p + 2 * D, de0.p + 2 * D, 6 * D, rows_per_e};
+      const ModVec msh{dmod.p + 3 * D, de0.p + 3 * D, 6 * D, rows_per_e};
+      const ModVec msc{dmod.p + 4 * D, de0.p + 4 * D, 6 * D, rows_per_e};
+
+      for (bool gated : {true, false}) {
+        // CPU: the add (ops::gated_residual or x + a), then LN in fp32 and the plain-bf16 chain.
+        std::vector<float> xr(x);
+        if (gated)
+          ops::gated_residual(xr.data(), af.data(), gate.data(), D, rows, D);
+        else
+          for (int64_t i = 0; i < rows * D; ++i) xr[i] = x[i] + af[i];
+        std::vector<float> n(rows * D);
+        ops::layer_norm(xr.data(), nullptr, nullptr, n.data(), rows, D, kEps);
+
+        for (bool affine : {true, false}) {
+          const std::string what = cat("D ", D, per_token ? " per-token" : " per-sample", gated ? " gated" : " plain",
+                                       affine ? " affine" : " modulate");
+          std::vector<float> ref(rows * D), base(rows * D);
+          if (affine) {
+            ops::layer_norm(xr.data(), w.data(), b.data(), ref.data(), rows, D, kEps);
+            for (int64_t r = 0; r < rows; ++r)
+              for (int64_t i = 0; i < D; ++i) base[r * D + i] = rb(rb(rb(n[r * D + i]) * w[i]) + b[i]);
+          } else {
+            ops::modulate(n.data(), shift.data(), scale.data(), D, ref.data(), rows, D);
+            for (int64_t i = 0; i < rows * D; ++i)
+              base[i] = rb(rb(rb(n[i]) * rb(1.0f + rb(scale[i]))) + rb(shift[i]));
+          }
+
+          // fused
+          DevBuf<float> dx(x.size());
+          DevBuf<uint16_t> dy(rows * D);
+          dx.upload(x);
+          dy.poison();
+          const ModVec* g = gated ? &mgate : nullptr;
+          if (affine)
+            cuda::residual_add_layernorm_affine(dx.p, bf(da), g, dw.p, db.p, bf(dy), rows, D, kEps, nullptr);
+          else
+            cuda::residual_add_layernorm_modulate(dx.p, bf(da), g, bf(dy), rows, D, msh, msc, kEps, nullptr);
+          // unfused: the add kernel, then the LayerNorm kernel
+          DevBuf<float> ux(x.size());
+          DevBuf<uint16_t> uy(rows * D);
+          ux.upload(x);
+          uy.poison();
+          if (gated)
+            cuda::gated_residual_add(ux.p, bf(da), rows, D, mgate, nullptr);
+          else
+            cuda::residual_add(ux.p, bf(da), rows * D, nullptr);
+          if (affine)
+            cuda::layernorm_affine(ux.p, dw.p, db.p, bf(uy), rows, D, kEps, nullptr);
+          else
+            cuda::layernorm_modulate(ux.p, bf(uy), rows, D, msh, msc, kEps, nullptr);
+
+          const auto gx = dx.download(), wx = ux.download();
+          const auto gy = dy.download(), wy = uy.download();
+          EXPECT_EQ(std::memcmp(gx.data(), wx.data(), gx.size() * 4), 0) << what << ": residual vs the add kernel";
+          EXPECT_EQ(std::memcmp(gx.data(), xr.data(), gx.size() * 4), 0) << what << ": residual vs ops";
+          size_t diff = 0;
+          for (size_t i = 0; i < gy.size(); ++i) diff += gy[i] != wy[i];
+          EXPECT_EQ(diff, 0u) << what << ": LayerNorm output vs the unfused LayerNorm";
+          expect_2x_bf16(error_vs(to_f32(gy), ref), error_vs(base, ref), what);
+        }
+      }
+    }
+  }
+}
+
 // Sinusoidal embedding of per-sample and per-token timesteps (float64 on both sides).
 TEST(GpuDitKernels, TimestepEmbedding) {
   REQUIRE_GPU();
@@ -463,6 +561,31 @@ TEST(GpuDitKernels, ChecksThrow) {
   const cuda::RmsNormJob js{bf(dy), 264, bf(dy), bf(dy), 2};
   EXPECT_THROW(cuda::qk_rmsnorm_rope(js, nullptr, 256, kEps, nullptr, nullptr), wan::Error);  // strided in place
   EXPECT_THROW(cuda::patchify_bf16(dx.p, bf(dy), 1, 3, 1, 2, 2, 1, 2, 2, 1, nullptr), wan::Error);  // K = 12
+  // residual add + LayerNorm: bad width, misaligned added rows, outputs overlapping inputs
+  DevBuf<uint16_t> dz(1024);
+  DevBuf<float> dwb(256);
+  EXPECT_THROW(cuda::residual_add_layernorm_modulate(dx.p, bf(dz), nullptr, bf(dy), 2, 100, ModVec{}, ModVec{}, kEps,
+                                                     nullptr),
+               wan::Error);
+  EXPECT_THROW(cuda::residual_add_layernorm_modulate(dx.p, bf(dz) + 1, nullptr, bf(dy), 2, 256, ModVec{}, ModVec{},
+                                                     kEps, nullptr),
+               wan::Error);
+  EXPECT_THROW(cuda::residual_add_layernorm_modulate(dx.p, bf(dy), nullptr, bf(dy), 2, 256, ModVec{}, ModVec{}, kEps,
+                                                     nullptr),
+               wan::Error);  // y is the added rows (the unfused block's pattern)
+  EXPECT_THROW(cuda::residual_add_layernorm_affine(dx.p, bf(dz), nullptr, dwb.p, dwb.p,
+                                                   reinterpret_cast<cuda::bf16*>(dx.p) + 8, 2, 256, kEps, nullptr),
+               wan::Error);  // y inside the residual
+  const ModVec bad_gate{nullptr, dwb.p, 6, 1};  // e_stride not a multiple of 4
+  EXPECT_THROW(cuda::residual_add_layernorm_affine(dx.p, bf(dz), &bad_gate, dwb.p, dwb.p, bf(dy), 2, 256, kEps,
+                                                   nullptr),
+               wan::Error);
+  const int64_t wide = 40 * 1024;  // wider than the LayerNorms support (32768)
+  DevBuf<float> wx(wide);
+  DevBuf<uint16_t> wa(wide), wy(wide);
+  EXPECT_THROW(cuda::residual_add_layernorm_modulate(wx.p, bf(wa), nullptr, bf(wy), 1, wide, ModVec{}, ModVec{}, kEps,
+                                                     nullptr),
+               wan::Error);
 }
 
 // Achieved bandwidth at a 480p-like size (2 samples x 32760 tokens, D = 5120), against a
@@ -512,12 +635,36 @@ TEST(GpuDitKernels, BandwidthReport) {
       {"qk_rmsnorm_rope", time_ms([&] { cuda::qk_rmsnorm_rope(jq, &jk, D, kEps, &rope, nullptr); }), n * 8.0},
       {"gated_residual_add", time_ms([&] { cuda::gated_residual_add(x2.p, bf(y), rows, D, gate, nullptr); }),
        n * 10.0},
+      // The fused residual add + LayerNorm against the unfused pair (16 vs 12 bytes per element).
+      {"gated_add+ln_affine x2", time_ms([&] {
+         cuda::gated_residual_add(x2.p, bf(y), rows, D, gate, nullptr);
+         cuda::layernorm_affine(x2.p, mod.p + 3 * D, mod.p + 4 * D, bf(q), rows, D, kEps, nullptr);
+       }),
+       n * 16.0},
+      {"residual_add_ln_affine", time_ms([&] {
+         cuda::residual_add_layernorm_affine(x2.p, bf(y), &gate, mod.p + 3 * D, mod.p + 4 * D, bf(q), rows, D, kEps,
+                                             nullptr);
+       }),
+       n * 12.0},
+      {"add+ln_modulate x2", time_ms([&] {
+         cuda::residual_add(x2.p, bf(y), n, nullptr);
+         cuda::layernorm_modulate(x2.p, bf(q), rows, D, sh, sc, kEps, nullptr);
+       }),
+       n * 16.0},
+      {"residual_add_ln_modulate", time_ms([&] {
+         cuda::residual_add_layernorm_modulate(x2.p, bf(y), nullptr, bf(q), rows, D, sh, sc, kEps, nullptr);
+       }),
+       n * 12.0},
+      {"gated_add_ln_modulate", time_ms([&] {
+         cuda::residual_add_layernorm_modulate(x2.p, bf(y), &gate, bf(q), rows, D, sh, sc, kEps, nullptr);
+       }),
+       n * 12.0},
       {"convert_f32_to_bf16", time_ms([&] { cuda::convert_f32_to_bf16(x.p, bf(y), n, nullptr); }), n * 6.0},
   };
   std::printf("device-to-device copy: %.0f GB/s (%.3f ms for %.2f GB)\n", copy_gbs, copy_ms, 2.0 * n * 4 / 1e9);
   for (const Row& r : results) {
     const double gbs = r.bytes / r.ms / 1e6;
-    std::printf("%-22s %.3f ms  %6.0f GB/s  %.0f%% of copy\n", r.name, r.ms, gbs, 100.0 * gbs / copy_gbs);
+    std::printf("%-24s %.3f ms  %6.0f GB/s  %.0f%% of copy\n", r.name, r.ms, gbs, 100.0 * gbs / copy_gbs);
     EXPECT_GE(gbs, 0.3 * copy_gbs) << r.name;
   }
   CUDA_CHECK(cudaEventDestroy(t0));
