@@ -160,6 +160,20 @@ __device__ __forceinline__ void wgmma_rs_tn(float (&d)[64], const uint32_t (&a)[
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
 }
 
+// Lane q of a quad holds a[i] = element q of 4-element group i (i = 0..3); stores, through a 4x4
+// transpose over the quad (two xor-butterfly stages, 4 shuffles), lane q's uint4 {group q from lanes 0..3}
+// at dst (if `store`): the quad's 4 lanes then write 4 whole, consecutive 16-byte chunks. Every lane of
+// the warp must call it (full-warp shuffles).
+__device__ __forceinline__ void store_quad_transposed(uint4* dst, const uint32_t (&a)[4], int lane, bool store) {
+  const bool b0 = lane & 1, b1 = lane & 2;
+  const uint32_t r0 = __shfl_xor_sync(0xffffffffu, b0 ? a[0] : a[1], 1);
+  const uint32_t r1 = __shfl_xor_sync(0xffffffffu, b0 ? a[2] : a[3], 1);
+  const uint32_t c0 = b0 ? r0 : a[0], c1 = b0 ? a[1] : r0, c2 = b0 ? r1 : a[2], c3 = b0 ? a[3] : r1;
+  const uint32_t u0 = __shfl_xor_sync(0xffffffffu, b1 ? c0 : c2, 2);
+  const uint32_t u1 = __shfl_xor_sync(0xffffffffu, b1 ? c1 : c3, 2);
+  if (store) *dst = b1 ? make_uint4(u0, u1, c2, c3) : make_uint4(c0, c1, u0, u1);
+}
+
 // Online-softmax state of the two rows a thread owns (r0 = 16·warp + lane/4 and r0 + 8).
 struct RowState {
   float m[2];  // running max of the scaled scores, in log2 units
@@ -397,13 +411,19 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int row = qt * kBlockM + 64 * c + 16 * warp + (lane >> 2) + 8 * r;
-      if (row >= p.Lq) continue;
-      __nv_bfloat16* dst = p.o + (static_cast<int64_t>(b) * p.Lq + row) * p.o_ld +
-                           static_cast<int64_t>(h) * kHeadDim + 2 * (lane & 3);
+      const bool in_range = row < p.Lq;  // rows past Lq still take part in the quad's shuffles
+      // The quad holds the row's 8-column groups j = 0..15 (lane q: columns 8j + 2q, +1). A 4x4 transpose
+      // over the quad per 4 groups gives lane q all 8 columns of group 4k + q: one 16-byte store each
+      // instead of four 4-byte stores (whole 32-byte sectors). validate/run guarantee 16-byte alignment.
+      uint4* dst = reinterpret_cast<uint4*>(p.o + (static_cast<int64_t>(b) * p.Lq + row) * p.o_ld +
+                                            static_cast<int64_t>(h) * kHeadDim) + (lane & 3);
 #pragma unroll
-      for (int j = 0; j < 16; ++j) {
-        const uint32_t v = pack_bf16(o[4 * j + 2 * r] * inv_l[r], o[4 * j + 2 * r + 1] * inv_l[r]);
-        *reinterpret_cast<uint32_t*>(dst + 8 * j) = v;
+      for (int k = 0; k < 4; ++k) {
+        uint32_t a[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+          a[i] = pack_bf16(o[4 * (4 * k + i) + 2 * r] * inv_l[r], o[4 * (4 * k + i) + 2 * r + 1] * inv_l[r]);
+        store_quad_transposed(dst + 4 * k, a, lane, in_range);
       }
     }
   };
