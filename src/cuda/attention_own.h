@@ -22,7 +22,8 @@
 //     sum use 4 independent chains per row; O's rescale by the previous tile's factors runs after the
 //     next Q·Kᵀ is issued (on the tensor cores meanwhile), just before the P·V that accumulates into O.
 //     With 128-key tiles (persistent grid) the pipeline runs across items: an item's last P·V is issued
-//     with the next item's first Q·Kᵀ and its epilogue runs under the other consumer's wgmmas.
+//     with the next item's first Q·Kᵀ and its epilogue runs under the other consumer's wgmmas. The
+//     epilogue writes O in 16-byte stores (a 4x4 transpose over each quad of lanes), whole sectors.
 // Numerics: fp32 scores, softmax and accumulation; P rounded to bf16 before P·V (as cuDNN and FA3);
 // O = acc / rowsum rounded once to bf16. Ragged lengths: TMA zero-fills rows past Lq / Lk, keys >= the
 // valid length are masked to -inf in the last tile, rows >= Lq are not stored.
