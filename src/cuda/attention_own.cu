@@ -466,21 +466,27 @@ __global__ void __launch_bounds__(kThreads, 1)
     softmax_tile<BN>(s, st, sl2, n_valid, lane, alpha);
     pend(it);
   };
-  // Tile 0 of a later item: S_0 together with the previous item's last P·V, then that item's epilogue.
-  auto boundary_tile = [&] {
-    const int s0 = it % kStages, sp = pend_pos % kStages;
-    mbar_wait(k_full(s0), (it / kStages) & 1);
+  // S = Q·K_posᵀ issued, then O rescaled to the previous tile's maxima (while Q·Kᵀ runs) and O += P·V of
+  // the pending tile issued, in one turn of the ping-pong. The caller waits (straight-line, see above).
+  auto issue_qk_then_pv = [&](uint32_t pos) {
+    const int sk = pos % kStages, sp = pend_pos % kStages;
+    mbar_wait(k_full(sk), (pos / kStages) & 1);
     mbar_wait(v_full(sp), (pend_pos / kStages) & 1);
     turn_begin();
     wgmma_fence();
-    issue_qk<BN>(s, q_base, sK + s0 * kKVTile);
+    issue_qk<BN>(s, q_base, sK + sk * kKVTile);
     wgmma_commit();
 #pragma unroll
     for (int i = 0; i < 64; ++i) o[i] *= alpha[(i >> 1) & 1];
-    wgmma_fence();
+    wgmma_fence();  // orders the multiplies before the wgmma that accumulates into O
     issue_pv<BN>(o, pf, sV + sp * kKVTile);
     wgmma_commit();
     turn_end();
+  };
+  // Tile 0 of a later item: S_0 together with the previous item's last P·V, then that item's epilogue.
+  auto boundary_tile = [&] {
+    const int s0 = it % kStages, sp = pend_pos % kStages;
+    issue_qk_then_pv(it);
     wgmma_wait<1>();
     after_s(0, s0);
     st_prev = st;  // the finished item's statistics, for its epilogue
@@ -501,18 +507,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int n = 1; n < n_tiles; ++n) {
       const uint32_t cur = it + n;
       const int sn = cur % kStages, sp = pend_pos % kStages;
-      mbar_wait(k_full(sn), (cur / kStages) & 1);
-      mbar_wait(v_full(sp), (pend_pos / kStages) & 1);
-      turn_begin();
-      wgmma_fence();
-      issue_qk<BN>(s, q_base, sK + sn * kKVTile);
-      wgmma_commit();
-#pragma unroll
-      for (int i = 0; i < 64; ++i) o[i] *= alpha[(i >> 1) & 1];
-      wgmma_fence();  // orders the multiplies before the wgmma that accumulates into O
-      issue_pv<BN>(o, pf, sV + sp * kKVTile);
-      wgmma_commit();
-      turn_end();
+      issue_qk_then_pv(cur);
       wgmma_wait<1>();  // S_n ready (P·V may still run)
       after_s(n, sn);
       softmax_tile<BN>(s, st, sl2, n_valid - n * BN, lane, alpha);
