@@ -49,7 +49,9 @@ void layernorm_modulate(const float* x, bf16* y, int64_t rows, int64_t D, const 
 void layernorm_modulate(const float* x, float* y, int64_t rows, int64_t D, const ModVec& shift, const ModVec& scale,
                         float eps, cudaStream_t stream);
 // Affine LayerNorm (norm3, the cross-attention pre-norm): y = LN(x)·w + b with fp32 w, b [D] (the
-// reference up-casts them and runs the norm in fp32) -> bf16 [rows, D].
+// reference up-casts them and runs the norm in fp32) -> bf16 [rows, D]. The forward runs norm3 fused with
+// the add before it (residual_add_layernorm_affine); this unfused form is kept as the reference the
+// fused kernel is tested against bit for bit (tests/gpu/test_dit_kernels.cu).
 void layernorm_affine(const float* x, const float* w, const float* b, bf16* y, int64_t rows, int64_t D, float eps,
                       cudaStream_t stream);
 // The residual add before a LayerNorm fused into it (one pass over the residual instead of two):
@@ -105,7 +107,9 @@ void qk_rmsnorm_rope(const RmsNormJob& q, const RmsNormJob* k, int64_t D, float 
 // x[r, :] = x[r, :] + y[r, :]·gate_r (the product rounded to fp32 first, as the reference), x fp32
 // [rows, D], y bf16 [rows, D] (a GEMM output). D % 8 == 0, pointers 16-byte aligned.
 void gated_residual_add(float* x, const bf16* y, int64_t rows, int64_t D, const ModVec& gate, cudaStream_t stream);
-// x[i] += y[i] for i < n (the cross-attention output). Any n and alignment (vectors where possible).
+// x[i] += y[i] for i < n. Any n and alignment (vectors where possible). The forward fuses this add
+// (after the cross-attention) into norm2 (residual_add_layernorm_modulate); kept, like layernorm_affine,
+// as the unfused reference of the fused kernels' bit-identity tests.
 void residual_add(float* x, const bf16* y, int64_t n, cudaStream_t stream);
 
 // ---- time embedding ----
