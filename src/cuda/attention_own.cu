@@ -502,7 +502,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     pend(it);
   };
   // Tiles 1 .. n_tiles-1: S_n = Q·K_nᵀ issued, then O rescaled to tile n-1's maxima (while Q·K_nᵀ runs)
-  // and O += P_{n-1}·V_{n-1}; the softmax of S_n overlaps that P·V.
+  // and O += P_{n-1}·V_{n-1}. The softmax's row maxima overlap that P·V; its exponentials do not: ptxas
+  // places the wait_group 0 below before them (nothing orders them after it). Retiring the P·V at the
+  // next issue instead puts the wait after them but measured no faster (bench/README, attention section).
   auto rest_tiles = [&] {
     for (int n = 1; n < n_tiles; ++n) {
       const uint32_t cur = it + n;
