@@ -91,6 +91,8 @@ void print_help() {
       "  --reps N             timed calls of each kernel, interleaved own/cuDNN (default 10; median and min)\n"
       "  --warmup N           untimed calls of each kernel first (default 2)\n"
       "  --device N           CUDA device (default 0)\n"
+      "  --input-std S        standard deviation of the random Q/K/V (default 1; the scores' spread, and with\n"
+      "                       it the softmax's sharpness and the tensor cores' power draw, follow it)\n"
       "  --json FILE          write the results as JSON (commit from $WAN_COMMIT)\n"
       "  self-*: Q/K/V are views of one fused [B, L, 3, H, 128] buffer (the engine layout);\n"
       "  cross-*: dense Q [B, Lq, H, 128] and dense K, V [B, 512, H, 128]; cross-masked: k_lens {300, 512}.\n"
@@ -183,7 +185,7 @@ std::vector<uint16_t> sample_rows(const uint16_t* d, int64_t rows, int64_t row_e
 }  // namespace
 
 int cmd_bench_attention(int argc, char** argv) {
-  const Args args(argc, argv, {"cases", "reps", "warmup", "device", "json"}, {"help"});
+  const Args args(argc, argv, {"cases", "reps", "warmup", "device", "json", "input-std"}, {"help"});
   if (args.flag("help")) {
     print_help();
     return 0;
@@ -208,10 +210,12 @@ int cmd_bench_attention(int argc, char** argv) {
   WAN_CHECK(reps >= 1 && reps <= 1000, "--reps ", reps, ": expected 1..1000");
   WAN_CHECK(warmup >= 0 && warmup <= 100, "--warmup ", warmup, ": expected 0..100");
   WAN_CHECK(device >= 0, "--device ", device, ": must be >= 0");
+  const double input_std = args.get_double("input-std", 1.0);
+  WAN_CHECK(input_std > 0 && input_std <= 64, "--input-std ", input_std, ": expected a value in (0, 64]");
   const std::string json_path = args.get_or("json", "");
 
 #ifndef WAN_HAVE_CUDA
-  (void)reps, (void)warmup, (void)device, (void)json_path;
+  (void)reps, (void)warmup, (void)device, (void)json_path, (void)input_std;
   WAN_THROW("wan bench-attention: this wan was built without CUDA; rebuild with a CUDA toolkit (WAN_ENABLE_CUDA=ON)");
 #else
   using namespace wan::cuda;
@@ -232,9 +236,9 @@ int cmd_bench_attention(int argc, char** argv) {
   WAN_CHECK(own_ok || cudnn_ok, "wan bench-attention: nothing to time on device ", dev, " (", bd.name, "): ",
             own_note, "; ", cudnn_note);
 
-  printf("wan bench-attention: B=%lld H=%lld D=%lld bf16, %lld warm-up + %lld timed calls per kernel "
-         "(interleaved own/cuDNN), CUDA events, median\n",
-         (long long)kB, (long long)kH, (long long)kD, warmup, reps);
+  printf("wan bench-attention: B=%lld H=%lld D=%lld bf16 inputs ~ N(0, %g^2), %lld warm-up + %lld timed calls per "
+         "kernel (interleaved own/cuDNN), CUDA events, median\n",
+         (long long)kB, (long long)kH, (long long)kD, input_std, warmup, reps);
   printf("device %d: %s (sm_%d%d), %d SMs, %.1f GiB; driver %d, runtime %d, cuDNN %d\n", dev, bd.name.c_str(),
          prop.major, prop.minor, bd.sm_count, bd.total_bytes / (1024.0 * 1024.0 * 1024.0), bd.driver_version,
          bd.runtime_version, bd.cudnn_version);
@@ -292,8 +296,8 @@ int cmd_bench_attention(int argc, char** argv) {
     DevMem<uint16_t> qbuf(q_elems), kvbuf(kv_elems), o_own(o_elems), o_cudnn(o_elems);
     DevMem<uint8_t> dws(ws);
     DevMem<int32_t> dklens(masked ? static_cast<size_t>(kB) : 0);
-    cuda::philox_normal_fill_bf16(qbuf.p, qbuf.n, seed, 0, 1.0f, st);
-    if (!c.self) cuda::philox_normal_fill_bf16(kvbuf.p, kvbuf.n, seed + 1, 0, 1.0f, st);
+    cuda::philox_normal_fill_bf16(qbuf.p, qbuf.n, seed, 0, static_cast<float>(input_std), st);
+    if (!c.self) cuda::philox_normal_fill_bf16(kvbuf.p, kvbuf.n, seed + 1, 0, static_cast<float>(input_std), st);
     if (masked)
       CUDA_CHECK(cudaMemcpyAsync(dklens.p, c.k_lens.data(), kB * sizeof(int32_t), cudaMemcpyHostToDevice, st));
     CUDA_CHECK(cudaStreamSynchronize(st));
@@ -411,6 +415,7 @@ int cmd_bench_attention(int argc, char** argv) {
                          {"k_lens", masked ? nlohmann::json(c.k_lens) : nlohmann::json(nullptr)},
                          {"flops", flops},
                          {"seed", seed},
+                         {"input_std", input_std},
                          {"own", own_ok ? t_own.to_json(flops) : nlohmann::json(nullptr)},
                          {"cudnn", cudnn ? t_cudnn.to_json(flops) : nlohmann::json(nullptr)},
                          {"cudnn_engine", cudnn_engine},

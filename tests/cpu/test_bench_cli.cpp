@@ -1,6 +1,7 @@
 // `wan bench` option checks, run as a user runs them (the binary at WAN_BINARY, a child process per
 // call). Only bad values and --help: they are rejected before any device work, so these run (and must
-// pass) in every build, with or without CUDA or a GPU. Covers --profile-reps (the in-step breakdown).
+// pass) in every build, with or without CUDA or a GPU. Covers --profile-reps (the in-step breakdown) and
+// `wan bench-attention --input-std`.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/wait.h>
@@ -51,6 +52,35 @@ TEST(BenchCli, BadProfileRepsIsOneClearError) {
   EXPECT_EQ(r.code, 2) << r.err;
   EXPECT_NE(r.err.find("profile-reps"), std::string::npos) << r.err;
   EXPECT_EQ(lines(r.err), 1) << r.err;
+}
+
+}  // namespace
+
+namespace {
+
+// `wan bench-attention --input-std S`: the spread of the random Q/K/V (the kernels' speed depends on the
+// data under the power cap). Bad values are rejected before any device work.
+TEST(BenchAttentionCli, HelpListsInputStd) {
+  const Result r = run_wan({"bench-attention", "--help"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("--input-std S"), std::string::npos) << r.out;
+}
+
+TEST(BenchAttentionCli, BadInputStdIsOneClearError) {
+  struct Case {
+    std::string value, expect;
+  };
+  for (const Case& c : {Case{"abc", "option --input-std: 'abc' is not a number"},
+                        Case{"0", "--input-std 0: expected a value in (0, 64]"},
+                        Case{"-1", "--input-std -1: expected a value in (0, 64]"},
+                        Case{"65", "--input-std 65: expected a value in (0, 64]"},
+                        Case{"nan", "--input-std nan: expected a value in (0, 64]"}}) {
+    const Result r = run_wan({"bench-attention", "--cases", "self-32760", "--input-std", c.value});
+    EXPECT_EQ(r.code, 2) << c.value << ": " << r.err;
+    EXPECT_NE(r.err.find(c.expect), std::string::npos) << c.value << ": " << r.err;
+    EXPECT_EQ(r.out, "") << c.value;
+    EXPECT_EQ(lines(r.err), 1) << c.value << ": " << r.err;
+  }
 }
 
 }  // namespace
