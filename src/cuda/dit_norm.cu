@@ -280,28 +280,32 @@ void layernorm_affine(const float* x, const float* w, const float* b, bf16* y, i
   WAN_CHECK(w && b && aligned16(w) && aligned16(b), "layernorm_affine: weight and bias must be 16-byte aligned");
   launch_layernorm<bf16, true>(x, y, rows, D, ModVec{}, ModVec{}, w, b, eps, stream, "layernorm_affine");
 }
+namespace {
+// The residual add (gated when `gate` is given) fused in front of the LayerNorm: modulated or affine.
+template <bool kAffine>
+void launch_add_layernorm(float* x, const bf16* a, const ModVec* gate, bf16* y, int64_t rows, int64_t D,
+                          const ModVec& shift, const ModVec& scale, const float* w, const float* b, float eps,
+                          cudaStream_t stream, const char* what) {
+  if (gate)
+    launch_layernorm<bf16, kAffine, Add::Gated>(x, y, rows, D, shift, scale, w, b, eps, stream, what, AddIn{a, *gate});
+  else
+    launch_layernorm<bf16, kAffine, Add::Plain>(x, y, rows, D, shift, scale, w, b, eps, stream, what,
+                                                AddIn{a, ModVec{}});
+}
+}  // namespace
+
 void residual_add_layernorm_modulate(float* x, const bf16* a, const ModVec* gate, bf16* y, int64_t rows, int64_t D,
                                      const ModVec& shift, const ModVec& scale, float eps, cudaStream_t stream) {
   const char* what = "residual_add_layernorm_modulate";
   check_mod(shift, D, what);
   check_mod(scale, D, what);
-  if (gate)
-    launch_layernorm<bf16, false, Add::Gated>(x, y, rows, D, shift, scale, nullptr, nullptr, eps, stream, what,
-                                              AddIn{a, *gate});
-  else
-    launch_layernorm<bf16, false, Add::Plain>(x, y, rows, D, shift, scale, nullptr, nullptr, eps, stream, what,
-                                              AddIn{a, ModVec{}});
+  launch_add_layernorm<false>(x, a, gate, y, rows, D, shift, scale, nullptr, nullptr, eps, stream, what);
 }
 void residual_add_layernorm_affine(float* x, const bf16* a, const ModVec* gate, const float* w, const float* b,
                                    bf16* y, int64_t rows, int64_t D, float eps, cudaStream_t stream) {
   const char* what = "residual_add_layernorm_affine";
   WAN_CHECK(w && b && aligned16(w) && aligned16(b), what, ": weight and bias must be 16-byte aligned");
-  if (gate)
-    launch_layernorm<bf16, true, Add::Gated>(x, y, rows, D, ModVec{}, ModVec{}, w, b, eps, stream, what,
-                                             AddIn{a, *gate});
-  else
-    launch_layernorm<bf16, true, Add::Plain>(x, y, rows, D, ModVec{}, ModVec{}, w, b, eps, stream, what,
-                                             AddIn{a, ModVec{}});
+  launch_add_layernorm<true>(x, a, gate, y, rows, D, ModVec{}, ModVec{}, w, b, eps, stream, what);
 }
 
 std::vector<float> rope_table_f32(int head_dim, int max_pos) {
