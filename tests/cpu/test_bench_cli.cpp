@@ -26,6 +26,15 @@ int lines(const std::string& s) {
   return n;
 }
 
+// A bad option value: exit status 2, one line on stderr containing `expect`, nothing on stdout.
+void expect_one_clear_error(const std::vector<std::string>& args, const std::string& expect, const std::string& label) {
+  const Result r = run_wan(args);
+  EXPECT_EQ(r.code, 2) << label << ": " << r.err;
+  EXPECT_NE(r.err.find(expect), std::string::npos) << label << ": " << r.err;
+  EXPECT_EQ(lines(r.err), 1) << label << ": " << r.err;
+  EXPECT_EQ(r.out, "") << label;
+}
+
 TEST(BenchCli, HelpListsProfileReps) {
   const Result r = run_wan({"bench", "--help"});
   ASSERT_EQ(r.code, 0) << r.err;
@@ -41,11 +50,8 @@ TEST(BenchCli, BadProfileRepsIsOneClearError) {
                         Case{"2x", "option --profile-reps: '2x' is not an integer"},
                         Case{"-1", "--profile-reps -1: expected 0..100 (0: no in-step breakdown)"},
                         Case{"101", "--profile-reps 101: expected 0..100 (0: no in-step breakdown)"}}) {
-    const Result r = run_wan({"bench", "--size", "832x480", "--layers", "1", "--profile-reps", c.value});
-    EXPECT_EQ(r.code, 2) << c.value << ": " << r.err;
-    EXPECT_NE(r.err.find(c.expect), std::string::npos) << c.value << ": " << r.err;
-    EXPECT_EQ(lines(r.err), 1) << c.value << ": " << r.err;
-    EXPECT_EQ(r.out, "") << c.value;
+    expect_one_clear_error({"bench", "--size", "832x480", "--layers", "1", "--profile-reps", c.value}, c.expect,
+                           c.value);
   }
   // The option needs its value.
   const Result r = run_wan({"bench", "--profile-reps"});
@@ -75,11 +81,7 @@ TEST(BenchAttentionCli, BadInputStdIsOneClearError) {
                         Case{"-1", "--input-std -1: expected a value in (0, 64]"},
                         Case{"65", "--input-std 65: expected a value in (0, 64]"},
                         Case{"nan", "--input-std nan: expected a value in (0, 64]"}}) {
-    const Result r = run_wan({"bench-attention", "--cases", "self-32760", "--input-std", c.value});
-    EXPECT_EQ(r.code, 2) << c.value << ": " << r.err;
-    EXPECT_NE(r.err.find(c.expect), std::string::npos) << c.value << ": " << r.err;
-    EXPECT_EQ(r.out, "") << c.value;
-    EXPECT_EQ(lines(r.err), 1) << c.value << ": " << r.err;
+    expect_one_clear_error({"bench-attention", "--cases", "self-32760", "--input-std", c.value}, c.expect, c.value);
   }
 }
 
