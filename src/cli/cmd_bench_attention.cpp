@@ -9,7 +9,8 @@
 //                                        [B, 512, H, 128] (separate buffers)
 //   cross-masked-75600x512               as cross-75600x512 with k_lens = {300, 512}
 // What is measured (say it, so numbers are never mistaken for something else):
-// - inputs: random bf16 ~ N(0, 1) drawn on the GPU (cuda::philox_normal_fill_bf16), one seed per case;
+// - inputs: random bf16 ~ N(0, S²) (S = --input-std, default 1) drawn on the GPU
+//   (cuda::philox_normal_fill_bf16), one seed per case;
 //   keys past k_lens hold random values too; the cuDNN workspace is sized by workspace_size() (which also
 //   builds the plan, outside the timing);
 // - time: each call bracketed by CUDA events on one stream; --warmup untimed calls of each kernel, then
@@ -259,6 +260,7 @@ int cmd_bench_attention(int argc, char** argv) {
   // The pre-call fill: 256 MiB of bf16 (5x the H100's L2); its time is recorded and compared with the
   // launch's host work below.
   const size_t fill_n = size_t{128} << 20;
+  const float fill_std = static_cast<float>(input_std);  // of the case inputs (the pre-call fill stays N(0, 1))
   DevMem<uint16_t> scratch(fill_n);
   uint64_t fill_seed = 0xF111;
 
@@ -296,8 +298,8 @@ int cmd_bench_attention(int argc, char** argv) {
     DevMem<uint16_t> qbuf(q_elems), kvbuf(kv_elems), o_own(o_elems), o_cudnn(o_elems);
     DevMem<uint8_t> dws(ws);
     DevMem<int32_t> dklens(masked ? static_cast<size_t>(kB) : 0);
-    cuda::philox_normal_fill_bf16(qbuf.p, qbuf.n, seed, 0, static_cast<float>(input_std), st);
-    if (!c.self) cuda::philox_normal_fill_bf16(kvbuf.p, kvbuf.n, seed + 1, 0, static_cast<float>(input_std), st);
+    cuda::philox_normal_fill_bf16(qbuf.p, qbuf.n, seed, 0, fill_std, st);
+    if (!c.self) cuda::philox_normal_fill_bf16(kvbuf.p, kvbuf.n, seed + 1, 0, fill_std, st);
     if (masked)
       CUDA_CHECK(cudaMemcpyAsync(dklens.p, c.k_lens.data(), kB * sizeof(int32_t), cudaMemcpyHostToDevice, st));
     CUDA_CHECK(cudaStreamSynchronize(st));
@@ -415,7 +417,6 @@ int cmd_bench_attention(int argc, char** argv) {
                          {"k_lens", masked ? nlohmann::json(c.k_lens) : nlohmann::json(nullptr)},
                          {"flops", flops},
                          {"seed", seed},
-                         {"input_std", input_std},
                          {"own", own_ok ? t_own.to_json(flops) : nlohmann::json(nullptr)},
                          {"cudnn", cudnn ? t_cudnn.to_json(flops) : nlohmann::json(nullptr)},
                          {"cudnn_engine", cudnn_engine},
@@ -454,10 +455,12 @@ int cmd_bench_attention(int argc, char** argv) {
     if (!cudnn_ok) J["notes"].push_back(cudnn_note);
     J["warmup"] = warmup;
     J["reps"] = reps;
+    J["input_std"] = input_std;
     J["method"] =
-        "random bf16 N(0,1) inputs drawn on the GPU; CUDA events around each OwnAttention::run / CudnnAttention::run "
-        "on one stream, each preceded by an untimed 256 MiB fill (host launch work overlapped, cold L2); warm-up "
-        "calls, then reps interleaved own/cuDNN; median; TFLOP/s = 4*B*H*Lq*Lk*D / median (masked: valid keys)";
+        "random bf16 N(0, input_std^2) inputs drawn on the GPU; CUDA events around each OwnAttention::run / "
+        "CudnnAttention::run on one stream, each preceded by an untimed 256 MiB fill (host launch work overlapped, "
+        "cold L2); warm-up calls, then reps interleaved own/cuDNN; median; TFLOP/s = 4*B*H*Lq*Lk*D / median "
+        "(masked: valid keys)";
     J["cases"] = jcases;
     write_json_file(json_path, J);
   }

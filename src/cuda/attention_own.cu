@@ -502,9 +502,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     pend(it);
   };
   // Tiles 1 .. n_tiles-1: S_n = Q·K_nᵀ issued, then O rescaled to tile n-1's maxima (while Q·K_nᵀ runs)
-  // and O += P_{n-1}·V_{n-1}. The softmax's row maxima overlap that P·V; its exponentials do not: ptxas
-  // places the wait_group 0 below before them (nothing orders them after it). Retiring the P·V at the
-  // next issue instead puts the wait after them but measured no faster (bench/README, attention section).
+  // and O += P_{n-1}·V_{n-1}. The softmax does not overlap that P·V: ptxas places the wait_group 0 below
+  // right after the softmax's first FMNMX (the sm_90a SASS; the registers do not hold P_{n-1}, O and the
+  // softmax's working set at once). Retiring the P·V at the next issue instead puts the wait after the
+  // exponentials but measured no faster (bench/README, attention section).
   auto rest_tiles = [&] {
     for (int n = 1; n < n_tiles; ++n) {
       const uint32_t cur = it + n;

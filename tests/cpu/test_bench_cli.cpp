@@ -26,13 +26,20 @@ int lines(const std::string& s) {
   return n;
 }
 
-// A bad option value: exit status 2, one line on stderr containing `expect`, nothing on stdout.
-void expect_one_clear_error(const std::vector<std::string>& args, const std::string& expect, const std::string& label) {
-  const Result r = run_wan(args);
-  EXPECT_EQ(r.code, 2) << label << ": " << r.err;
-  EXPECT_NE(r.err.find(expect), std::string::npos) << label << ": " << r.err;
-  EXPECT_EQ(lines(r.err), 1) << label << ": " << r.err;
-  EXPECT_EQ(r.out, "") << label;
+struct BadValue {
+  std::string value, expect;
+};
+// Each bad value appended to `args`: exit status 2, one line on stderr containing `expect`, nothing on stdout.
+void expect_one_clear_error(const std::vector<std::string>& args, const std::vector<BadValue>& bad) {
+  for (const BadValue& c : bad) {
+    std::vector<std::string> a = args;
+    a.push_back(c.value);
+    const Result r = run_wan(a);
+    EXPECT_EQ(r.code, 2) << c.value << ": " << r.err;
+    EXPECT_NE(r.err.find(c.expect), std::string::npos) << c.value << ": " << r.err;
+    EXPECT_EQ(lines(r.err), 1) << c.value << ": " << r.err;
+    EXPECT_EQ(r.out, "") << c.value;
+  }
 }
 
 TEST(BenchCli, HelpListsProfileReps) {
@@ -43,26 +50,17 @@ TEST(BenchCli, HelpListsProfileReps) {
 }
 
 TEST(BenchCli, BadProfileRepsIsOneClearError) {
-  struct Case {
-    std::string value, expect;
-  };
-  for (const Case& c : {Case{"abc", "option --profile-reps: 'abc' is not an integer"},
-                        Case{"2x", "option --profile-reps: '2x' is not an integer"},
-                        Case{"-1", "--profile-reps -1: expected 0..100 (0: no in-step breakdown)"},
-                        Case{"101", "--profile-reps 101: expected 0..100 (0: no in-step breakdown)"}}) {
-    expect_one_clear_error({"bench", "--size", "832x480", "--layers", "1", "--profile-reps", c.value}, c.expect,
-                           c.value);
-  }
+  expect_one_clear_error({"bench", "--size", "832x480", "--layers", "1", "--profile-reps"},
+                         {{"abc", "option --profile-reps: 'abc' is not an integer"},
+                          {"2x", "option --profile-reps: '2x' is not an integer"},
+                          {"-1", "--profile-reps -1: expected 0..100 (0: no in-step breakdown)"},
+                          {"101", "--profile-reps 101: expected 0..100 (0: no in-step breakdown)"}});
   // The option needs its value.
   const Result r = run_wan({"bench", "--profile-reps"});
   EXPECT_EQ(r.code, 2) << r.err;
   EXPECT_NE(r.err.find("profile-reps"), std::string::npos) << r.err;
   EXPECT_EQ(lines(r.err), 1) << r.err;
 }
-
-}  // namespace
-
-namespace {
 
 // `wan bench-attention --input-std S`: the spread of the random Q/K/V (the kernels' speed depends on the
 // data under the power cap). Bad values are rejected before any device work.
@@ -73,16 +71,12 @@ TEST(BenchAttentionCli, HelpListsInputStd) {
 }
 
 TEST(BenchAttentionCli, BadInputStdIsOneClearError) {
-  struct Case {
-    std::string value, expect;
-  };
-  for (const Case& c : {Case{"abc", "option --input-std: 'abc' is not a number"},
-                        Case{"0", "--input-std 0: expected a value in (0, 64]"},
-                        Case{"-1", "--input-std -1: expected a value in (0, 64]"},
-                        Case{"65", "--input-std 65: expected a value in (0, 64]"},
-                        Case{"nan", "--input-std nan: expected a value in (0, 64]"}}) {
-    expect_one_clear_error({"bench-attention", "--cases", "self-32760", "--input-std", c.value}, c.expect, c.value);
-  }
+  expect_one_clear_error({"bench-attention", "--cases", "self-32760", "--input-std"},
+                         {{"abc", "option --input-std: 'abc' is not a number"},
+                          {"0", "--input-std 0: expected a value in (0, 64]"},
+                          {"-1", "--input-std -1: expected a value in (0, 64]"},
+                          {"65", "--input-std 65: expected a value in (0, 64]"},
+                          {"nan", "--input-std nan: expected a value in (0, 64]"}});
 }
 
 }  // namespace
