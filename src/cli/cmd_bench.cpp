@@ -70,6 +70,8 @@ void print_help() {
       "  --steps N            timed forwards per layer count (default 3)\n"
       "  --warmup N           untimed forwards first (default 2: eager plan building, graph capture)\n"
       "  --batch N            samples per forward (default 2)\n"
+      "  --distinct-latents   one random latent per sample; default: one latent for all samples, as the\n"
+      "                       samplers' CFG steps run (the first block's self-attention then runs once)\n"
       "  --seed N             weight and input seed (default 0)\n"
       "  --no-graphs          eager forwards instead of CUDA-graph replay\n"
       "  --no-breakdown       skip the per-op breakdown (it needs an activation arena of its own)\n"
@@ -145,8 +147,9 @@ Flops anchors_flops(const DiTConfig& c, int64_t batch, int64_t tokens, int layer
 }
 
 // The fields every `wan bench` JSON starts with (tool, commit, date, device, the run's geometry).
-void put_header(nlohmann::json& J, const cuda::BenchDevice& bd, const std::string& task, const Geometry& geo, int64_t batch,
-                bool graphs, const std::string& attention_used, const DiTConfig& full, int layers) {
+void put_header(nlohmann::json& J, const cuda::BenchDevice& bd, const std::string& task, const Geometry& geo,
+                const cuda::DiTShape& shape, bool graphs, const std::string& attention_used, const DiTConfig& full,
+                int layers) {
   const char* commit = std::getenv("WAN_COMMIT");
   J["tool"] = "wan bench";
   J["commit"] = commit ? commit : "unknown";
@@ -159,7 +162,8 @@ void put_header(nlohmann::json& J, const cuda::BenchDevice& bd, const std::strin
   J["frames"] = geo.frames;
   J["latent"] = {geo.T, geo.H, geo.W};
   J["tokens_per_sample"] = geo.tokens;
-  J["batch"] = batch;
+  J["batch"] = shape.batch;
+  J["one_latent"] = shape.one_latent;  // every sample's latent is the first (the samplers' CFG batch)
   J["graphs"] = graphs;
   J["attention"] = attention_used;
   J["config"] = {{"dim", full.dim}, {"ffn_dim", full.ffn_dim}, {"heads", full.num_heads}, {"layers", layers},
@@ -185,7 +189,7 @@ int bench_parallel(const Args& args, const std::string& task, const DiTConfig& f
   const bool cfg_flag = args.flag("cfg-parallel");
   const long long U = args.get_int("ulysses", 0), R = args.get_int("ring", 0);
   WAN_CHECK(U >= 0 && U <= 1024 && R >= 0 && R <= 1024, "--ulysses / --ring: expected 1..1024");
-  const DiTShape shape{batch, geo.T, geo.H, geo.W};
+  const DiTShape shape{batch, geo.T, geo.H, geo.W, !args.flag("distinct-latents")};
   const DiTGpu::Attention attention_req = DiTGpu::parse_attention(attention_name);
   // Filled by rank 0.
   std::vector<ForwardTiming> runs;
@@ -269,7 +273,7 @@ int bench_parallel(const Args& args, const std::string& task, const DiTConfig& f
          step_s, method.c_str());
   const Flops fl = anchors_flops(full, batch, geo.tokens, target);
   printf("achieved: %.1f TFLOP/s per GPU over the step (ANCHORS FLOP count)\n", fl.total() / step_s / 1e12 / layout.world());
-  put_header(J, bd, task, geo, batch, graphs, attention_used, full, target);
+  put_header(J, bd, task, geo, shape, graphs, attention_used, full, target);
   J["parallel"] = {{"gpus", layout.world()}, {"cfg", layout.cfg}, {"ulysses", layout.ulysses}, {"ring", layout.ring},
                    {"timing", "per layer count: the slowest rank's median of CUDA-event step times"}};
   nlohmann::json jruns = nlohmann::json::array();
@@ -301,7 +305,7 @@ int cmd_bench(int argc, char** argv) {
   const Args args(argc, argv,
                   {"task", "size", "frames", "layers", "steps", "warmup", "batch", "seed", "breakdown-reps", "device",
                    "json", "attention", "gpus", "devices", "ulysses", "ring", "profile-reps"},
-                  {"help", "no-graphs", "no-breakdown", "verbose", "cfg-parallel"});
+                  {"help", "no-graphs", "no-breakdown", "verbose", "cfg-parallel", "distinct-latents"});
   if (args.flag("help")) {
     print_help();
     return 0;
@@ -345,16 +349,18 @@ int cmd_bench(int argc, char** argv) {
   CUDA_CHECK(cudaSetDevice(dev));
   const DiTGpu::Attention attention = DiTGpu::resolve_attention(DiTGpu::parse_attention(attention_name));
   const char* attention_used = attention == DiTGpu::Attention::Own ? "own" : "cudnn";
-  const DiTShape shape{batch, geo.T, geo.H, geo.W};
+  const DiTShape shape{batch, geo.T, geo.H, geo.W, !args.flag("distinct-latents")};
   const int target_layers = full.num_layers;
   nlohmann::json J;
-  put_header(J, bd, task, geo, batch, graphs, attention_used, full, target_layers);
+  put_header(J, bd, task, geo, shape, graphs, attention_used, full, target_layers);
 
   printf("wan bench: %s %lldx%lld, %lld frames -> latent %lldx%lldx%lld, %lld tokens/sample, batch %lld, "
          "dim %d, ffn %d, random weights (seed %lld)\n",
          task.c_str(), (long long)geo.width, (long long)geo.height, (long long)geo.frames, (long long)geo.T,
          (long long)geo.H, (long long)geo.W, (long long)geo.tokens, batch, full.dim, full.ffn_dim, seed);
-  printf("attention: %s\n", attention_used);
+  printf("attention: %s; %s\n", attention_used,
+         shape.one_latent ? "one latent for every sample (the first block's self-attention runs once)"
+                          : "a latent per sample (--distinct-latents)");
   printf("device %d: %s, %d SMs, %.1f GiB; driver %d, runtime %d, cuDNN %d, cuBLASLt %d\n", dev, bd.name.c_str(),
          bd.sm_count, bd.total_bytes / kGiB, bd.driver_version, bd.runtime_version, bd.cudnn_version,
          bd.cublaslt_version);

@@ -59,6 +59,10 @@ struct Geometry {
   int64_t Bg;                  // the global batch (forward()'s inputs and output)
   int64_t S, Lpad;             // tokens per sample on this rank (its slice), padded tokens per sample
   ParallelDegrees par;
+  // DiTShape::one_latent with more than one sample here and a whole sequence per rank: the first
+  // block's self-attention part runs for sample 0 only (DiTGpu::Impl::block).
+  bool share_first = false;
+  bool one_latent = false;  // DiTShape::one_latent
   bool seq_parallel() const { return par.seq() > 1; }
 };
 
@@ -89,6 +93,8 @@ Geometry geometry(const DiTConfig& c, const DiTShape& s, const ParallelDegrees& 
   const SeqSplit sp = seq_split(g.L, par.seq());
   g.Lpad = sp.padded, g.S = sp.per_rank;
   g.rows = g.B * g.S;
+  g.one_latent = s.one_latent;
+  g.share_first = s.one_latent && g.B > 1 && !g.seq_parallel();
   return g;
 }
 
@@ -116,10 +122,11 @@ class PlanBuilder {
   MemoryPlan& p_;
 };
 
-AttentionShape self_attn_shape(const Geometry& g) {
+// `one_sample`: the first block's shared self-attention (Geometry::share_first).
+AttentionShape self_attn_shape(const Geometry& g, bool one_sample = false) {
   if (g.seq_parallel()) return SeqParallelAttention::attention_shape(spa_geometry(g));
   AttentionShape s;
-  s.B = g.B, s.Lq = g.L, s.Lk = g.L, s.H = g.NH, s.D = 128;
+  s.B = one_sample ? 1 : g.B, s.Lq = g.L, s.Lk = g.L, s.H = g.NH, s.D = 128;
   s.v_ld = 3 * g.D;  // v is the last third of the fused qkv rows
   return s;
 }
@@ -128,6 +135,14 @@ AttentionShape cross_attn_shape(const Geometry& g) {
   s.B = g.B, s.Lq = g.S, s.Lk = g.TL, s.H = g.NH, s.D = 128;
   s.v_ld = 2 * g.D;  // v is the second half of the fused context kv rows
   return s;
+}
+
+// Every attention shape a forward of g runs; `any_sharing`: also the shared first block's, whether g
+// shares or not (create() sizes cuDNN's workspace for any forward up to its maximal geometry).
+std::vector<AttentionShape> attention_shapes(const Geometry& g, bool any_sharing) {
+  std::vector<AttentionShape> v{self_attn_shape(g), cross_attn_shape(g)};
+  if (g.B > 1 && !g.seq_parallel() && (any_sharing || g.share_first)) v.push_back(self_attn_shape(g, true));
+  return v;
 }
 
 std::string gib(size_t b) {
@@ -346,7 +361,10 @@ struct DiTGpu::Impl {
   int cfg_rank = 0, seq_rank = 0;
   std::unique_ptr<SeqParallelAttention> spa;
   float* head_seq = nullptr;
-  using Key = std::tuple<int, int64_t, int64_t, int64_t, int64_t>;  // expert, B, T, H, W
+  using Key = std::tuple<int, int64_t, int64_t, int64_t, int64_t, bool>;  // expert, B, T, H, W, share_first
+  static Key key_of(int expert, const DiTShape& shape, const Geometry& g) {
+    return Key{expert, shape.batch, shape.frames, shape.height, shape.width, g.share_first};
+  }
   std::map<Key, cudaGraphExec_t> graphs;
   std::set<Key> warmed;
   // In-step op profile (profile_forward): the event pool lives as long as the object; `prof` points to
@@ -451,8 +469,11 @@ struct DiTGpu::Impl {
   void stage_inputs(const Geometry& g, const DiTInputs& in, cudaStream_t s);
   void run_body(const ExpertPtrs& w, const Geometry& g, cudaStream_t s);
   // One block; on entry h holds its norm1 output, `next` is the following block (null for the last),
-  // whose norm1 this block's last residual add computes on the way.
-  void block(const BlockPtrs& w, const BlockPtrs* next, const Geometry& g, const RopeArgs& rope_args, cudaStream_t s);
+  // whose norm1 this block's last residual add computes on the way. `shared`: every sample's input is
+  // sample 0's (the first block with Geometry::share_first): h holds sample 0's rows only, and the
+  // self-attention part runs for those and is copied to the other samples.
+  void block(const BlockPtrs& w, const BlockPtrs* next, const Geometry& g, const RopeArgs& rope_args, bool shared,
+             cudaStream_t s);
   // Modulation vector k of a block for this step's rows: m = modulation + e0 (fp32), folded into the
   // kernel that uses it; chunk k of sample b is mod[k] + e0[b, k].
   ModVec block_mod(const BlockPtrs& w, int k, const Geometry& g) const {
@@ -463,8 +484,13 @@ struct DiTGpu::Impl {
 void DiTGpu::Impl::stage_inputs(const Geometry& g, const DiTInputs& in, cudaStream_t s) {
   // This rank's samples [b0, b0 + B) of the global batch (all of it without CFG-parallel).
   const int64_t b0 = cfg_rank * g.B, x_sample = g.C * g.T * g.H * g.W;
-  CUDA_CHECK(cudaMemcpyAsync(x_in, in.x + b0 * x_sample, static_cast<size_t>(g.B * x_sample) * 4, cudaMemcpyDefault,
-                             s));
+  if (g.one_latent) {  // x's first latent is every sample's
+    for (int64_t b = 0; b < g.B; ++b)
+      CUDA_CHECK(cudaMemcpyAsync(x_in + b * x_sample, in.x, static_cast<size_t>(x_sample) * 4, cudaMemcpyDefault, s));
+  } else {
+    CUDA_CHECK(cudaMemcpyAsync(x_in, in.x + b0 * x_sample, static_cast<size_t>(g.B * x_sample) * 4, cudaMemcpyDefault,
+                               s));
+  }
   CUDA_CHECK(cudaMemcpyAsync(t, in.t + b0, static_cast<size_t>(g.B) * 4, cudaMemcpyDefault, s));
   // Each prompt zero-padded to text_len before the text MLP (spec §2.5).
   const bool f32 = in.context_dtype == DType::F32;
@@ -484,7 +510,7 @@ void DiTGpu::Impl::stage_inputs(const Geometry& g, const DiTInputs& in, cudaStre
 }
 
 void DiTGpu::Impl::block(const BlockPtrs& w, const BlockPtrs* next, const Geometry& g, const RopeArgs& rope_args,
-                         cudaStream_t s) {
+                         bool shared, cudaStream_t s) {
   const int64_t D = g.D, rows = g.rows, crow = g.B * g.TL;
   const float eps = cfg.eps;
   auto chunk = [&](int k) { return block_mod(w, k, g); };
@@ -493,21 +519,27 @@ void DiTGpu::Impl::block(const BlockPtrs& w, const BlockPtrs* next, const Geomet
   bf16* k = big + rows * 4 * D;    // [rows, D]
   bf16* ffn = big;                 // [rows, F]
 
-  // self-attention on h = norm1(resid), computed before this block (run_body or the previous block)
-  linear_op(h, w.qkv_w, w.qkv_b, qkv, rows, D, 3 * D, Act::None, s);
-  const RmsNormJob jq{qkv, 3 * D, w.nq, q, rows}, jk{qkv + D, 3 * D, w.nk, k, rows};
+  // self-attention on h = norm1(resid), computed before this block (run_body or the previous block);
+  // shared: for sample 0's rows only
+  const int64_t sa_rows = shared ? g.S : rows;
+  linear_op(h, w.qkv_w, w.qkv_b, qkv, sa_rows, D, 3 * D, Act::None, s);
+  const RmsNormJob jq{qkv, 3 * D, w.nq, q, sa_rows}, jk{qkv + D, 3 * D, w.nk, k, sa_rows};
   qk_rmsnorm_rope(jq, &jk, D, eps, &rope_args, s);
   if (spa) {  // the sequence is split over ranks: Ulysses / Ring / 2D (dit_seq_attention.h)
     spa->run(spa_geometry(g), q, k, qkv + 2 * D, 3 * D, att,
              [this](const AttentionShape& sh, const AttentionArgs& a, cudaStream_t st) { run_attention(sh, a, st); },
              s);
   } else {
-    const AttentionShape ss = self_attn_shape(g);
+    const AttentionShape ss = self_attn_shape(g, shared);
     AttentionArgs sa;
     sa.q = q, sa.k = k, sa.v = qkv + 2 * D, sa.o = att;
     attention_op(OpCat::SelfAttention, ss, sa, s);
   }
-  linear_op(att, w.o_w, w.o_b, q, rows, D, D, Act::None, s);
+  linear_op(att, w.o_w, w.o_b, q, sa_rows, D, D, Act::None, s);
+  if (shared)  // the other samples' o rows are sample 0's
+    for (int64_t b = 1; b < g.B; ++b)
+      CUDA_CHECK(cudaMemcpyAsync(q + b * g.S * D, q, static_cast<size_t>(g.S * D) * sizeof(bf16),
+                                 cudaMemcpyDeviceToDevice, s));
   // resid += o·gate_sa, and the cross-attention's affine pre-norm (norm3) of it, in one pass
   const ModVec gate_sa = chunk(2);
   residual_add_layernorm_affine(resid, q, &gate_sa, w.n3w, w.n3b, h, rows, D, eps, s);
@@ -564,10 +596,12 @@ void DiTGpu::Impl::run_body(const ExpertPtrs& w, const Geometry& g, cudaStream_t
   ra.table = rope, ra.max_pos = kRopeMaxPos, ra.head_dim = 128, ra.seq = g.S, ra.f = g.f, ra.h = g.gh, ra.w = g.gw;
   if (g.seq_parallel()) ra.offset = seq_rank * g.S, ra.total = g.Lpad;  // global positions of the slice (§8)
   // norm1 of the first block; every later one comes out of the previous block's last residual add
+  // (shared first block: sample 0's rows only, see block())
   if (!w.blocks.empty())
-    layernorm_modulate(resid, h, rows, D, block_mod(w.blocks[0], 0, g), block_mod(w.blocks[0], 1, g), cfg.eps, s);
+    layernorm_modulate(resid, h, g.share_first ? g.S : rows, D, block_mod(w.blocks[0], 0, g),
+                       block_mod(w.blocks[0], 1, g), cfg.eps, s);
   for (size_t i = 0; i < w.blocks.size(); ++i)
-    block(w.blocks[i], i + 1 < w.blocks.size() ? &w.blocks[i + 1] : nullptr, g, ra, s);
+    block(w.blocks[i], i + 1 < w.blocks.size() ? &w.blocks[i + 1] : nullptr, g, ra, g.share_first && i == 0, s);
   head_and_output(w, g, s);
 }
 
@@ -686,7 +720,7 @@ void DiTGpu::warm_up(const std::vector<std::pair<int, DiTShape>>& uses) {
     const Geometry g = geometry(m.cfg, shape, m.par);
     WAN_CHECK(g.B <= m.max_geo.B && g.rows <= m.max_geo.rows, "DiT GPU warm-up: batch ", g.B, " x ", g.L,
               " tokens exceeds the planned batch ", m.max_geo.B, " x ", m.max_geo.L, " tokens");
-    const Impl::Key key{expert, shape.batch, shape.frames, shape.height, shape.width};
+    const Impl::Key key = Impl::key_of(expert, shape, g);
     m.capture(key, m.ptrs[static_cast<size_t>(expert)], g, m.stream);
   }
 }
@@ -725,11 +759,10 @@ DiTGpu DiTGpu::create(const DiTConfig& cfg, const std::vector<DiTWeightSource>& 
   im->opt.attention = resolve_attention(opt.attention);
   if (im->opt.attention == Attention::Cudnn) {
     im->attn = std::make_unique<CudnnAttention>();
-    im->attn_ws_bytes = std::max(im->attn->workspace_size(self_attn_shape(im->max_geo)),
-                                 im->attn->workspace_size(cross_attn_shape(im->max_geo)));
+    for (const AttentionShape& a : attention_shapes(im->max_geo, true))
+      im->attn_ws_bytes = std::max(im->attn_ws_bytes, im->attn->workspace_size(a));
   } else {
-    OwnAttention::validate(self_attn_shape(im->max_geo));
-    OwnAttention::validate(cross_attn_shape(im->max_geo));
+    for (const AttentionShape& a : attention_shapes(im->max_geo, true)) OwnAttention::validate(a);
   }
   CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
   if (!opt.defer_arena) check_fit(cfg, max_shape, n, im->attn_ws_bytes, free_bytes, opt.device, par);
@@ -781,12 +814,15 @@ void DiTGpu::Impl::forward(int expert, const DiTShape& shape, const DiTInputs& i
             "DiT GPU forward: context must be f32 or bf16, got ", dtype_name(in.context_dtype));
   WAN_CHECK(in.ctx_rows >= 1 && in.ctx_rows <= g.TL, "DiT GPU forward: context has ", in.ctx_rows,
             " rows per sample, expected 1..", g.TL);
+  for (int64_t b = 0; b < g.Bg && g.one_latent; ++b)
+    WAN_CHECK(in.t[b] == in.t[0], "DiT GPU forward: one latent for every sample (DiTShape::one_latent) needs one "
+              "timestep, but sample ", b, " has ", in.t[b], " and sample 0 ", in.t[0]);
   for (int64_t b = 0; b < g.Bg; ++b)
     WAN_CHECK(in.ctx_lens[b] >= 0 && in.ctx_lens[b] <= in.ctx_rows, "DiT GPU forward: context length ",
               in.ctx_lens[b], " of sample ", b, " outside [0, ", in.ctx_rows, "]");
   // A shape smaller than the planned one may pick other cuDNN engines: their workspace must fit too.
   if (m.attn)
-    for (const AttentionShape& a : {self_attn_shape(g), cross_attn_shape(g)})
+    for (const AttentionShape& a : attention_shapes(g, false))
       WAN_CHECK(m.attn->workspace_size(a) <= m.attn_ws_bytes, "DiT GPU forward: cuDNN wants ",
                 m.attn->workspace_size(a), " B of workspace for this shape, the plan has ", m.attn_ws_bytes);
 
@@ -797,7 +833,7 @@ void DiTGpu::Impl::forward(int expert, const DiTShape& shape, const DiTInputs& i
   CUDA_CHECK(cudaStreamWaitEvent(s, m.ev_in, 0));
   if (m.prof) m.prof->mark(s);  // the profiled forward's first event
   m.stage_inputs(g, in, s);
-  const Impl::Key key{expert, shape.batch, shape.frames, shape.height, shape.width};
+  const Impl::Key key = Impl::key_of(expert, shape, g);
   const ExpertPtrs& w = m.ptrs[static_cast<size_t>(expert)];
   if (!eager && m.opt.use_graphs && m.warmed.count(key)) {
     auto it = m.graphs.find(key);
@@ -831,7 +867,7 @@ OpProfile DiTGpu::profile_forward(int expert, const DiTShape& shape, const DiTIn
               "graph; the op profile times an eager forward and reads its events on the host, so it cannot run "
               "inside a capture (profile outside it)");
   }
-  const Impl::Key key{expert, shape.batch, shape.frames, shape.height, shape.width};
+  const Impl::Key key = Impl::key_of(expert, shape, geometry(m.cfg, shape, m.par));
   if (!m.warmed.count(key)) m.forward(expert, shape, in, out, stream, true);  // builds the plans, untimed
   if (!m.profiler) m.profiler = std::make_unique<Impl::OpProfiler>();
   Impl::OpProfiler& p = *m.profiler;

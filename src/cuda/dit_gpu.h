@@ -22,6 +22,9 @@
 //   NCCL calls are captured into the forward's CUDA graph like every other op (all ranks capture the
 //   same sequence, after the eager first forward has set up every NCCL connection).
 // - One timestep per sample (T2V/I2V A14B); the per-token timesteps of TI2V are not supported here.
+// - CFG with one latent (DiTShape::one_latent, what the samplers run): cond and uncond are the same
+//   up to the first block's cross-attention, so that block's self-attention part runs once (halves
+//   its cost; about 1/40 of the self-attention work of a step).
 // - forward() is deterministic: the same inputs give bit-identical outputs, graph replay or not.
 // - The first forward of an (expert, shape) runs eagerly (it builds every cuBLASLt/cuDNN plan); the
 //   second captures a CUDA graph of the whole forward, later ones replay it. warm_up() instead builds
@@ -60,6 +63,15 @@ namespace wan::cuda {
 struct DiTShape {
   int64_t batch = 2;  // samples: 2 for CFG (cond, uncond)
   int64_t frames = 1, height = 2, width = 2;
+  // Every sample has the same latent and timestep (CFG: cond and uncond of one latent; the samplers'
+  // batch-2 step). forward() then reads only the first latent of DiTInputs::x (and checks the
+  // timesteps are equal), and, since the samples are identical up to the first block's cross-attention
+  // (only the text differs), runs that block's norm1, q|k|v, self-attention and o projection once for
+  // one sample and copies the result to the others (single GPU / CFG-parallel ranks with more than one
+  // sample; not with a split sequence). That part's numbers are those of a one-sample computation:
+  // within the GEMMs' fp32 accumulation order (cuBLASLt may pick another kernel for the smaller M) of
+  // the batched one; the own attention kernel gives bit-identical rows.
+  bool one_latent = false;
   bool operator==(const DiTShape&) const = default;
 };
 
@@ -144,7 +156,8 @@ struct MemoryPlan {
 
 // Inputs of one forward. Host or device pointers where stated (copied with cudaMemcpyDefault).
 struct DiTInputs {
-  const float* x = nullptr;           // [B, in_dim, T, H, W] f32 latents (I2V: y already concatenated)
+  const float* x = nullptr;           // [B, in_dim, T, H, W] f32 latents (I2V: y already concatenated);
+                                      // with DiTShape::one_latent only the first is read
   const float* t = nullptr;           // [B] host: one timestep per sample
   const void* context = nullptr;      // [B, ctx_rows, text_dim] text encoder output
   DType context_dtype = DType::F32;   // F32 or BF16

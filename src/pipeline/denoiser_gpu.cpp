@@ -68,7 +68,7 @@ class GpuDenoiser : public Denoiser {
   }
   void forward(Expert e, const Tensor& x, int batch, float t, const Tensor& ctx, const std::vector<int64_t>& lens,
                float* out) override {
-    dit_forward_host(*dit_, index(e), x, batch, t, ctx, lens, out, xb_, nullptr);
+    dit_forward_host(*dit_, index(e), x, batch, t, ctx, lens, out, nullptr);
     CUDA_CHECK(cudaStreamSynchronize(nullptr));
   }
 
@@ -88,7 +88,7 @@ class GpuDenoiser : public Denoiser {
     const Shape& ls = spec_.latent_shape;
     for (const auto& [e, batch] : uses) {
       const int expert = e == Expert::High ? high_index_ : low_index_;
-      if (expert >= 0) u.push_back({expert, cuda::DiTShape{batch, ls[1], ls[2], ls[3]}});
+      if (expert >= 0) u.push_back({expert, cuda::DiTShape{batch, ls[1], ls[2], ls[3], /*one_latent=*/true}});
     }
     CUDA_CHECK(cudaSetDevice(device_));
     dit_->warm_up(u);
@@ -111,7 +111,6 @@ class GpuDenoiser : public Denoiser {
   std::vector<std::unique_ptr<WeightStore>> stores_;  // the experts' (checkpoint weights)
   std::unique_ptr<cuda::DiTGpu> dit_;
   int high_index_ = -1, low_index_ = -1;
-  std::vector<float> xb_;  // forward(): the host batch
   FusedDiTStep fused_;     // fused sampling (spec_.fused_sampler)
 };
 

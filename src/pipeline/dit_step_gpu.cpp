@@ -2,7 +2,6 @@
 #ifdef WAN_HAVE_CUDA
 #include "pipeline/dit_step_gpu.h"
 
-#include <cstring>
 
 #include "core/error.h"
 #include "cuda/check.h"
@@ -25,15 +24,11 @@ cuda::DiTInputs inputs(const float* x, const float* t, const Tensor& ctx, const 
 }  // namespace
 
 void dit_forward_host(cuda::DiTGpu& dit, int expert, const Tensor& x, int batch, float t, const Tensor& ctx,
-                      const std::vector<int64_t>& lens, float* out, std::vector<float>& host_batch,
-                      cudaStream_t stream) {
+                      const std::vector<int64_t>& lens, float* out, cudaStream_t stream) {
   WAN_ASSERT(batch == 1 || batch == 2, "forward: batch ", batch);
-  const int64_t n = x.numel();
-  host_batch.resize(static_cast<size_t>(n * batch));
-  for (int b = 0; b < batch; ++b) std::memcpy(host_batch.data() + b * n, x.f32(), static_cast<size_t>(n) * 4);
   const float tt[2] = {t, t};
-  dit.forward(expert, cuda::DiTShape{batch, x.dim(1), x.dim(2), x.dim(3)}, inputs(host_batch.data(), tt, ctx, lens),
-              out, stream);
+  dit.forward(expert, cuda::DiTShape{batch, x.dim(1), x.dim(2), x.dim(3), /*one_latent=*/true},
+              inputs(x.f32(), tt, ctx, lens), out, stream);
 }
 
 void FusedDiTStep::begin(Sampler& s, const Tensor& x, const DiTConfig& c, int device, cudaStream_t stream) {
@@ -69,9 +64,9 @@ void FusedDiTStep::step(cuda::DiTGpu& dit, int expert, Sampler& s, float guide, 
   const float t = static_cast<float>(s.timestep());
   const float tt[2] = {t, t};
   const Shape& ls = latent_shape_;
-  // x: [2, n] on the device; the first `batch` copies are read.
-  dit.forward(expert, cuda::DiTShape{batch, ls[1], ls[2], ls[3]}, inputs(samp_->x(), tt, ctx, lens), out_.get(),
-              stream);
+  // x: [2, n] on the device, two equal copies; the DiT reads the first (one latent for cond and uncond).
+  dit.forward(expert, cuda::DiTShape{batch, ls[1], ls[2], ls[3], /*one_latent=*/true},
+              inputs(samp_->x(), tt, ctx, lens), out_.get(), stream);
   const StepCoeffs k = s.take_step();
   samp_->step(k, out_.get(), batch == 2 ? out_.get() + samp_->numel() : nullptr, guide, stream);
 }

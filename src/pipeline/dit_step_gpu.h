@@ -1,8 +1,8 @@
 // The GPU denoising step shared by the one-GPU denoiser (denoiser_gpu.cpp) and every rank of a multi-GPU
 // run (generate_parallel.cpp): both drive a cuda::DiTGpu (the multi-GPU one configured for its shard of
 // the sequence / batch) and differ only in the stream they order work on and how they wait for it.
-//   - dit_forward_host: the plain forward (Denoiser::forward): x [z, T, H, W] host f32 copied `batch`
-//     times into a host batch, timestep t for every sample, context [batch, rows, text_dim] f32.
+//   - dit_forward_host: the plain forward (Denoiser::forward): x [z, T, H, W] host f32, the latent of
+//     every sample (DiTShape::one_latent), timestep t for every sample, context [batch, rows, text_dim] f32.
 //   - FusedDiTStep: the fused sampling state (x kept as the [2, n] CFG batch the DiT reads, the DiT
 //     output, the solver history: cuda::SamplerGpu); begin() checks the latent against the DiT's config
 //     and uploads x and the sampler's state, step() runs the forward of step s.index() and the fused
@@ -23,8 +23,7 @@
 namespace wan {
 
 void dit_forward_host(cuda::DiTGpu& dit, int expert, const Tensor& x, int batch, float t, const Tensor& ctx,
-                      const std::vector<int64_t>& lens, float* out, std::vector<float>& host_batch,
-                      cudaStream_t stream);
+                      const std::vector<int64_t>& lens, float* out, cudaStream_t stream);
 
 class FusedDiTStep {
  public:

@@ -303,7 +303,7 @@ class ParallelDenoiser final : public Denoiser {
   void forward(Expert e, const Tensor& x, int batch, float t, const Tensor& ctx, const std::vector<int64_t>& lens,
                float* out) override {
     WAN_ASSERT(layout_.cfg == 1 || batch == 2, "CFG-parallel forward without guidance");
-    dit_forward_host(*dit_, index(e), x, batch, t, ctx, lens, out, xb_, stream_.s);
+    dit_forward_host(*dit_, index(e), x, batch, t, ctx, lens, out, stream_.s);
     ctx_.sync(stream_.s);
   }
 
@@ -336,7 +336,6 @@ class ParallelDenoiser final : public Denoiser {
   std::unique_ptr<cuda::DiTGpu> dit_;
   std::function<void()> before_step_;
   int high_index_ = -1, low_index_ = -1;
-  std::vector<float> xb_;  // forward(): the host batch
   FusedDiTStep fused_;     // x [2, n], the DiT output and the history on this rank's device
 };
 

@@ -1,7 +1,7 @@
 // `wan bench` option checks, run as a user runs them (the binary at WAN_BINARY, a child process per
 // call). Only bad values and --help: they are rejected before any device work, so these run (and must
-// pass) in every build, with or without CUDA or a GPU. Covers --profile-reps (the in-step breakdown) and
-// `wan bench-attention --input-std`.
+// pass) in every build, with or without CUDA or a GPU. Covers --profile-reps (the in-step breakdown),
+// --distinct-latents and `wan bench-attention --input-std`.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/wait.h>
@@ -47,6 +47,15 @@ TEST(BenchCli, HelpListsProfileReps) {
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.out.find("--profile-reps N"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("0: no in-step breakdown"), std::string::npos) << r.out;
+}
+
+// The step is timed with one latent for both CFG samples unless told otherwise (the first block's
+// self-attention then runs once, as in the samplers' steps); the help says so.
+TEST(BenchCli, HelpListsDistinctLatents) {
+  const Result r = run_wan({"bench", "--help"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("--distinct-latents"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("one latent for all samples"), std::string::npos) << r.out;
 }
 
 TEST(BenchCli, BadProfileRepsIsOneClearError) {
