@@ -7,6 +7,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -104,6 +107,28 @@ inline double max_abs_of(const std::vector<float>& v) {
   double m = 0;
   for (float x : v) m = std::max(m, static_cast<double>(std::fabs(x)));
   return m;
+}
+// n fp32 NaNs: an output buffer whose unwritten elements show.
+inline std::vector<float> poisoned(size_t n) {
+  std::vector<float> v(n);
+  std::memset(v.data(), 0xFF, n * sizeof(float));
+  return v;
+}
+inline bool bit_equal(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+inline size_t nonfinite(const std::vector<float>& v) {
+  size_t n = 0;
+  for (float x : v) n += !std::isfinite(x);
+  return n;
+}
+
+// The whole file as bytes ("" when it cannot be read).
+inline std::string slurp(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
 }
 
 }  // namespace wan::gpu_test

@@ -33,7 +33,7 @@
 #include "cuda/dit_gpu.h"
 #include "dist/parallel_layout.h"
 #include "dit/dit.h"
-#include "gpu_test_util.h"
+#include "gpu_test_model.h"
 
 #ifdef WAN_HAVE_NCCL
 #include <nccl.h>
@@ -43,7 +43,6 @@
 
 using namespace wan;
 using cuda::DiTGpu;
-using cuda::DiTInputs;
 using cuda::DiTShape;
 using cuda::DiTWeightSource;
 using PL = dist::Layout;  // (wan::Layout is the checkpoint layout)
@@ -105,34 +104,12 @@ DiTConfig model_cfg() {
   return c;
 }
 
-struct Inputs {
-  DiTShape shape{2, 5, 30, 26};
-  std::vector<float> x, t{937.0f, 512.0f}, ctx;
-  std::vector<int64_t> lens{97, 23};
-  int64_t ctx_rows = 128;
-  explicit Inputs(const DiTConfig& c) {
-    x = gpu_test::randn(901, static_cast<size_t>(2 * c.in_dim * shape.frames * shape.height * shape.width), 1.0f);
-    ctx = gpu_test::randn(902, static_cast<size_t>(2 * ctx_rows * c.text_dim), 0.2f);
-  }
-  DiTInputs view() const {
-    DiTInputs in;
-    in.x = x.data(), in.t = t.data(), in.context = ctx.data(), in.context_dtype = DType::F32;
-    in.ctx_rows = ctx_rows, in.ctx_lens = lens.data();
-    return in;
-  }
-  size_t out_size(const DiTConfig& c) const {
-    return static_cast<size_t>(shape.batch * c.out_dim * shape.frames * shape.height * shape.width);
-  }
-};
-
-std::vector<float> poisoned(size_t n) {
-  std::vector<float> v(n);
-  std::memset(v.data(), 0xFF, n * sizeof(float));
-  return v;
+// Batch 2 on a 5 x 15 x 13 patch grid (975 tokens per sample), two timesteps, two text lengths.
+gpu_test::DiTHostInputs inputs(const DiTConfig& c) {
+  return gpu_test::dit_host_inputs(c, DiTShape{2, 5, 30, 26}, 901, {937.0f, 512.0f}, {97, 23});
 }
-bool bit_equal(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
+using gpu_test::bit_equal;
+using gpu_test::poisoned;
 
 // The references, computed once: the single-GPU engine (device 0) and the CPU fp32 forward.
 struct References {
@@ -143,11 +120,11 @@ const References& references() {
   static References r = [] {
     References ref;
     const DiTConfig c = model_cfg();
-    const Inputs in(c);
+    const gpu_test::DiTHostInputs in = inputs(c);
     CUDA_CHECK(cudaSetDevice(0));
     DiTGpu gpu = DiTGpu::create(c, {DiTWeightSource::random_weights(kWeightSeed)}, in.shape);
-    ref.single = poisoned(in.out_size(c));
-    gpu.forward(0, in.shape, in.view(), ref.single.data(), nullptr);
+    ref.single = poisoned(in.out_numel(c));
+    gpu.forward(0, in.shape, in.in(), ref.single.data(), nullptr);
     CUDA_CHECK(cudaDeviceSynchronize());
     const DiTWeights w = load_dit_weights(c, [&](const std::string& n) { return gpu.download_weight(0, n); });
     Tensor x = Tensor::empty(DType::F32, {2, c.in_dim, in.shape.frames, in.shape.height, in.shape.width});
@@ -225,7 +202,7 @@ struct RankResult {
 void check_layout(const PL& l, DiTGpu::Attention attention) {
   const DiTConfig c = model_cfg();
   const References& ref = references();
-  const Inputs in(c);
+  const gpu_test::DiTHostInputs in = inputs(c);
   const int n = l.world();
   std::vector<RankResult> res(static_cast<size_t>(n));
   LocalRanks::run(n, [&](int rank, ncclComm_t world, const std::function<void(ncclComm_t)>& adopt) {
@@ -239,8 +216,8 @@ void check_layout(const PL& l, DiTGpu::Attention attention) {
     RankResult& rr = res[static_cast<size_t>(rank)];
     rr.deterministic = true;
     for (int rep = 0; rep < 3; ++rep) {  // eager (sets up every NCCL connection), capture + replay, replay
-      std::vector<float> o = poisoned(in.out_size(c));
-      gpu.forward(0, in.shape, in.view(), o.data(), nullptr);
+      std::vector<float> o = poisoned(in.out_numel(c));
+      gpu.forward(0, in.shape, in.in(), o.data(), nullptr);
       CUDA_CHECK(cudaDeviceSynchronize());
       if (rep == 0) rr.out = std::move(o);
       else rr.deterministic = rr.deterministic && bit_equal(o, rr.out);

@@ -34,6 +34,7 @@
 #include "cuda/dit_gpu.h"
 #include "cuda/rng.h"
 #include "dit/dit.h"
+#include "gpu_test_model.h"
 #include "st/safetensors.h"
 
 using namespace wan;
@@ -42,8 +43,6 @@ using cuda::DiTInputs;
 using cuda::DiTShape;
 using cuda::DiTWeightSource;
 
-#define REQUIRE_GPU() \
-  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device"
 
 namespace {
 
@@ -76,32 +75,15 @@ void expect_close(const Err& e, const std::string& what) {
   EXPECT_GT(e.max_ref, 0.0) << what;
   EXPECT_LE(e.rel_l2, kRelL2Bound) << what;
 }
-std::vector<float> poisoned(size_t n) {
-  std::vector<float> v(n);
-  std::memset(v.data(), 0xFF, n * sizeof(float));  // NaN
-  return v;
-}
-std::vector<float> randn(uint64_t seed, size_t n, float scale) {
-  std::vector<float> v(n);
-  philox_normal_fill(seed, 0, v.data(), n);
-  for (float& x : v) x *= scale;
-  return v;
-}
-bool bit_equal(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
+using gpu_test::bit_equal;
+using gpu_test::poisoned;
 
 // ---------------------------------------------------------------------------------------------
 // (a) tiny fixture
 
 const std::string kTinyDir = std::string(WAN_FIXTURES) + "/tiny_dit";
 
-std::string read_text(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
+using gpu_test::slurp;
 
 struct Tiny {
   DiTConfig cfg, i2v_cfg;
@@ -109,7 +91,7 @@ struct Tiny {
   SafetensorsSet i2v_patch = SafetensorsSet::open(kTinyDir + "/i2v_patch_embedding.safetensors");
   SafetensorsSet cases = SafetensorsSet::open(kTinyDir + "/cases.safetensors");
   Tiny() {
-    cfg = dit_config_from_json(read_text(kTinyDir + "/transformer/config.json"));
+    cfg = dit_config_from_json(slurp(kTinyDir + "/transformer/config.json"));
     i2v_cfg = cfg;
     i2v_cfg.in_dim = 36;
   }
@@ -274,33 +256,11 @@ DiTConfig full_width_cfg() {
   return c;
 }
 
-struct FullInputs {
-  DiTShape shape;
-  std::vector<float> x, t, ctx;
-  std::vector<int64_t> lens;
-  int64_t ctx_rows = 0;
-  DiTInputs in() const {
-    DiTInputs i;
-    i.x = x.data();
-    i.t = t.data();
-    i.context = ctx.data();
-    i.ctx_rows = ctx_rows;
-    i.ctx_lens = lens.data();
-    return i;
-  }
-  size_t out_numel(const DiTConfig& c) const {
-    return static_cast<size_t>(shape.batch * c.out_dim * shape.frames * shape.height * shape.width);
-  }
-};
+using FullInputs = gpu_test::DiTHostInputs;
+// Text lengths 97 (and 23) of 128 rows.
 FullInputs full_inputs(const DiTConfig& c, DiTShape s, uint64_t seed, std::vector<float> t) {
-  FullInputs f;
-  f.shape = s;
-  f.x = randn(seed, static_cast<size_t>(s.batch * c.in_dim * s.frames * s.height * s.width), 1.0f);
-  f.t = std::move(t);
-  f.ctx_rows = 128;
-  f.ctx = randn(seed + 1, static_cast<size_t>(s.batch * f.ctx_rows * c.text_dim), 0.2f);
-  f.lens = s.batch == 2 ? std::vector<int64_t>{97, 23} : std::vector<int64_t>{97};
-  return f;
+  return gpu_test::dit_host_inputs(c, s, seed, std::move(t),
+                                   s.batch == 2 ? std::vector<int64_t>{97, 23} : std::vector<int64_t>{97});
 }
 
 std::unique_ptr<DiTGpu>& full_width_holder() {

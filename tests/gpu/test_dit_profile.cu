@@ -21,11 +21,10 @@
 #include "config/config.h"
 #include "core/error.h"
 #include "cuda/dit_gpu.h"
-#include "gpu_test_util.h"
+#include "gpu_test_model.h"
 
 using namespace wan;
 using cuda::DiTGpu;
-using cuda::DiTInputs;
 using cuda::DiTShape;
 using cuda::DiTWeightSource;
 using cuda::OpProfile;
@@ -43,41 +42,14 @@ DiTConfig cfg() {
   return c;
 }
 
-struct Inputs {
-  DiTShape shape;
-  std::vector<float> x, t, ctx;
-  std::vector<int64_t> lens;
-  DiTInputs in() const {
-    DiTInputs i;
-    i.x = x.data(), i.t = t.data(), i.context = ctx.data(), i.context_dtype = DType::F32;
-    i.ctx_rows = kCtxRows, i.ctx_lens = lens.data();
-    return i;
-  }
-  size_t out_numel(const DiTConfig& c) const {
-    return static_cast<size_t>(shape.batch * c.out_dim * shape.frames * shape.height * shape.width);
-  }
-};
-Inputs inputs(const DiTConfig& c, const DiTShape& s, uint64_t seed) {
-  Inputs f;
-  f.shape = s;
-  f.x = gpu_test::randn(seed, static_cast<size_t>(s.batch * c.in_dim * s.frames * s.height * s.width), 1.0f);
-  f.ctx = gpu_test::randn(seed + 1, static_cast<size_t>(s.batch * kCtxRows * c.text_dim), 0.2f);
-  f.t.assign(static_cast<size_t>(s.batch), 731.0f);
-  f.lens = s.batch == 2 ? std::vector<int64_t>{51, 17} : std::vector<int64_t>{51};
-  return f;
-}
-std::vector<float> poisoned(size_t n) {
-  std::vector<float> v(n);
-  std::memset(v.data(), 0xFF, n * sizeof(float));  // NaN
-  return v;
-}
-bool bit_equal(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
-size_t nonfinite(const std::vector<float>& v) {
-  size_t n = 0;
-  for (float x : v) n += !std::isfinite(x);
-  return n;
+using gpu_test::bit_equal;
+using gpu_test::DiTHostInputs;
+using gpu_test::nonfinite;
+using gpu_test::poisoned;
+// One timestep for every sample, text lengths 51 (and 17).
+DiTHostInputs inputs(const DiTConfig& c, const DiTShape& s, uint64_t seed) {
+  return gpu_test::dit_host_inputs(c, s, seed, std::vector<float>(static_cast<size_t>(s.batch), 731.0f),
+                                   s.batch == 2 ? std::vector<int64_t>{51, 17} : std::vector<int64_t>{51}, kCtxRows);
 }
 
 std::unique_ptr<DiTGpu>& holder() {
@@ -120,7 +92,7 @@ TEST(GpuDitProfile, ProfiledForwardIsBitIdenticalAndAddsUp) {
   REQUIRE_GPU();
   DiTGpu& gpu = model();
   const DiTConfig c = cfg();
-  const Inputs a = inputs(c, kShape, 31);
+  const DiTHostInputs a = inputs(c, kShape, 31);
   StreamGuard st;
   std::vector<float> eager = poisoned(a.out_numel(c)), replay = poisoned(eager.size()), prof = poisoned(eager.size()),
                      after = poisoned(eager.size());
@@ -143,7 +115,7 @@ TEST(GpuDitProfile, ProfiledForwardIsBitIdenticalAndAddsUp) {
   expect_consistent(p, kLayers);
 
   // A second profile of new inputs: again equal to an unprofiled forward of them, again consistent.
-  const Inputs b = inputs(c, kShape, 77);
+  const DiTHostInputs b = inputs(c, kShape, 77);
   std::vector<float> pb = poisoned(eager.size()), rb = poisoned(eager.size());
   const OpProfile q = gpu.profile_forward(0, kShape, b.in(), pb.data(), st.s);
   gpu.forward(0, kShape, b.in(), rb.data(), st.s);
@@ -158,7 +130,7 @@ TEST(GpuDitProfile, ShapeThatNeverRanIsProfiled) {
   DiTGpu& gpu = model();
   const DiTConfig c = cfg();
   const DiTShape one{1, 2, 30, 52};  // batch 1: never run before this test
-  const Inputs a = inputs(c, one, 5);
+  const DiTHostInputs a = inputs(c, one, 5);
   StreamGuard st;
   std::vector<float> prof = poisoned(a.out_numel(c)), eager = poisoned(prof.size());
   const OpProfile p = gpu.profile_forward(0, one, a.in(), prof.data(), st.s);
@@ -176,7 +148,7 @@ TEST(GpuDitProfile, RefusedWhileCapturing) {
   REQUIRE_GPU();
   DiTGpu& gpu = model();
   const DiTConfig c = cfg();
-  const Inputs a = inputs(c, kShape, 9);
+  const DiTHostInputs a = inputs(c, kShape, 9);
   StreamGuard st;
   std::vector<float> before = poisoned(a.out_numel(c)), later = poisoned(before.size());
   gpu.forward(0, kShape, a.in(), before.data(), st.s);

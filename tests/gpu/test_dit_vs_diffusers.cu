@@ -47,12 +47,7 @@ int run(const std::string& cmd) {
   return s == -1 ? -1 : (WIFEXITED(s) ? WEXITSTATUS(s) : 128 + WTERMSIG(s));
 }
 std::string q(const std::string& s) { return "'" + s + "'"; }
-std::string read_text(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
+using gpu_test::slurp;
 double secs(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -105,7 +100,7 @@ TEST(GpuDitVsDiffusers, FullWidth14BTwoBlocksBf16) {
   ASSERT_EQ(run(py + " --model " + q(tdir) + " --out " + q(io) + " --fp32-reference"), 0);
   std::printf("diffusers: %.1f s\n", secs(t0));
 
-  const DiTConfig cfg = dit_config_from_json(read_text(tdir + "/config.json"));
+  const DiTConfig cfg = dit_config_from_json(slurp(tdir + "/config.json"));
   ASSERT_EQ(cfg.dim, 5120);
   ASSERT_EQ(cfg.num_heads, 40);
   ASSERT_EQ(cfg.ffn_dim, 13824);

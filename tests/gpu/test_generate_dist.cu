@@ -55,7 +55,7 @@
 #include "core/error.h"
 #include "cuda/dit_gpu.h"
 #include "gen/make_checkpoint.h"
-#include "gpu_test_util.h"
+#include "gpu_test_model.h"
 #include "pipeline/files.h"
 #include "pipeline/generate_parallel.h"
 #include "pipeline/models.h"
@@ -85,30 +85,14 @@ constexpr double kLatentBound = 2e-2, kVideoBound = 3e-2;
 
 uint64_t fresh_seed() { return ((uint64_t(std::random_device{}()) << 32) ^ std::random_device{}()) & 0xFFFFFFFFFFFFull; }
 
-double rel_l2(const Tensor& a, const Tensor& b) {
-  EXPECT_EQ(a.shape(), b.shape());
-  if (!(a.shape() == b.shape())) return INFINITY;
-  double d = 0, n = 0;
-  for (int64_t i = 0; i < a.numel(); ++i) {
-    const double x = a.f32()[i], y = b.f32()[i];
-    if (!std::isfinite(x)) return INFINITY;
-    d += (x - y) * (x - y);
-    n += y * y;
-  }
-  return std::sqrt(d / n);
-}
+using gpu_test::rel_l2;
 
 bool same_bytes(const Tensor& a, const Tensor& b) {
   return a.defined() && b.defined() && a.shape() == b.shape() && a.nbytes() == b.nbytes() &&
          std::memcmp(a.data(), b.data(), a.nbytes()) == 0;
 }
 
-std::string slurp(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
+using gpu_test::slurp;
 
 const dist::EnvLookup kNoLauncher = [](const char*) -> const char* { return nullptr; };
 

@@ -18,7 +18,7 @@
 #include <string>
 #include <unistd.h>
 
-#include "gpu_test_util.h"
+#include "gpu_test_model.h"
 #include "cuda/dit_gpu.h"
 #include "cuda/t5_gpu.h"
 #include "ckpt/layout.h"
@@ -48,27 +48,13 @@ GenerateOptions tiny(const std::string& device) {
   return o;
 }
 
-double rel_l2(const Tensor& a, const Tensor& b) {
-  EXPECT_EQ(a.shape(), b.shape());
-  double d = 0, n = 0;
-  for (int64_t i = 0; i < a.numel(); ++i) {
-    const double x = a.f32()[i], y = b.f32()[i];
-    d += (x - y) * (x - y);
-    n += y * y;
-  }
-  return std::sqrt(d / n);
-}
+using gpu_test::rel_l2;
 
 bool same_bytes(const Tensor& a, const Tensor& b) {
   return a.shape() == b.shape() && a.nbytes() == b.nbytes() && std::memcmp(a.data(), b.data(), a.nbytes()) == 0;
 }
 
-std::string slurp(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
+using gpu_test::slurp;
 
 }  // namespace
 

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "cuda/rng.h"
+#include "gpu_test_model.h"
 #include "pipeline/denoiser.h"
 #include "pipeline/pipeline.h"
 #include "sampler/sampler.h"
@@ -43,24 +44,9 @@ GenerateOptions golden(const std::string& device) {
   return o;
 }
 
-// ||a - b|| / ||b||
-double rel_l2(const Tensor& a, const Tensor& b) {
-  EXPECT_EQ(a.shape(), b.shape());
-  double d = 0, n = 0;
-  for (int64_t i = 0; i < a.numel(); ++i) {
-    const double x = a.f32()[i], y = b.f32()[i];
-    d += (x - y) * (x - y);
-    n += y * y;
-  }
-  return std::sqrt(d / n);
-}
+using gpu_test::rel_l2;
 
-std::string slurp(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
+using gpu_test::slurp;
 }  // namespace
 
 TEST(GpuPipeline, MatchesCpuAndOracleWithinBf16) {

@@ -1,0 +1,64 @@
+// GPU-test helpers that know the engine's types (Tensor, the DiT's inputs), apart from gpu_test_util.h so
+// that tests of single kernels do not see them.
+#pragma once
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "config/config.h"
+#include "core/tensor.h"
+#include "cuda/dit_gpu.h"
+#include "gpu_test_util.h"
+
+namespace wan::gpu_test {
+
+// ||a - b|| / ||b|| of two f32 tensors of one shape; infinite (and a failure) for other shapes, and
+// infinite when a holds a non-finite value.
+inline double rel_l2(const Tensor& a, const Tensor& b) {
+  EXPECT_EQ(a.shape(), b.shape());
+  if (!(a.shape() == b.shape())) return INFINITY;
+  double d = 0, n = 0;
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    const double x = a.f32()[i], y = b.f32()[i];
+    if (!std::isfinite(x)) return INFINITY;
+    d += (x - y) * (x - y);
+    n += y * y;
+  }
+  return std::sqrt(d / n);
+}
+// The host inputs of one DiT forward (cuda::DiTGpu::forward): latents, timesteps and f32 text states.
+struct DiTHostInputs {
+  cuda::DiTShape shape;
+  std::vector<float> x, t, ctx;
+  std::vector<int64_t> lens;
+  int64_t ctx_rows = 128;
+  cuda::DiTInputs in() const {
+    cuda::DiTInputs i;
+    i.x = x.data(), i.t = t.data(), i.context = ctx.data(), i.context_dtype = DType::F32;
+    i.ctx_rows = ctx_rows, i.ctx_lens = lens.data();
+    return i;
+  }
+  size_t out_numel(const DiTConfig& c) const {
+    return static_cast<size_t>(shape.batch * c.out_dim * shape.frames * shape.height * shape.width);
+  }
+};
+// x ~ N(0, 1) from `seed`, the text states ~ N(0, 0.2²) from seed + 1; one timestep and one text length
+// per sample.
+inline DiTHostInputs dit_host_inputs(const DiTConfig& c, const cuda::DiTShape& s, uint64_t seed, std::vector<float> t,
+                                     std::vector<int64_t> lens, int64_t ctx_rows = 128) {
+  DiTHostInputs f;
+  f.shape = s;
+  f.x = randn(seed, static_cast<size_t>(s.batch * c.in_dim * s.frames * s.height * s.width), 1.0f);
+  f.t = std::move(t);
+  f.lens = std::move(lens);
+  f.ctx_rows = ctx_rows;
+  f.ctx = randn(seed + 1, static_cast<size_t>(s.batch * ctx_rows * c.text_dim), 0.2f);
+  EXPECT_EQ(f.t.size(), static_cast<size_t>(s.batch));
+  EXPECT_EQ(f.lens.size(), static_cast<size_t>(s.batch));
+  return f;
+}
+
+}  // namespace wan::gpu_test
