@@ -260,7 +260,7 @@ int cmd_bench_attention(int argc, char** argv) {
   // The pre-call fill: 256 MiB of bf16 (5x the H100's L2); its time is recorded and compared with the
   // launch's host work below.
   const size_t fill_n = size_t{128} << 20;
-  const float fill_std = static_cast<float>(input_std);  // of the case inputs (the pre-call fill stays N(0, 1))
+  const float case_std = static_cast<float>(input_std);  // the cases' Q/K/V (the pre-call fill stays N(0, 1))
   DevMem<uint16_t> scratch(fill_n);
   uint64_t fill_seed = 0xF111;
 
@@ -298,8 +298,8 @@ int cmd_bench_attention(int argc, char** argv) {
     DevMem<uint16_t> qbuf(q_elems), kvbuf(kv_elems), o_own(o_elems), o_cudnn(o_elems);
     DevMem<uint8_t> dws(ws);
     DevMem<int32_t> dklens(masked ? static_cast<size_t>(kB) : 0);
-    cuda::philox_normal_fill_bf16(qbuf.p, qbuf.n, seed, 0, fill_std, st);
-    if (!c.self) cuda::philox_normal_fill_bf16(kvbuf.p, kvbuf.n, seed + 1, 0, fill_std, st);
+    cuda::philox_normal_fill_bf16(qbuf.p, qbuf.n, seed, 0, case_std, st);
+    if (!c.self) cuda::philox_normal_fill_bf16(kvbuf.p, kvbuf.n, seed + 1, 0, case_std, st);
     if (masked)
       CUDA_CHECK(cudaMemcpyAsync(dklens.p, c.k_lens.data(), kB * sizeof(int32_t), cudaMemcpyHostToDevice, st));
     CUDA_CHECK(cudaStreamSynchronize(st));

@@ -59,11 +59,12 @@ struct Geometry {
   int64_t Bg;                  // the global batch (forward()'s inputs and output)
   int64_t S, Lpad;             // tokens per sample on this rank (its slice), padded tokens per sample
   ParallelDegrees par;
-  // DiTShape::one_latent with more than one sample here and a whole sequence per rank: the first
-  // block's self-attention part runs for sample 0 only (DiTGpu::Impl::block).
-  bool share_first = false;
   bool one_latent = false;  // DiTShape::one_latent
   bool seq_parallel() const { return par.seq() > 1; }
+  // The first block's self-attention part can run for sample 0 alone (DiTGpu::Impl::block): more than
+  // one sample here and a whole sequence per rank; it does with one latent.
+  bool can_share_first() const { return B > 1 && !seq_parallel(); }
+  bool share_first() const { return one_latent && can_share_first(); }
 };
 
 Geometry geometry(const DiTConfig& c, const DiTShape& s, const ParallelDegrees& par = {}) {
@@ -94,7 +95,6 @@ Geometry geometry(const DiTConfig& c, const DiTShape& s, const ParallelDegrees& 
   g.Lpad = sp.padded, g.S = sp.per_rank;
   g.rows = g.B * g.S;
   g.one_latent = s.one_latent;
-  g.share_first = s.one_latent && g.B > 1 && !g.seq_parallel();
   return g;
 }
 
@@ -122,7 +122,7 @@ class PlanBuilder {
   MemoryPlan& p_;
 };
 
-// `one_sample`: the first block's shared self-attention (Geometry::share_first).
+// `one_sample`: the first block's shared self-attention (Geometry::share_first()).
 AttentionShape self_attn_shape(const Geometry& g, bool one_sample = false) {
   if (g.seq_parallel()) return SeqParallelAttention::attention_shape(spa_geometry(g));
   AttentionShape s;
@@ -141,7 +141,7 @@ AttentionShape cross_attn_shape(const Geometry& g) {
 // shares or not (create() sizes cuDNN's workspace for any forward up to its maximal geometry).
 std::vector<AttentionShape> attention_shapes(const Geometry& g, bool any_sharing) {
   std::vector<AttentionShape> v{self_attn_shape(g), cross_attn_shape(g)};
-  if (g.B > 1 && !g.seq_parallel() && (any_sharing || g.share_first)) v.push_back(self_attn_shape(g, true));
+  if (any_sharing ? g.can_share_first() : g.share_first()) v.push_back(self_attn_shape(g, true));
   return v;
 }
 
@@ -363,7 +363,7 @@ struct DiTGpu::Impl {
   float* head_seq = nullptr;
   using Key = std::tuple<int, int64_t, int64_t, int64_t, int64_t, bool>;  // expert, B, T, H, W, share_first
   static Key key_of(int expert, const DiTShape& shape, const Geometry& g) {
-    return Key{expert, shape.batch, shape.frames, shape.height, shape.width, g.share_first};
+    return Key{expert, shape.batch, shape.frames, shape.height, shape.width, g.share_first()};
   }
   std::map<Key, cudaGraphExec_t> graphs;
   std::set<Key> warmed;
@@ -470,7 +470,7 @@ struct DiTGpu::Impl {
   void run_body(const ExpertPtrs& w, const Geometry& g, cudaStream_t s);
   // One block; on entry h holds its norm1 output, `next` is the following block (null for the last),
   // whose norm1 this block's last residual add computes on the way. `shared`: every sample's input is
-  // sample 0's (the first block with Geometry::share_first): h holds sample 0's rows only, and the
+  // sample 0's (the first block with Geometry::share_first()): h holds sample 0's rows only, and the
   // self-attention part runs for those and is copied to the other samples.
   void block(const BlockPtrs& w, const BlockPtrs* next, const Geometry& g, const RopeArgs& rope_args, bool shared,
              cudaStream_t s);
@@ -484,9 +484,11 @@ struct DiTGpu::Impl {
 void DiTGpu::Impl::stage_inputs(const Geometry& g, const DiTInputs& in, cudaStream_t s) {
   // This rank's samples [b0, b0 + B) of the global batch (all of it without CFG-parallel).
   const int64_t b0 = cfg_rank * g.B, x_sample = g.C * g.T * g.H * g.W;
-  if (g.one_latent) {  // x's first latent is every sample's
-    for (int64_t b = 0; b < g.B; ++b)
-      CUDA_CHECK(cudaMemcpyAsync(x_in + b * x_sample, in.x, static_cast<size_t>(x_sample) * 4, cudaMemcpyDefault, s));
+  if (g.one_latent) {  // x's first latent is every sample's: read once, copied on the device
+    const size_t bytes = static_cast<size_t>(x_sample) * 4;
+    CUDA_CHECK(cudaMemcpyAsync(x_in, in.x, bytes, cudaMemcpyDefault, s));
+    for (int64_t b = 1; b < g.B; ++b)
+      CUDA_CHECK(cudaMemcpyAsync(x_in + b * x_sample, x_in, bytes, cudaMemcpyDeviceToDevice, s));
   } else {
     CUDA_CHECK(cudaMemcpyAsync(x_in, in.x + b0 * x_sample, static_cast<size_t>(g.B * x_sample) * 4, cudaMemcpyDefault,
                                s));
@@ -598,10 +600,10 @@ void DiTGpu::Impl::run_body(const ExpertPtrs& w, const Geometry& g, cudaStream_t
   // norm1 of the first block; every later one comes out of the previous block's last residual add
   // (shared first block: sample 0's rows only, see block())
   if (!w.blocks.empty())
-    layernorm_modulate(resid, h, g.share_first ? g.S : rows, D, block_mod(w.blocks[0], 0, g),
+    layernorm_modulate(resid, h, g.share_first() ? g.S : rows, D, block_mod(w.blocks[0], 0, g),
                        block_mod(w.blocks[0], 1, g), cfg.eps, s);
   for (size_t i = 0; i < w.blocks.size(); ++i)
-    block(w.blocks[i], i + 1 < w.blocks.size() ? &w.blocks[i + 1] : nullptr, g, ra, g.share_first && i == 0, s);
+    block(w.blocks[i], i + 1 < w.blocks.size() ? &w.blocks[i + 1] : nullptr, g, ra, g.share_first() && i == 0, s);
   head_and_output(w, g, s);
 }
 

@@ -22,7 +22,6 @@ struct Args {
   const float* cond;
   const float* uncond;  // kCfg only
   float* x;
-  float* x2;            // the second copy of x, or null
   const float* m_last;  // UniPC, DPM++
   float* m_prev;        // in (UniPC) / out (this step's data prediction)
   float* xs;            // UniPC
@@ -60,7 +59,6 @@ __global__ void __launch_bounds__(kThreads) fused_step_kernel(const Args a) {
       element<K, kCfg>(c, a.guide, cv.z, uv.z, xv.z, ml.z, mp.z, sv.z);
       element<K, kCfg>(c, a.guide, cv.w, uv.w, xv.w, ml.w, mp.w, sv.w);
       reinterpret_cast<float4*>(a.x)[g] = xv;
-      if (a.x2) reinterpret_cast<float4*>(a.x2)[g] = xv;
       if constexpr (kHist) reinterpret_cast<float4*>(a.m_prev)[g] = mp;
       if constexpr (kUni) reinterpret_cast<float4*>(a.xs)[g] = sv;
     }
@@ -72,7 +70,6 @@ __global__ void __launch_bounds__(kThreads) fused_step_kernel(const Args a) {
     float sv = kUni ? a.xs[j] : 0.0f;
     element<K, kCfg>(c, a.guide, a.cond[j], kCfg ? a.uncond[j] : 0.0f, xv, kHist ? a.m_last[j] : 0.0f, mp, sv);
     a.x[j] = xv;
-    if (a.x2) a.x2[j] = xv;
     if constexpr (kHist) a.m_prev[j] = mp;
     if constexpr (kUni) a.xs[j] = sv;
   }
@@ -111,14 +108,12 @@ const char* name_of(SolverKind k) {
 
 }  // namespace
 
-SamplerGpu::SamplerGpu(SolverKind solver, size_t n, int x_copies, int device)
-    : solver_(solver), n_(n), copies_(x_copies), device_(device) {
+SamplerGpu::SamplerGpu(SolverKind solver, size_t n, int device) : solver_(solver), n_(n), device_(device) {
   WAN_CHECK(n > 0, "sampler GPU: the sample needs at least one element");
-  WAN_CHECK(x_copies == 1 || x_copies == 2, "sampler GPU: x_copies must be 1 or 2 (got ", x_copies, ")");
   CUDA_CHECK(cudaSetDevice(device_));
   try {
-    CUDA_CHECK(cudaMalloc(&x_, n_ * static_cast<size_t>(copies_) * 4));
-    CUDA_CHECK(cudaMemset(x_, 0, n_ * static_cast<size_t>(copies_) * 4));
+    CUDA_CHECK(cudaMalloc(&x_, n_ * 4));
+    CUDA_CHECK(cudaMemset(x_, 0, n_ * 4));
     if (solver_ != SolverKind::Euler) {
       CUDA_CHECK(cudaMalloc(&m_last_, n_ * 4));
       CUDA_CHECK(cudaMalloc(&m_prev_, n_ * 4));
@@ -132,7 +127,7 @@ SamplerGpu::SamplerGpu(SolverKind solver, size_t n, int x_copies, int device)
 }
 
 SamplerGpu::SamplerGpu(SamplerGpu&& o) noexcept
-    : solver_(o.solver_), n_(o.n_), copies_(o.copies_), device_(o.device_), index_(o.index_), x_(o.x_),
+    : solver_(o.solver_), n_(o.n_), device_(o.device_), index_(o.index_), x_(o.x_),
       m_last_(o.m_last_), m_prev_(o.m_prev_), xs_(o.xs_) {
   o.x_ = o.m_last_ = o.m_prev_ = o.xs_ = nullptr;
 }
@@ -140,7 +135,7 @@ SamplerGpu::SamplerGpu(SamplerGpu&& o) noexcept
 SamplerGpu& SamplerGpu::operator=(SamplerGpu&& o) noexcept {
   if (this != &o) {
     release();
-    solver_ = o.solver_, n_ = o.n_, copies_ = o.copies_, device_ = o.device_, index_ = o.index_;
+    solver_ = o.solver_, n_ = o.n_, device_ = o.device_, index_ = o.index_;
     x_ = o.x_, m_last_ = o.m_last_, m_prev_ = o.m_prev_, xs_ = o.xs_;
     o.x_ = o.m_last_ = o.m_prev_ = o.xs_ = nullptr;
   }
@@ -160,8 +155,7 @@ void SamplerGpu::release() noexcept {
 void SamplerGpu::set_x(const float* src, cudaStream_t stream) {
   WAN_CHECK(src != nullptr, "sampler GPU: set_x from null");
   CUDA_CHECK(cudaSetDevice(device_));
-  for (int k = 0; k < copies_; ++k)
-    CUDA_CHECK(cudaMemcpyAsync(x_ + static_cast<size_t>(k) * n_, src, n_ * 4, cudaMemcpyDefault, stream));
+  CUDA_CHECK(cudaMemcpyAsync(x_, src, n_ * 4, cudaMemcpyDefault, stream));
   CUDA_CHECK(cudaStreamSynchronize(stream));
 }
 
@@ -179,7 +173,7 @@ void SamplerGpu::step(const StepCoeffs& c, const float* cond, const float* uncon
             index_);
   WAN_CHECK(cond != nullptr, "sampler GPU: step() needs the model output");
   for (const float* in : {cond, uncond})
-    WAN_CHECK(!overlaps(in, n_, x_, n_ * static_cast<size_t>(copies_)) && !overlaps(in, n_, m_last_, n_) &&
+    WAN_CHECK(!overlaps(in, n_, x_, n_) && !overlaps(in, n_, m_last_, n_) &&
                   !overlaps(in, n_, m_prev_, n_) && !overlaps(in, n_, xs_, n_),
               "sampler GPU: the model output overlaps the sampler state");
   Args a;
@@ -188,15 +182,13 @@ void SamplerGpu::step(const StepCoeffs& c, const float* cond, const float* uncon
   a.cond = cond;
   a.uncond = uncond;
   a.x = x_;
-  a.x2 = copies_ == 2 ? x_ + n_ : nullptr;
   a.m_last = m_last_;
   a.m_prev = m_prev_;
   a.xs = xs_;
   a.n = static_cast<int64_t>(n_);
   const bool cfg = uncond != nullptr;
-  bool vec = aligned16(cond) && aligned16(x_);
-  for (const void* p : {static_cast<const void*>(uncond), static_cast<const void*>(a.x2)})
-    vec = vec && (p == nullptr || aligned16(p));  // the state buffers are cudaMalloc'ed (256-byte aligned)
+  // The state buffers are cudaMalloc'ed (256-byte aligned).
+  const bool vec = aligned16(cond) && (uncond == nullptr || aligned16(uncond));
   CUDA_CHECK(cudaSetDevice(device_));
   switch (solver_) {
     case SolverKind::UniPC: launch<SolverKind::UniPC>(a, cfg, vec, stream); break;

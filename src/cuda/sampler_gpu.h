@@ -8,10 +8,9 @@
 // every op an explicit round-to-nearest intrinsic (no fma contraction), the reference's order.
 // Without an uncond input the guided output is cond itself (the pipeline's guide = 1 batch-1 path).
 //
-// State (device memory, this object's allocations): x [x_copies, n] (copy 0 is the sample; with
-// x_copies = 2 the kernel keeps copy 1 equal to it, so the DiT reads a CFG batch (cond, uncond) of
-// the same latent straight from x()), and the history of sampler_step.h: m_last, m_prev (UniPC,
-// DPM++), last_sample (UniPC), zero before the first step. Their roles swap after each step by
+// State (device memory, this object's allocations): x [n] (the DiT reads its CFG batch from it as one
+// latent for cond and uncond, DiTShape::one_latent), and the history of sampler_step.h: m_last, m_prev
+// (UniPC, DPM++), last_sample (UniPC), zero before the first step. Their roles swap after each step by
 // pointer, never by copying.
 // Vector access: float4 loads/stores when every pointer of a launch is 16-byte aligned (any n:
 // the n mod 4 tail runs scalar); any misaligned pointer (e.g. uncond = cond + n with odd n) makes the
@@ -28,9 +27,8 @@ namespace wan::cuda {
 
 class SamplerGpu {
  public:
-  // Allocates and zeroes the state for samples of n elements on `device` (throws wan::Error on
-  // n = 0 or x_copies outside {1, 2}).
-  SamplerGpu(SolverKind solver, size_t n, int x_copies = 1, int device = 0);
+  // Allocates and zeroes the state for samples of n elements on `device` (throws wan::Error on n = 0).
+  SamplerGpu(SolverKind solver, size_t n, int device = 0);
   SamplerGpu(SamplerGpu&&) noexcept;
   SamplerGpu& operator=(SamplerGpu&&) noexcept;
   SamplerGpu(const SamplerGpu&) = delete;
@@ -39,16 +37,15 @@ class SamplerGpu {
 
   SolverKind solver() const { return solver_; }
   size_t numel() const { return n_; }
-  int x_copies() const { return copies_; }
   int index() const { return index_; }  // steps applied so far
   int device() const { return device_; }
 
-  // The sample, device memory [x_copies, n] (copy 0 first; the copies are equal between steps).
+  // The sample, device memory [n].
   float* x() { return x_; }
   const float* x() const { return x_; }
-  // n floats (host or device memory) into every copy of x; synchronous.
+  // n floats (host or device memory) into x; synchronous.
   void set_x(const float* src, cudaStream_t stream = nullptr);
-  // Copy 0 of x into dst (n floats, host or device memory); synchronous.
+  // x into dst (n floats, host or device memory); synchronous.
   void get_x(float* dst, cudaStream_t stream = nullptr) const;
 
   // One guided step, ordered on `stream`: v = uncond + guide * (cond - uncond) (v = cond when uncond
@@ -70,7 +67,7 @@ class SamplerGpu {
 
   SolverKind solver_;
   size_t n_ = 0;
-  int copies_ = 1, device_ = 0, index_ = 0;
+  int device_ = 0, index_ = 0;
   float* x_ = nullptr;
   float* m_last_ = nullptr;
   float* m_prev_ = nullptr;

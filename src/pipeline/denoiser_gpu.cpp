@@ -3,7 +3,7 @@
 // files (cuda/load_gpu.h), inside make_denoiser or through the caller's loader (DenoiserSpec::loader,
 // the fast start of pipeline/startup.h); warm_up() captures the graphs before the first step.
 // Sampling (fused_sampler, the default): x, the DiT output and the solver history stay in device
-// memory (cuda::SamplerGpu, x kept as the [2, n] CFG batch the DiT reads); each step is the DiT
+// memory (cuda::SamplerGpu, x read by the DiT as the one latent of its CFG batch); each step is the DiT
 // forward, then one fused guidance + solver kernel with coefficients from Sampler::take_step().
 #ifdef WAN_HAVE_CUDA
 #include <cuda_runtime.h>
@@ -27,10 +27,10 @@ cuda::DiTShape max_shape(const DenoiserSpec& spec) {
   return cuda::DiTShape{2, s[1], s[2], s[3]};
 }
 
-// Device bytes of the fused sampler next to the DiT: x (2 copies), the DiT output (2 samples), and
-// the history (m_last, m_prev, last_sample at most).
+// Device bytes of the fused sampler next to the DiT: x, the DiT output (2 samples), and the history
+// (m_last, m_prev, last_sample at most).
 size_t sampler_bytes(const DenoiserSpec& spec) {
-  return spec.fused_sampler ? static_cast<size_t>(spec.latent_shape.numel()) * 4 * 7 : 0;
+  return spec.fused_sampler ? static_cast<size_t>(spec.latent_shape.numel()) * 4 * 6 : 0;
 }
 
 std::vector<Role> expert_roles(const CheckpointInfo& ckpt, const DenoiserSpec& spec) {

@@ -2,7 +2,6 @@
 #ifdef WAN_HAVE_CUDA
 #include "pipeline/dit_step_gpu.h"
 
-
 #include "core/error.h"
 #include "cuda/check.h"
 
@@ -41,7 +40,7 @@ void FusedDiTStep::begin(Sampler& s, const Tensor& x, const DiTConfig& c, int de
   if (!samp_ || samp_->numel() != n || samp_->solver() != s.solver()) {
     samp_.reset();
     out_.reset();
-    samp_ = std::make_unique<cuda::SamplerGpu>(s.solver(), n, /*x_copies=*/2, device);
+    samp_ = std::make_unique<cuda::SamplerGpu>(s.solver(), n, device);
     float* p = nullptr;
     CUDA_CHECK(cudaMalloc(&p, 2 * n * sizeof(float)));
     out_.reset(p);
@@ -64,7 +63,7 @@ void FusedDiTStep::step(cuda::DiTGpu& dit, int expert, Sampler& s, float guide, 
   const float t = static_cast<float>(s.timestep());
   const float tt[2] = {t, t};
   const Shape& ls = latent_shape_;
-  // x: [2, n] on the device, two equal copies; the DiT reads the first (one latent for cond and uncond).
+  // x: [n] on the device, the one latent of cond and uncond.
   dit.forward(expert, cuda::DiTShape{batch, ls[1], ls[2], ls[3], /*one_latent=*/true},
               inputs(samp_->x(), tt, ctx, lens), out_.get(), stream);
   const StepCoeffs k = s.take_step();

@@ -3,8 +3,8 @@
 // the sequence / batch) and differ only in the stream they order work on and how they wait for it.
 //   - dit_forward_host: the plain forward (Denoiser::forward): x [z, T, H, W] host f32, the latent of
 //     every sample (DiTShape::one_latent), timestep t for every sample, context [batch, rows, text_dim] f32.
-//   - FusedDiTStep: the fused sampling state (x kept as the [2, n] CFG batch the DiT reads, the DiT
-//     output, the solver history: cuda::SamplerGpu); begin() checks the latent against the DiT's config
+//   - FusedDiTStep: the fused sampling state (x [n], the one latent of the DiT's CFG batch; the DiT
+//     output; the solver history: cuda::SamplerGpu); begin() checks the latent against the DiT's config
 //     and uploads x and the sampler's state, step() runs the forward of step s.index() and the fused
 //     guidance + solver update, sync() brings x and the history back into s.
 // Invariants: nothing here synchronises the stream (the callers do, each its own way); the objects
@@ -39,7 +39,7 @@ class FusedDiTStep {
     void operator()(float* p) const { cudaFree(p); }
   };
   void check_index(const Sampler& s, const char* what) const;
-  std::unique_ptr<cuda::SamplerGpu> samp_;  // x [2, n] and the history
+  std::unique_ptr<cuda::SamplerGpu> samp_;  // x [n] and the history
   std::unique_ptr<float, CudaFree> out_;    // the DiT output [2, n] f32
   Shape latent_shape_;
 };

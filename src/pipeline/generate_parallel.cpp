@@ -336,7 +336,7 @@ class ParallelDenoiser final : public Denoiser {
   std::unique_ptr<cuda::DiTGpu> dit_;
   std::function<void()> before_step_;
   int high_index_ = -1, low_index_ = -1;
-  FusedDiTStep fused_;     // x [2, n], the DiT output and the history on this rank's device
+  FusedDiTStep fused_;     // x, the DiT output and the history on this rank's device
 };
 
 // Stage events: rank 0 passes the caller's hooks, the others none.
