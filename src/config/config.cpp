@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cctype>
 #include <charconv>
+#include <cmath>
 #include <cstdlib>
 #include <set>
 
@@ -425,6 +426,21 @@ VaeConfig vae_preset(const std::string& name) {
     c.dec_dim = 32;
   }
   return c;
+}
+
+int t5_relative_bucket(int64_t rel, int num_buckets, int max_distance) {
+  const int half = num_buckets / 2;  // bidirectional: one half per direction
+  const int max_exact = half / 2;
+  const int base = rel > 0 ? half : 0;
+  const int64_t n = rel < 0 ? -rel : rel;
+  if (n < max_exact) return base + static_cast<int>(n);
+  // float32 as torch: log(n / max_exact) / log(max_distance / max_exact) * (half - max_exact),
+  // the Python-float divisor rounded to float32 first, truncation toward zero.
+  const float ratio = static_cast<float>(n) / static_cast<float>(max_exact);
+  const float denom = static_cast<float>(std::log(static_cast<double>(max_distance) / max_exact));
+  const float scaled = std::log(ratio) / denom * static_cast<float>(half - max_exact);
+  const int64_t large = max_exact + static_cast<int64_t>(scaled);
+  return base + static_cast<int>(std::min<int64_t>(large, half - 1));
 }
 
 }  // namespace wan

@@ -57,6 +57,9 @@ struct T5Config {
   int head_dim() const { return dim_attn / num_heads; }
 };
 T5Config t5_preset(const std::string& name);  // "umt5-xxl", "tiny"
+// Relative position bucket of rel = key_index - query_index (spec §4.2; float32 log as the
+// reference computes it). Shared by the CPU encoder (text/umt5) and the GPU one (cuda/t5_gpu).
+int t5_relative_bucket(int64_t rel, int num_buckets, int max_distance);
 
 struct VaeConfig {
   int version = 21;          // 21 = Wan2.1 VAE (z 16), 22 = Wan2.2 VAE (z 48, patchified)

@@ -29,25 +29,6 @@ using dit_gpu_detail::WeightTable;
 using dit_gpu_detail::align_up;
 using t5_gpu_detail::kMaxTokens;
 
-namespace t5_gpu_detail {
-
-int relative_bucket(int64_t rel, int num_buckets, int max_distance) {
-  const int half = num_buckets / 2;  // bidirectional: one half per direction
-  const int max_exact = half / 2;
-  const int base = rel > 0 ? half : 0;
-  const int64_t n = rel < 0 ? -rel : rel;
-  if (n < max_exact) return base + static_cast<int>(n);
-  // float32 as torch: log(n / max_exact) / log(max_distance / max_exact) · (half − max_exact), the
-  // Python-float divisor rounded to float32 first, truncation toward zero (same as text/umt5.cpp).
-  const float ratio = static_cast<float>(n) / static_cast<float>(max_exact);
-  const float denom = static_cast<float>(std::log(static_cast<double>(max_distance) / max_exact));
-  const float scaled = std::log(ratio) / denom * static_cast<float>(half - max_exact);
-  const int64_t large = max_exact + static_cast<int64_t>(scaled);
-  return base + static_cast<int>(std::min<int64_t>(large, half - 1));
-}
-
-}  // namespace t5_gpu_detail
-
 namespace {
 
 constexpr size_t kReserveBytes = size_t{512} << 20;     // context, handles, kernels
@@ -210,7 +191,7 @@ void T5EncoderGpu::Impl::init(const T5Config& c, const T5WeightSource& src, int 
   std::vector<int32_t> buckets(static_cast<size_t>(2 * kMaxTokens - 1));
   for (int64_t r = -(kMaxTokens - 1); r <= kMaxTokens - 1; ++r)
     buckets[static_cast<size_t>(r + kMaxTokens - 1)] =
-        t5_gpu_detail::relative_bucket(r, c.num_buckets, c.max_distance);
+        t5_relative_bucket(r, c.num_buckets, c.max_distance);
   CUDA_CHECK(cudaMemcpyAsync(at<int32_t>(arena_plan.buckets), buckets.data(), buckets.size() * 4,
                              cudaMemcpyHostToDevice, stream));
   CUDA_CHECK(cudaStreamSynchronize(stream));

@@ -24,10 +24,6 @@ namespace wan::cuda::t5_gpu_detail {
 
 constexpr int64_t kMaxTokens = 512;  // longest prompt (the tokenizer's max_length)
 
-// Bucket of rel = key_index − query_index: the same float32 formula as wan::t5_relative_bucket
-// (text/umt5.cpp), reimplemented so that wan_cuda does not depend on wan_text.
-int relative_bucket(int64_t rel, int num_buckets, int max_distance);
-
 // x[i, :] = fp32(emb[ids[i], :]) for i < L. D % 8 == 0. ids must already be checked (in range).
 void embed_gather(const __nv_bfloat16* emb, const int32_t* ids, float* x, int64_t L, int64_t D, cudaStream_t s);
 

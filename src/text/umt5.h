@@ -54,10 +54,6 @@ T5Weights load_t5_weights(const T5Config& cfg, const T5TensorLoader& load);
 // The set must outlive the loader.
 T5TensorLoader t5_hf_loader(const SafetensorsSet& set);
 
-// Relative position bucket of rel = key_index - query_index (spec §4.2; float32 log as the
-// reference computes it).
-int t5_relative_bucket(int64_t rel, int num_buckets, int max_distance);
-
 // Full forward over L positions: out [L, dim]. mask [L] (nullable = all ones): keys with mask 0 are
 // excluded from every query's softmax; rows of masked positions are still computed (as the
 // reference does). ids must lie in [0, vocab).
