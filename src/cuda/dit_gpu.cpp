@@ -145,6 +145,13 @@ std::vector<AttentionShape> attention_shapes(const Geometry& g, bool any_sharing
   return v;
 }
 
+// Samples 1 .. B-1 of a [B, per_sample] buffer become copies of sample 0 (the one-latent CFG batch).
+void copy_first_sample(void* p, size_t per_sample_bytes, int64_t B, cudaStream_t s) {
+  auto* base = static_cast<char*>(p);
+  for (int64_t b = 1; b < B; ++b)
+    CUDA_CHECK(cudaMemcpyAsync(base + b * per_sample_bytes, base, per_sample_bytes, cudaMemcpyDeviceToDevice, s));
+}
+
 std::string gib(size_t b) {
   char s[32];
   std::snprintf(s, sizeof s, "%.2f", static_cast<double>(b) / (kMiB * 1024.0));
@@ -487,8 +494,7 @@ void DiTGpu::Impl::stage_inputs(const Geometry& g, const DiTInputs& in, cudaStre
   if (g.one_latent) {  // x's first latent is every sample's: read once, copied on the device
     const size_t bytes = static_cast<size_t>(x_sample) * 4;
     CUDA_CHECK(cudaMemcpyAsync(x_in, in.x, bytes, cudaMemcpyDefault, s));
-    for (int64_t b = 1; b < g.B; ++b)
-      CUDA_CHECK(cudaMemcpyAsync(x_in + b * x_sample, x_in, bytes, cudaMemcpyDeviceToDevice, s));
+    copy_first_sample(x_in, bytes, g.B, s);
   } else {
     CUDA_CHECK(cudaMemcpyAsync(x_in, in.x + b0 * x_sample, static_cast<size_t>(g.B * x_sample) * 4, cudaMemcpyDefault,
                                s));
@@ -538,10 +544,7 @@ void DiTGpu::Impl::block(const BlockPtrs& w, const BlockPtrs* next, const Geomet
     attention_op(OpCat::SelfAttention, ss, sa, s);
   }
   linear_op(att, w.o_w, w.o_b, q, sa_rows, D, D, Act::None, s);
-  if (shared)  // the other samples' o rows are sample 0's
-    for (int64_t b = 1; b < g.B; ++b)
-      CUDA_CHECK(cudaMemcpyAsync(q + b * g.S * D, q, static_cast<size_t>(g.S * D) * sizeof(bf16),
-                                 cudaMemcpyDeviceToDevice, s));
+  if (shared) copy_first_sample(q, static_cast<size_t>(g.S * D) * sizeof(bf16), g.B, s);  // the others' o rows
   // resid += o·gate_sa, and the cross-attention's affine pre-norm (norm3) of it, in one pass
   const ModVec gate_sa = chunk(2);
   residual_add_layernorm_affine(resid, q, &gate_sa, w.n3w, w.n3b, h, rows, D, eps, s);
@@ -816,9 +819,10 @@ void DiTGpu::Impl::forward(int expert, const DiTShape& shape, const DiTInputs& i
             "DiT GPU forward: context must be f32 or bf16, got ", dtype_name(in.context_dtype));
   WAN_CHECK(in.ctx_rows >= 1 && in.ctx_rows <= g.TL, "DiT GPU forward: context has ", in.ctx_rows,
             " rows per sample, expected 1..", g.TL);
-  for (int64_t b = 0; b < g.Bg && g.one_latent; ++b)
-    WAN_CHECK(in.t[b] == in.t[0], "DiT GPU forward: one latent for every sample (DiTShape::one_latent) needs one "
-              "timestep, but sample ", b, " has ", in.t[b], " and sample 0 ", in.t[0]);
+  if (g.one_latent)
+    for (int64_t b = 1; b < g.Bg; ++b)
+      WAN_CHECK(in.t[b] == in.t[0], "DiT GPU forward: one latent for every sample (DiTShape::one_latent) needs one "
+                "timestep, but sample ", b, " has ", in.t[b], " and sample 0 ", in.t[0]);
   for (int64_t b = 0; b < g.Bg; ++b)
     WAN_CHECK(in.ctx_lens[b] >= 0 && in.ctx_lens[b] <= in.ctx_rows, "DiT GPU forward: context length ",
               in.ctx_lens[b], " of sample ", b, " outside [0, ", in.ctx_rows, "]");
