@@ -54,6 +54,9 @@ struct Case {
   float q_std = 1.0f;
   uint64_t seed = 1;
   int64_t sample_rows = 0;     // 0: every query row vs fp32; else this many rows
+  // Every key element < 0 and query rows alternately all > 0 / all < 0: every logit of an even row is
+  // negative (about -7), every logit of an odd row positive (the row maxima's sign cases).
+  bool neg_rows = false;
 };
 
 // Plain bf16 maths (bf16 inputs, fp32 scores/softmax, P rounded to bf16, fp32 accumulation, bf16 out)
@@ -127,9 +130,19 @@ Result run_case(CudnnAttention& cudnn, const Case& c, cudaStream_t stream) {
     return c.fused_qkv ? qkv[static_cast<size_t>((b * Lk + j) * ld + 2 * HD + e)]
                        : vh[static_cast<size_t>((b * Lk + j) * HD + e)];
   };
-  auto qat = [&](int64_t b, int64_t i, int64_t e) -> uint16_t {
+  auto qat = [&](int64_t b, int64_t i, int64_t e) -> uint16_t& {
     return c.fused_qkv ? qkv[static_cast<size_t>((b * Lq + i) * ld + e)] : qh[static_cast<size_t>((b * Lq + i) * HD + e)];
   };
+  if (c.neg_rows) {
+    auto absb = [](uint16_t x) { return static_cast<uint16_t>(x & 0x7FFF); };
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t j = 0; j < Lk; ++j)
+        for (int64_t e = 0; e < HD; ++e) kat(b, j, e) = static_cast<uint16_t>(absb(kat(b, j, e)) | 0x8000);
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t i = 0; i < Lq; ++i)
+        for (int64_t e = 0; e < HD; ++e)
+          qat(b, i, e) = static_cast<uint16_t>(absb(qat(b, i, e)) | (i % 2 ? 0x8000 : 0));
+  }
   if (masked) {
     const std::vector<uint16_t> junk = to_bf16(randn(c.seed + 3000, static_cast<size_t>(2 * Lk * HD), 20.0f, 40.0f));
     for (int64_t b = 0; b < B; ++b)
@@ -289,6 +302,8 @@ TEST(GpuAttentionOwn, SmallOddLengthsEveryRow) {
       {"masked 512 (1, 129)", 2, 130, 512, 2, {1, 129}, false, 0, 2.0f, 18},
       // ~10 work items per CTA: the persistent grid's hand-over between items, ragged key counts
       {"many items masked (1, 300)", 2, 2000, 300, 40, {1, 300}, false, 0, 1.0f, 19},
+      {"negative-logit rows", 2, 300, 400, 2, {}, false, 0, 1.0f, 20, 0, true},
+      {"negative-logit rows fused", 1, 700, 700, 2, {}, true, 0, 0.5f, 24, 0, true},
   };
   // Both key tiles, one CTA per item and the persistent grid on every case (the persistent grid runs one
   // pipeline across items: an item's last P·V and epilogue overlap the next item's first Q·Kᵀ; with
