@@ -1,8 +1,8 @@
 // The GPU UMT5 encoder (src/cuda/t5_gpu.h) against the CPU fp32 reference wan::t5_encode (src/text):
 //   - its kernels on fresh random inputs: fused residual add + RMSNorm (the fp32 residual bit-exact),
 //     GELU-mul and softmax with relative bias (bf16 outputs within twice the error of the same maths
-//     done plainly in bf16 on the host) (the relative buckets come from wan::t5_relative_bucket, shared
-//     with the CPU encoder and tested in tests/cpu/test_umt5.cpp);
+//     done plainly in bf16 on the host); the relative buckets come from wan::t5_relative_bucket, shared
+//     with the CPU encoder and tested in tests/cpu/test_umt5.cpp;
 //   - the whole encoder on small configs (head_dim 64 with an outlier embedding channel, and the
 //     "tiny" preset, head_dim 16) with random bf16-exact host weights, lengths 1, 7, 77, 512 run in
 //     increasing order on one encoder whose arena starts poisoned with NaN (a row left unwritten shows);
