@@ -466,6 +466,15 @@ __global__ void __launch_bounds__(kThreads, 1)
     softmax_tile<BN>(s, st, sl2, n_valid, lane, alpha);
     pend(it);
   };
+  // O rescaled to the pending tile's maxima, then O += P·V of the pending tile (V in ring stage sp)
+  // issued and committed; inside the caller's turn.
+  auto rescale_and_issue_pv = [&](int sp) {
+#pragma unroll
+    for (int i = 0; i < 64; ++i) o[i] *= alpha[(i >> 1) & 1];
+    wgmma_fence();  // orders the multiplies before the wgmma that accumulates into O
+    issue_pv<BN>(o, pf, sV + sp * kKVTile);
+    wgmma_commit();
+  };
   // S = Q·K_posᵀ issued, then O rescaled to the previous tile's maxima (while Q·Kᵀ runs) and O += P·V of
   // the pending tile issued, in one turn of the ping-pong. The caller waits (straight-line, see above).
   auto issue_qk_then_pv = [&](uint32_t pos) {
@@ -476,11 +485,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma_fence();
     issue_qk<BN>(s, q_base, sK + sk * kKVTile);
     wgmma_commit();
-#pragma unroll
-    for (int i = 0; i < 64; ++i) o[i] *= alpha[(i >> 1) & 1];
-    wgmma_fence();  // orders the multiplies before the wgmma that accumulates into O
-    issue_pv<BN>(o, pf, sV + sp * kKVTile);
-    wgmma_commit();
+    rescale_and_issue_pv(sp);
     turn_end();
   };
   // Tile 0 of a later item: S_0 together with the previous item's last P·V, then that item's epilogue.
@@ -527,12 +532,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto last_pv_and_epilogue = [&] {
     const int sp = pend_pos % kStages;
     mbar_wait(v_full(sp), (pend_pos / kStages) & 1);
-#pragma unroll
-    for (int i = 0; i < 64; ++i) o[i] *= alpha[(i >> 1) & 1];
     turn_begin();
-    wgmma_fence();
-    issue_pv<BN>(o, pf, sV + sp * kKVTile);
-    wgmma_commit();
+    rescale_and_issue_pv(sp);
     turn_end();
     wgmma_wait<0>();
     reg_fence(o);
