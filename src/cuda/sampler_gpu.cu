@@ -97,15 +97,6 @@ bool overlaps(const float* a, size_t an, const float* b, size_t bn) {
   return a < b + bn && b < a + an;
 }
 
-const char* name_of(SolverKind k) {
-  switch (k) {
-    case SolverKind::UniPC: return "unipc";
-    case SolverKind::DpmPP: return "dpm++";
-    case SolverKind::Euler: return "euler";
-  }
-  return "?";
-}
-
 }  // namespace
 
 SamplerGpu::SamplerGpu(SolverKind solver, size_t n, int device) : solver_(solver), n_(n), device_(device) {
@@ -167,8 +158,8 @@ void SamplerGpu::get_x(float* dst, cudaStream_t stream) const {
 }
 
 void SamplerGpu::step(const StepCoeffs& c, const float* cond, const float* uncond, float guide, cudaStream_t stream) {
-  WAN_CHECK(c.solver == solver_, "sampler GPU: ", name_of(c.solver), " coefficients given to a ", name_of(solver_),
-            " sampler");
+  WAN_CHECK(c.solver == solver_, "sampler GPU: ", solver_name(c.solver), " coefficients given to a ",
+            solver_name(solver_), " sampler");
   WAN_CHECK(c.index == index_, "sampler GPU: the coefficients are for step ", c.index, ", the state is at step ",
             index_);
   WAN_CHECK(cond != nullptr, "sampler GPU: step() needs the model output");
@@ -231,8 +222,8 @@ void SamplerGpu::upload_state(const SamplerState& st, cudaStream_t stream) {
     const size_t want_m = solver_ != SolverKind::Euler ? n_ : 0, want_s = solver_ == SolverKind::UniPC ? n_ : 0;
     WAN_CHECK(st.n == n_, "sampler GPU state: ", st.n, " elements, this sampler has ", n_);
     WAN_CHECK(st.m_last.size() == want_m && st.m_prev.size() == want_m && st.last_sample.size() == want_s,
-              "sampler GPU state: ", name_of(solver_), " at step ", st.index, " needs ", want_m, " + ", want_m, " + ",
-              want_s, " history values (m_last, m_prev, last_sample), got ", st.m_last.size(), " + ",
+              "sampler GPU state: ", solver_name(solver_), " at step ", st.index, " needs ", want_m, " + ", want_m,
+              " + ", want_s, " history values (m_last, m_prev, last_sample), got ", st.m_last.size(), " + ",
               st.m_prev.size(), " + ", st.last_sample.size());
     auto put = [&](float* p, const std::vector<float>& v) {
       if (p) CUDA_CHECK(cudaMemcpyAsync(p, v.data(), n_ * 4, cudaMemcpyHostToDevice, stream));

@@ -34,7 +34,6 @@ namespace wan {
 // ship), used for every solver so the end-to-end test can follow WanPipeline.
 enum class ScheduleKind { Official, Diffusers };
 
-const char* solver_name(SolverKind k);               // "unipc", "dpm++", "euler"
 SolverKind solver_from_name(const std::string& s);   // throws wan::Error listing the valid names
 const char* schedule_name(ScheduleKind k);           // "official", "diffusers"
 ScheduleKind schedule_from_name(const std::string& s);

@@ -30,6 +30,16 @@ namespace wan {
 
 enum class SolverKind { UniPC, DpmPP, Euler };
 
+// "unipc", "dpm++", "euler" (the CLI's --sampler names; solver_from_name in sampler.h reads them).
+inline const char* solver_name(SolverKind k) {
+  switch (k) {
+    case SolverKind::UniPC: return "unipc";
+    case SolverKind::DpmPP: return "dpm++";
+    case SolverKind::Euler: return "euler";
+  }
+  return "?";
+}
+
 // The scalars of one step. Orders: 0 = none (corrector) / land on the data prediction (update onto
 // sigma = 0), 1 = first order, 2 = second order.
 struct StepCoeffs {

@@ -10,15 +10,6 @@
 
 namespace wan {
 
-const char* solver_name(SolverKind k) {
-  switch (k) {
-    case SolverKind::UniPC: return "unipc";
-    case SolverKind::DpmPP: return "dpm++";
-    case SolverKind::Euler: return "euler";
-  }
-  return "?";
-}
-
 SolverKind solver_from_name(const std::string& s) {
   if (s == "unipc") return SolverKind::UniPC;
   if (s == "dpm++") return SolverKind::DpmPP;
