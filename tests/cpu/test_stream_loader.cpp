@@ -34,6 +34,7 @@
 
 #include "ckpt/layout.h"
 #include "test_util.h"
+#include "tiny_checkpoints.h"
 #include "ckpt/stream.h"
 #include "core/dtype.h"
 #include "core/error.h"
@@ -258,20 +259,7 @@ class StreamLoaderTest : public ::testing::Test {
   static TempDir* dir;
   static void SetUpTestSuite() {
     dir = new TempDir();
-    auto make = [](const std::string& out, Layout layout, DType dtype, uint64_t shard) {
-      gen::MakeCheckpointOptions o;
-      o.config = "tiny";
-      o.layout = layout;
-      o.dtype = dtype;
-      o.seed = 11;
-      o.out = out;
-      if (shard) o.max_shard_bytes = shard;
-      gen::make_checkpoint(o);
-    };
-    make(*dir / "off_f32", Layout::Official, DType::F32, 0);
-    make(*dir / "off_bf16", Layout::Official, DType::BF16, 0);
-    make(*dir / "dif_f32", Layout::Diffusers, DType::F32, 0);
-    make(*dir / "dif_bf16", Layout::Diffusers, DType::BF16, 300000);  // several shards
+    wan::test::make_tiny_checkpoint_set(*dir, 11);
   }
   static void TearDownTestSuite() {
     delete dir;

@@ -47,6 +47,7 @@
 #include <vector>
 
 #include "../cpu/test_util.h"
+#include "../cpu/tiny_checkpoints.h"
 #include "ckpt/layout.h"
 #include "ckpt/stream.h"
 #include "core/clock.h"
@@ -153,20 +154,7 @@ class Checkpoints : public ::testing::Test {
   static TempDir* dir;
   static void SetUpTestSuite() {
     dir = new TempDir("load_gpu");
-    auto make = [](const std::string& out, Layout layout, DType dtype, uint64_t shard) {
-      gen::MakeCheckpointOptions o;
-      o.config = "tiny";
-      o.layout = layout;
-      o.dtype = dtype;
-      o.seed = 23;
-      o.out = out;
-      if (shard) o.max_shard_bytes = shard;
-      gen::make_checkpoint(o);
-    };
-    make(*dir / "off_f32", Layout::Official, DType::F32, 0);
-    make(*dir / "off_bf16", Layout::Official, DType::BF16, 0);
-    make(*dir / "dif_f32", Layout::Diffusers, DType::F32, 0);
-    make(*dir / "dif_bf16", Layout::Diffusers, DType::BF16, 300000);  // several shards
+    wan::test::make_tiny_checkpoint_set(*dir, 23);
     // ComfyUI single files from the official fp32 high-noise expert: fp16, and fp8_scaled.
     CheckpointInfo off = detect_checkpoint(*dir / "off_f32");
     auto src = open_weights(off, Role::DiTHigh);
