@@ -1,7 +1,8 @@
 // cuDNN fused attention (cuda/attention_cudnn.h) against the CPU reference wan::ops::attention.
 // Precision rule (issue 4): the GPU's max error vs the fp32 reference must be at most twice the max
 // error of the same maths done plainly in bf16 (bf16 inputs, fp32 scores and softmax, P rounded to bf16
-// before P·V, fp32 accumulation, output rounded to the output type), computed here on the CPU.
+// before P·V, fp32 accumulation, output rounded to the output type), computed on the CPU by
+// attention_test_ref.h (shared with the own kernel's test).
 // Every case uses fresh random inputs, poisons outputs (NaN bytes) first and checks that every output
 // element was written and that nothing outside the output rows (stride gaps) was touched. Masked keys
 // are filled with large junk so that a masking error shows as a large error.
@@ -15,15 +16,13 @@
 #include <memory>
 #include <vector>
 
+#include "attention_test_ref.h"
 #include "core/dtype.h"
 #include "core/error.h"
-#include "core/philox.h"
-#include "core/thread_pool.h"
 #include "cuda/attention_cudnn.h"
 #include "cuda/check.h"
 #include "cuda/rng.h"
 #include "gpu_test_util.h"
-#include "ops/cpu_ops.h"
 
 using namespace wan;
 using namespace wan::gpu_test;
@@ -34,60 +33,8 @@ using cuda::CudnnAttention;
 
 namespace {
 
-constexpr int64_t D = 128;
-const float kScale = static_cast<float>(1.0 / std::sqrt(128.0));
-
-struct PlainOut {
-  std::vector<float> o_bf16;  // [B, R, H, D], output rounded to bf16
-  std::vector<double> lse;    // [B, H, R] log-sum-exp (fp32 scores, double exp/sum/log)
-};
-
-// The plain bf16 maths on the CPU for R query rows q [B, R, H, D] (already bf16 values), k/v dense
-// [B, Lk, H, D]. Also the log-sum-exp reference.
-PlainOut plain_bf16_attention(const std::vector<float>& q, const std::vector<float>& k, const std::vector<float>& v,
-                              int64_t B, int64_t R, int64_t Lk, int64_t H, const std::vector<int64_t>& klens) {
-  PlainOut r;
-  r.o_bf16.resize(static_cast<size_t>(B * R * H * D));
-  r.lse.resize(static_cast<size_t>(B * H * R));
-  const int64_t row = H * D;
-  parallel_for(B * H * R, 4, [&](int64_t i0, int64_t i1) {
-    std::vector<float> s(static_cast<size_t>(Lk));
-    std::vector<float> acc(D);
-    for (int64_t i = i0; i < i1; ++i) {
-      const int64_t b = i / (H * R), h = (i / R) % H, qi = i % R;
-      const int64_t kl = klens.empty() ? Lk : klens[b];
-      const float* qr = q.data() + (b * R + qi) * row + h * D;
-      float mx = -INFINITY;
-      for (int64_t j = 0; j < kl; ++j) {
-        const float* kr = k.data() + (b * Lk + j) * row + h * D;
-        float part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        for (int64_t d = 0; d < D; d += 8)
-          for (int u = 0; u < 8; ++u) part[u] += qr[d + u] * kr[d + u];
-        float dot = 0.0f;
-        for (int u = 0; u < 8; ++u) dot += part[u];
-        s[j] = dot * kScale;
-        mx = std::max(mx, s[j]);
-      }
-      float sum = 0.0f;
-      double sumd = 0.0;  // the LSE reference: fp32 scores, exp and sum in double
-      for (int64_t d = 0; d < D; ++d) acc[d] = 0.0f;
-      for (int64_t j = 0; j < kl; ++j) {
-        const float p = std::exp(s[j] - mx);
-        sum += p;
-        sumd += std::exp(static_cast<double>(s[j]) - mx);
-        const float pb = bf16_to_f32(f32_to_bf16(p));
-        const float* vr = v.data() + (b * Lk + j) * row + h * D;
-        for (int64_t d = 0; d < D; ++d) acc[d] += pb * vr[d];
-      }
-      const size_t o = static_cast<size_t>((b * R + qi) * row + h * D);
-      for (int64_t d = 0; d < D; ++d) {
-        r.o_bf16[o + d] = bf16_to_f32(f32_to_bf16(acc[d] / sum));
-      }
-      r.lse[static_cast<size_t>((b * H + h) * R + qi)] = mx + std::log(sumd);
-    }
-  });
-  return r;
-}
+constexpr int64_t D = kAttnD;
+const float kScale = kAttnScale;
 
 struct Case {
   const char* name;
@@ -235,32 +182,11 @@ CaseResult run_case(CudnnAttention& attn, const Case& c, cudaStream_t stream) {
   }
 
   // ---- CPU reference on the checked rows ----
-  std::vector<int64_t> rows;
-  if (c.sample_rows == 0 || c.sample_rows >= Lq) {
-    for (int64_t i = 0; i < Lq; ++i) rows.push_back(i);
-  } else {
-    rows = {0, Lq - 1};
-    for (int64_t t = 0; static_cast<int64_t>(rows.size()) < c.sample_rows; ++t) {
-      const int64_t i = static_cast<int64_t>(philox_uniform(c.seed + 77, static_cast<uint64_t>(t)) * Lq) % Lq;
-      if (std::find(rows.begin(), rows.end(), i) == rows.end()) rows.push_back(i);
-    }
-  }
-  const int64_t R = static_cast<int64_t>(rows.size());
-  std::vector<float> qf(static_cast<size_t>(B * R * HD)), kf(static_cast<size_t>(B * Lk * HD)), vf(kf.size());
-  for (int64_t b = 0; b < B; ++b) {
-    for (int64_t r = 0; r < R; ++r)
-      for (int64_t e = 0; e < HD; ++e) qf[static_cast<size_t>((b * R + r) * HD + e)] = bf16_to_f32(qat(b, rows[r], e));
-    for (int64_t j = 0; j < Lk; ++j)
-      for (int64_t e = 0; e < HD; ++e) {
-        kf[static_cast<size_t>((b * Lk + j) * HD + e)] = bf16_to_f32(kat(b, j, e));
-        vf[static_cast<size_t>((b * Lk + j) * HD + e)] = bf16_to_f32(vat(b, j, e));
-      }
-  }
-  std::vector<float> ref(qf.size());
-  ops::attention(qf.data(), kf.data(), vf.data(), ref.data(), B, R, Lk, H, D, masked ? c.klens.data() : nullptr,
-                 kScale);
-  const PlainOut plain = plain_bf16_attention(qf, kf, vf, B, R, Lk, H, c.klens);
-  const std::vector<float>& base = plain.o_bf16;
+  const std::vector<int64_t> rows = checked_rows(Lq, c.sample_rows, c.seed);
+  const AttentionRef cref = attention_reference(qat, kat, vat, B, Lk, H, rows, c.klens);
+  const int64_t R = cref.R;
+  const std::vector<float>& ref = cref.fp32;
+  const std::vector<float>& base = cref.plain;
 
   CaseResult res;
   res.ms = ms;
@@ -276,7 +202,7 @@ CaseResult run_case(CudnnAttention& attn, const Case& c, cudaStream_t stream) {
       for (int64_t h = 0; h < H; ++h)
         for (int64_t r = 0; r < R; ++r) {
           const double g = lse_gpu[static_cast<size_t>((b * H + h) * Lq + rows[r])];
-          const double want = plain.lse[static_cast<size_t>((b * H + h) * R + r)];
+          const double want = cref.lse[static_cast<size_t>((b * H + h) * R + r)];
           res.lse_err = std::max(res.lse_err, std::fabs(g - want) / std::max(1.0, std::fabs(want)));
         }
   std::printf("[attn] %-34s B=%lld Lq=%lld Lk=%lld H=%lld rows=%lld  err %.3e  bf16-plain %.3e  lse %.2e  %.3f ms\n",

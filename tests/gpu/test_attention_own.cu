@@ -19,15 +19,13 @@
 #include <memory>
 #include <vector>
 
+#include "attention_test_ref.h"
 #include "core/dtype.h"
 #include "core/error.h"
-#include "core/philox.h"
-#include "core/thread_pool.h"
 #include "cuda/attention_cudnn.h"
 #include "cuda/attention_own.h"
 #include "cuda/check.h"
 #include "gpu_test_util.h"
-#include "ops/cpu_ops.h"
 
 using namespace wan;
 using namespace wan::gpu_test;
@@ -42,8 +40,7 @@ using cuda::OwnAttention;
 
 namespace {
 
-constexpr int64_t D = 128;
-const float kScale = static_cast<float>(1.0 / std::sqrt(128.0));
+constexpr int64_t D = kAttnD;
 
 struct Case {
   const char* name;
@@ -58,45 +55,6 @@ struct Case {
   // negative (about -7), every logit of an odd row positive (the row maxima's sign cases).
   bool neg_rows = false;
 };
-
-// Plain bf16 maths (bf16 inputs, fp32 scores/softmax, P rounded to bf16, fp32 accumulation, bf16 out)
-// and the double-precision LSE, for R query rows q [B, R, H, D]; k/v dense [B, Lk, H, D].
-void plain_bf16(const std::vector<float>& q, const std::vector<float>& k, const std::vector<float>& v, int64_t B,
-                int64_t R, int64_t Lk, int64_t H, const std::vector<int64_t>& klens, std::vector<float>* o,
-                std::vector<double>* lse) {
-  o->assign(static_cast<size_t>(B * R * H * D), 0.f);
-  lse->assign(static_cast<size_t>(B * H * R), 0.0);
-  const int64_t row = H * D;
-  parallel_for(B * H * R, 1, [&](int64_t i0, int64_t i1) {
-    std::vector<float> s(static_cast<size_t>(Lk)), acc(D);
-    for (int64_t i = i0; i < i1; ++i) {
-      const int64_t b = i / (H * R), h = (i / R) % H, qi = i % R;
-      const int64_t kl = klens.empty() ? Lk : klens[b];
-      const float* qr = q.data() + (b * R + qi) * row + h * D;
-      float mx = -INFINITY;
-      for (int64_t j = 0; j < kl; ++j) {
-        const float* kr = k.data() + (b * Lk + j) * row + h * D;
-        float dot = 0.f;
-        for (int64_t d = 0; d < D; ++d) dot += qr[d] * kr[d];
-        s[j] = dot * kScale;
-        mx = std::max(mx, s[j]);
-      }
-      float sum = 0.f;
-      double sumd = 0.0;
-      std::fill(acc.begin(), acc.end(), 0.f);
-      for (int64_t j = 0; j < kl; ++j) {
-        const float p = std::exp(s[j] - mx);
-        sum += p;
-        sumd += std::exp(static_cast<double>(s[j]) - mx);
-        const float pb = rb(p);
-        const float* vr = v.data() + (b * Lk + j) * row + h * D;
-        for (int64_t d = 0; d < D; ++d) acc[d] += pb * vr[d];
-      }
-      for (int64_t d = 0; d < D; ++d) (*o)[static_cast<size_t>((b * R + qi) * row + h * D + d)] = rb(acc[d] / sum);
-      (*lse)[static_cast<size_t>((b * H + h) * R + qi)] = mx + std::log(sumd);
-    }
-  });
-}
 
 struct Outputs {
   std::vector<uint16_t> o;  // [B, Lq, o_ld]
@@ -231,31 +189,11 @@ Result run_case(CudnnAttention& cudnn, const Case& c, cudaStream_t stream) {
       if (std::isfinite(d)) r.own_vs_cudnn = std::max(r.own_vs_cudnn, d);
     }
   // rows checked against fp32
-  std::vector<int64_t> rows;
-  if (c.sample_rows == 0 || c.sample_rows >= Lq) {
-    for (int64_t i = 0; i < Lq; ++i) rows.push_back(i);
-  } else {
-    rows = {0, Lq - 1};
-    for (uint64_t t = 0; static_cast<int64_t>(rows.size()) < c.sample_rows; ++t) {
-      const int64_t i = static_cast<int64_t>(philox_uniform(c.seed + 77, t) * Lq) % Lq;
-      if (std::find(rows.begin(), rows.end(), i) == rows.end()) rows.push_back(i);
-    }
-  }
-  const int64_t R = static_cast<int64_t>(rows.size());
-  std::vector<float> qf(static_cast<size_t>(B * R * HD)), kf(static_cast<size_t>(B * Lk * HD)), vf(kf.size());
-  for (int64_t b = 0; b < B; ++b) {
-    for (int64_t i = 0; i < R; ++i)
-      for (int64_t e = 0; e < HD; ++e) qf[static_cast<size_t>((b * R + i) * HD + e)] = bf16_to_f32(qat(b, rows[i], e));
-    for (int64_t j = 0; j < Lk; ++j)
-      for (int64_t e = 0; e < HD; ++e) {
-        kf[static_cast<size_t>((b * Lk + j) * HD + e)] = bf16_to_f32(kat(b, j, e));
-        vf[static_cast<size_t>((b * Lk + j) * HD + e)] = bf16_to_f32(vat(b, j, e));
-      }
-  }
-  std::vector<float> ref(qf.size()), plain;
-  std::vector<double> lse_ref;
-  ops::attention(qf.data(), kf.data(), vf.data(), ref.data(), B, R, Lk, H, D, masked ? c.klens.data() : nullptr, kScale);
-  plain_bf16(qf, kf, vf, B, R, Lk, H, c.klens, &plain, &lse_ref);
+  const std::vector<int64_t> rows = checked_rows(Lq, c.sample_rows, c.seed);
+  const AttentionRef cref = attention_reference(qat, kat, vat, B, Lk, H, rows, c.klens);
+  const int64_t R = cref.R;
+  const std::vector<float>&ref = cref.fp32, &plain = cref.plain;
+  const std::vector<double>& lse_ref = cref.lse;
   for (int64_t b = 0; b < B; ++b)
     for (int64_t i = 0; i < R; ++i)
       for (int64_t e = 0; e < HD; ++e) {
