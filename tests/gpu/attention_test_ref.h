@@ -18,6 +18,7 @@
 #include "core/dtype.h"
 #include "core/philox.h"
 #include "core/thread_pool.h"
+#include "gpu_test_util.h"
 #include "ops/cpu_ops.h"
 
 namespace wan::gpu_test {
@@ -92,12 +93,12 @@ AttentionRef attention_reference(QAt&& qat, KAt&& kat, VAt&& vat, int64_t B, int
         const float p = std::exp(s[j] - mx);
         sum += p;
         sumd += std::exp(static_cast<double>(s[j]) - mx);
-        const float pb = bf16_to_f32(f32_to_bf16(p));
+        const float pb = rb(p);
         const float* vr = v.data() + (b * Lk + j) * HD + h * D;
         for (int64_t d = 0; d < D; ++d) acc[d] += pb * vr[d];
       }
       float* o = ref.plain.data() + (b * R + qi) * HD + h * D;
-      for (int64_t d = 0; d < D; ++d) o[d] = bf16_to_f32(f32_to_bf16(acc[d] / sum));
+      for (int64_t d = 0; d < D; ++d) o[d] = rb(acc[d] / sum);
       ref.lse[static_cast<size_t>((b * H + h) * R + qi)] = mx + std::log(sumd);
     }
   });

@@ -34,7 +34,6 @@ using cuda::CudnnAttention;
 namespace {
 
 constexpr int64_t D = kAttnD;
-const float kScale = kAttnScale;
 
 struct Case {
   const char* name;
@@ -378,7 +377,7 @@ TEST(GpuAttentionCudnn, PlanCacheAndDeterminism) {
   attn.prepare(s2);
   EXPECT_EQ(attn.plans_built(), 2u);
   // an explicit scale equal to the default gives the same bits
-  a.scale = kScale;
+  a.scale = kAttnScale;
   a.o = o2.p;
   attn.run(s, a, dws.p, ws, st.s);
   CUDA_CHECK(cudaStreamSynchronize(st.s));
