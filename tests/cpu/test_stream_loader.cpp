@@ -48,13 +48,26 @@ namespace {
 
 using wan::test::TempDir;
 
-// Runs f on another thread; a hang past 30 s fails the whole test binary at once.
+// Runs f on another thread and fails the whole test binary at once if it hangs. With a progress
+// counter (chunks delivered so far), a hang is 60 s without a new chunk: a slow but moving load
+// (sanitizers on a busy 2-core CI machine take minutes over the tiny-chunk sweeps) is not one.
+// Without a counter, f must finish within 120 s.
 template <typename F>
-auto guarded(F f) {
+auto guarded(F f, const std::atomic<uint64_t>* progress = nullptr) {
   auto fut = std::async(std::launch::async, std::move(f));
-  if (fut.wait_for(std::chrono::seconds(30)) != std::future_status::ready) {
-    std::fprintf(stderr, "stream loader test: load did not finish within 30 s (hang)\n");
-    std::_Exit(3);
+  const auto stall_limit = std::chrono::seconds(progress ? 60 : 120);
+  uint64_t last = progress ? progress->load() : 0;
+  auto last_change = std::chrono::steady_clock::now();
+  while (fut.wait_for(std::chrono::milliseconds(200)) != std::future_status::ready) {
+    const auto now = std::chrono::steady_clock::now();
+    if (progress && progress->load() != last) {
+      last = progress->load();
+      last_change = now;
+    } else if (now - last_change > stall_limit) {
+      std::fprintf(stderr, "stream loader test: load made no progress for %lld s (hang)\n",
+                   static_cast<long long>(std::chrono::duration_cast<std::chrono::seconds>(stall_limit).count()));
+      std::_Exit(3);
+    }
   }
   return fut.get();
 }
@@ -112,7 +125,12 @@ struct HostSink {
         l = std::move(queue.front());
         queue.pop_front();
       }
-      std::this_thread::sleep_for(std::chrono::microseconds(rng() % 50));  // an "H2D copy" in flight
+      // An "H2D copy" in flight: a short sleep for one release in eight, a yield otherwise (a sleep on
+      // every one of the ~50 000 tiny chunks made single loads take seconds, minutes under sanitizers).
+      if (rng() % 8 == 0)
+        std::this_thread::sleep_for(std::chrono::microseconds(rng() % 50));
+      else
+        std::this_thread::yield();
       --outstanding;
       l.release();
     }
@@ -218,10 +236,12 @@ void load_and_compare(const Source& src, size_t chunk, int threads, int K, Relea
     };
   }
   StreamLoader loader(opt);
-  StreamStats stats = guarded([&] {
-    return loader.run(src.plan, staging, buf_bytes,
-                      [&](const Chunk& c, const void* p, StagingLease l) { sink(c, p, std::move(l)); });
-  });
+  StreamStats stats = guarded(
+      [&] {
+        return loader.run(src.plan, staging, buf_bytes,
+                          [&](const Chunk& c, const void* p, StagingLease l) { sink(c, p, std::move(l)); });
+      },
+      &sink.calls);
   sink.stop_releaser();
   EXPECT_EQ(stats.buffers, given + grown);
   EXPECT_GE(stats.buffers, 1);
@@ -257,10 +277,10 @@ void load_and_compare(const Source& src, size_t chunk, int threads, int K, Relea
 class StreamLoaderTest : public ::testing::Test {
  protected:
   static TempDir* dir;
-  static void SetUpTestSuite() {
-    dir = new TempDir();
-    wan::test::make_tiny_checkpoint_set(*dir, 11);
-  }
+  static void SetUpTestSuite() { dir = new TempDir(); }
+  // The named tiny checkpoint (tiny_checkpoints.h), written on first use: each test writes only the
+  // one it reads.
+  static std::string ckpt(const std::string& name) { return wan::test::tiny_checkpoint(*dir, name, 11); }
   static void TearDownTestSuite() {
     delete dir;
     dir = nullptr;
@@ -286,17 +306,17 @@ void sweep(const Source& s) {
 }
 
 TEST_F(StreamLoaderTest, OfficialF32MatchesGetF32) {
-  Source s = open_all(*dir / "off_f32", "official fp32");
+  Source s = open_all(ckpt("off_f32"), "official fp32");
   // The official layout's text encoder and VAE are .pth files: those go through the same loader.
   bool pth = false;
   for (const PlanTensor& t : s.plan.tensors) pth |= t.span.path.size() > 4 && t.span.path.ends_with(".pth");
   EXPECT_TRUE(pth);
   sweep(s);
 }
-TEST_F(StreamLoaderTest, OfficialBf16MatchesGetF32) { sweep(open_all(*dir / "off_bf16", "official bf16")); }
-TEST_F(StreamLoaderTest, DiffusersF32MatchesGetF32) { sweep(open_all(*dir / "dif_f32", "diffusers fp32")); }
+TEST_F(StreamLoaderTest, OfficialBf16MatchesGetF32) { sweep(open_all(ckpt("off_bf16"), "official bf16")); }
+TEST_F(StreamLoaderTest, DiffusersF32MatchesGetF32) { sweep(open_all(ckpt("dif_f32"), "diffusers fp32")); }
 TEST_F(StreamLoaderTest, DiffusersBf16ShardedMatchesGetF32) {
-  Source s = open_all(*dir / "dif_bf16", "diffusers bf16 sharded");
+  Source s = open_all(ckpt("dif_bf16"), "diffusers bf16 sharded");
   std::set<std::string> files;
   for (const PlanTensor& t : s.plan.tensors) files.insert(t.span.path);
   EXPECT_GE(files.size(), 4u);  // shards of both experts, text encoder, VAE
@@ -305,7 +325,7 @@ TEST_F(StreamLoaderTest, DiffusersBf16ShardedMatchesGetF32) {
 
 TEST_F(StreamLoaderTest, ComfyFp8ScaledMatchesGetF32) {
   // An fp8_scaled ComfyUI file made from the tiny official high-noise expert.
-  CheckpointInfo off = detect_checkpoint(*dir / "off_f32");
+  CheckpointInfo off = detect_checkpoint(ckpt("off_f32"));
   auto src = open_weights(off, Role::DiTHigh);
   std::vector<std::pair<std::string, Tensor>> ts;
   int k = 0;

@@ -1,11 +1,14 @@
 // The tiny random-weight checkpoints that the loader tests (CPU stream loader, GPU loader) read:
 // make_tiny_checkpoint writes one (`wan make-checkpoint --config tiny` in the given layout and DiT
 // dtype; shard > 0 caps the shard size so the weights span several files), and
-// make_tiny_checkpoint_set writes the four that both suites cover into one folder:
+// make_tiny_checkpoint_set writes the four that both suites cover into one folder (tiny_checkpoint
+// writes one of them):
 //   off_f32, off_bf16   official layout, fp32 / bf16 DiT
 //   dif_f32, dif_bf16   diffusers layout, fp32 / bf16 DiT (dif_bf16 in ~300 kB shards)
 #pragma once
 #include <cstdint>
+#include <filesystem>
+#include <stdexcept>
 #include <string>
 
 #include "ckpt/layout.h"
@@ -27,11 +30,22 @@ inline void make_tiny_checkpoint(const std::string& out, Layout layout, DType dt
   gen::make_checkpoint(o);
 }
 
+// One member of the set, by its folder name (off_f32, off_bf16, dif_f32, dif_bf16), written into
+// dir unless it is already there; returns its path. A suite whose tests each read one checkpoint
+// (ctest runs every test in a process of its own) writes only that one, not all four (~60 MB each).
+inline std::string tiny_checkpoint(const TempDir& dir, const std::string& name, uint64_t seed) {
+  const std::string out = dir / name;
+  if (std::filesystem::exists(out)) return out;
+  if (name == "off_f32") make_tiny_checkpoint(out, Layout::Official, DType::F32, seed);
+  else if (name == "off_bf16") make_tiny_checkpoint(out, Layout::Official, DType::BF16, seed);
+  else if (name == "dif_f32") make_tiny_checkpoint(out, Layout::Diffusers, DType::F32, seed);
+  else if (name == "dif_bf16") make_tiny_checkpoint(out, Layout::Diffusers, DType::BF16, seed, 300000);  // several shards
+  else throw std::invalid_argument("tiny_checkpoint: no checkpoint named " + name);
+  return out;
+}
+
 inline void make_tiny_checkpoint_set(const TempDir& dir, uint64_t seed) {
-  make_tiny_checkpoint(dir / "off_f32", Layout::Official, DType::F32, seed);
-  make_tiny_checkpoint(dir / "off_bf16", Layout::Official, DType::BF16, seed);
-  make_tiny_checkpoint(dir / "dif_f32", Layout::Diffusers, DType::F32, seed);
-  make_tiny_checkpoint(dir / "dif_bf16", Layout::Diffusers, DType::BF16, seed, 300000);  // several shards
+  for (const char* name : {"off_f32", "off_bf16", "dif_f32", "dif_bf16"}) tiny_checkpoint(dir, name, seed);
 }
 
 }  // namespace wan::test
