@@ -56,12 +56,13 @@ template <typename F>
 auto guarded(F f, const std::atomic<uint64_t>* progress = nullptr) {
   auto fut = std::async(std::launch::async, std::move(f));
   const auto stall_limit = std::chrono::seconds(progress ? 60 : 120);
-  uint64_t last = progress ? progress->load() : 0;
+  auto count = [progress] { return progress ? progress->load() : uint64_t{0}; };
+  uint64_t last = count();
   auto last_change = std::chrono::steady_clock::now();
   while (fut.wait_for(std::chrono::milliseconds(200)) != std::future_status::ready) {
     const auto now = std::chrono::steady_clock::now();
-    if (progress && progress->load() != last) {
-      last = progress->load();
+    if (const uint64_t c = count(); c != last) {
+      last = c;
       last_change = now;
     } else if (now - last_change > stall_limit) {
       std::fprintf(stderr, "stream loader test: load made no progress for %lld s (hang)\n",

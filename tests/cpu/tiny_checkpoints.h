@@ -30,22 +30,35 @@ inline void make_tiny_checkpoint(const std::string& out, Layout layout, DType dt
   gen::make_checkpoint(o);
 }
 
-// One member of the set, by its folder name (off_f32, off_bf16, dif_f32, dif_bf16), written into
-// dir unless it is already there; returns its path. A suite whose tests each read one checkpoint
-// (ctest runs every test in a process of its own) writes only that one, not all four (~60 MB each).
+// The set: folder name, layout, DiT dtype, shard cap (0: one file per component).
+struct TinyCheckpointKind {
+  const char* name;
+  Layout layout;
+  DType dtype;
+  uint64_t shard;
+};
+inline constexpr TinyCheckpointKind kTinyCheckpoints[] = {
+    {"off_f32", Layout::Official, DType::F32, 0},
+    {"off_bf16", Layout::Official, DType::BF16, 0},
+    {"dif_f32", Layout::Diffusers, DType::F32, 0},
+    {"dif_bf16", Layout::Diffusers, DType::BF16, 300000},  // several shards
+};
+
+// One member of the set, by its folder name, written into dir unless it is already there; returns
+// its path. A suite whose tests each read one checkpoint (ctest runs every test in a process of its
+// own) writes only that one, not all four (~60 MB each).
 inline std::string tiny_checkpoint(const TempDir& dir, const std::string& name, uint64_t seed) {
-  const std::string out = dir / name;
-  if (std::filesystem::exists(out)) return out;
-  if (name == "off_f32") make_tiny_checkpoint(out, Layout::Official, DType::F32, seed);
-  else if (name == "off_bf16") make_tiny_checkpoint(out, Layout::Official, DType::BF16, seed);
-  else if (name == "dif_f32") make_tiny_checkpoint(out, Layout::Diffusers, DType::F32, seed);
-  else if (name == "dif_bf16") make_tiny_checkpoint(out, Layout::Diffusers, DType::BF16, seed, 300000);  // several shards
-  else throw std::invalid_argument("tiny_checkpoint: no checkpoint named " + name);
-  return out;
+  for (const TinyCheckpointKind& k : kTinyCheckpoints) {
+    if (name != k.name) continue;
+    const std::string out = dir / name;
+    if (!std::filesystem::exists(out)) make_tiny_checkpoint(out, k.layout, k.dtype, seed, k.shard);
+    return out;
+  }
+  throw std::invalid_argument("tiny_checkpoint: no checkpoint named " + name);
 }
 
 inline void make_tiny_checkpoint_set(const TempDir& dir, uint64_t seed) {
-  for (const char* name : {"off_f32", "off_bf16", "dif_f32", "dif_bf16"}) tiny_checkpoint(dir, name, seed);
+  for (const TinyCheckpointKind& k : kTinyCheckpoints) tiny_checkpoint(dir, k.name, seed);
 }
 
 }  // namespace wan::test
