@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Fast iteration on the attention kernel on the device: builds only the own-attention GPU test and what it
-# links (src/cuda/attention_*.cu/cpp, cuDNN graph, RNG, core, CPU ops) with nvcc, without CMake and without
+# links (src/kernels/attention_*.cu/cpp, cuDNN graph, RNG, core, CPU ops) with nvcc, without CMake and without
 # the rest of wan_cuda, so a device call takes about 60-70 s. Needs .carry/googletest-src (see
 # scripts/device_test.sh). Usage (device): scripts/dev_attention.sh; GTEST_ARGS=--gtest_filter=... to select;
 # EXTRA_SRC="src/..." to add sources. Output also in $OUT/attn.log.
@@ -17,7 +17,7 @@ mkdir -p /tmp/da && cd /tmp/da
 SRC=$OLDPWD
 FL="-std=c++20 -O3 -DNDEBUG -DWAN_HAVE_CUDNN=1 -I$SRC/src -I$SRC/tests/gpu -I/tmp/gtest-install/include -gencode=arch=compute_90a,code=sm_90a"
 pids=()
-for f in src/cuda/attention_own.cu src/cuda/attention_cudnn.cpp src/cuda/cudnn_graph.cpp src/cuda/check.cpp src/cuda/rng.cu \
+for f in src/kernels/attention_own.cu src/kernels/attention_cudnn.cpp src/kernels/cudnn_graph.cpp src/kernels/check.cpp src/kernels/rng.cu \
          src/core/dtype.cpp src/core/log.cpp src/core/philox.cpp src/core/tensor.cpp src/core/thread_pool.cpp src/core/mmap.cpp \
          src/ops/cpu_ops.cpp tests/gpu/test_attention_own.cu tests/test_main.cpp ${EXTRA_SRC:-}; do
   o=$(echo $f | tr / _).o

@@ -19,8 +19,8 @@
 #include <nlohmann/json.hpp>
 
 #include "ckpt/names.h"
-#include "pth/pth.h"
-#include "st/safetensors.h"
+#include "formats/pth.h"
+#include "formats/safetensors.h"
 
 namespace wan {
 

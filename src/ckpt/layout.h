@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "config/config.h"
+#include "models/config.h"
 #include "core/tensor.h"
 
 namespace wan {

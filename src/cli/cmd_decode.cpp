@@ -13,7 +13,7 @@
 #include "pipeline/files.h"
 #include "pipeline/models.h"
 #include "pipeline/pipeline.h"
-#include "video/video.h"
+#include "formats/video.h"
 
 namespace wan::cli {
 namespace {

@@ -20,8 +20,8 @@
 #include "core/clock.h"
 #include "core/philox.h"
 #include "core/thread_pool.h"
-#include "dit/dit.h"
-#include "st/safetensors.h"
+#include "models/dit/dit_cpu.h"
+#include "formats/safetensors.h"
 
 namespace wan::cli {
 namespace {

@@ -23,7 +23,7 @@
 #include "pipeline/files.h"
 #include "pipeline/generate_parallel.h"
 #include "pipeline/pipeline.h"
-#include "video/video.h"
+#include "formats/video.h"
 
 namespace wan::cli {
 namespace {

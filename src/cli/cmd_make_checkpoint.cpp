@@ -6,7 +6,7 @@
 
 #include "cli/args.h"
 #include "cli/commands.h"
-#include "gen/make_checkpoint.h"
+#include "testing/make_checkpoint.h"
 
 namespace wan::cli {
 namespace {

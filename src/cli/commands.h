@@ -8,8 +8,8 @@ int cmd_forward(int argc, char** argv);          // src/cli/cmd_forward.cpp (DiT
 int cmd_generate(int argc, char** argv);         // src/cli/cmd_generate.cpp (text -> video)
 int cmd_encode_prompt(int argc, char** argv);    // src/cli/cmd_encode_prompt.cpp (prompt -> embeddings file)
 int cmd_decode(int argc, char** argv);           // src/cli/cmd_decode.cpp (latents file -> video)
-int cmd_bench(int argc, char** argv);            // src/cli/cmd_bench.cpp (GPU DiT step timing, random weights)
-int cmd_bench_vae(int argc, char** argv);        // src/cli/cmd_bench_vae.cpp (GPU VAE decode timing, random weights)
-int cmd_bench_attention(int argc, char** argv);  // src/cli/cmd_bench_attention.cpp (own vs cuDNN attention timing)
-int cmd_bench_load(int argc, char** argv);       // src/cli/cmd_bench_load.cpp (`wan bench --load PATH`: start-up)
+int cmd_bench(int argc, char** argv);            // src/bench/cmd_bench.cpp (GPU DiT step timing, random weights)
+int cmd_bench_vae(int argc, char** argv);        // src/bench/cmd_bench_vae.cpp (GPU VAE decode timing, random weights)
+int cmd_bench_attention(int argc, char** argv);  // src/bench/cmd_bench_attention.cpp (own vs cuDNN attention timing)
+int cmd_bench_load(int argc, char** argv);       // src/bench/cmd_bench_load.cpp (`wan bench --load PATH`: start-up)
 }  // namespace wan::cli

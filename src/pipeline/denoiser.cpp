@@ -3,7 +3,7 @@
 
 #include <cstring>
 
-#include "dit/dit.h"
+#include "models/dit/dit_cpu.h"
 #include "pipeline/models.h"
 
 namespace wan {

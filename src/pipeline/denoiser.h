@@ -17,7 +17,7 @@
 #include "ckpt/layout.h"
 #include "core/tensor.h"
 #include "sampler/sampler.h"
-#include "vae/vae.h"
+#include "models/vae/vae_cpu.h"
 
 namespace wan {
 

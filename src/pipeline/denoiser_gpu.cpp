@@ -8,12 +8,12 @@
 #ifdef WAN_HAVE_CUDA
 #include <cuda_runtime.h>
 
-#include "cuda/check.h"
-#include "cuda/dit_gpu.h"
-#include "cuda/load_gpu.h"
-#include "cuda/rng.h"
-#include "cuda/sampler_gpu.h"
-#include "cuda/vae_gpu.h"
+#include "kernels/check.h"
+#include "models/dit/dit_gpu.h"
+#include "runtime/load_gpu.h"
+#include "kernels/rng.h"
+#include "sampler/sampler_gpu.h"
+#include "models/vae/vae_gpu.h"
 #include "pipeline/denoiser.h"
 #include "pipeline/dit_step_gpu.h"
 #include "pipeline/pipeline_internal.h"

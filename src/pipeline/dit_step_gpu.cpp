@@ -3,7 +3,7 @@
 #include "pipeline/dit_step_gpu.h"
 
 #include "core/error.h"
-#include "cuda/check.h"
+#include "kernels/check.h"
 
 namespace wan {
 

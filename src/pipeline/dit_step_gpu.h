@@ -16,8 +16,8 @@
 #include <vector>
 
 #include "core/tensor.h"
-#include "cuda/dit_gpu.h"
-#include "cuda/sampler_gpu.h"
+#include "models/dit/dit_gpu.h"
+#include "sampler/sampler_gpu.h"
 #include "sampler/sampler.h"
 
 namespace wan {

@@ -10,7 +10,7 @@
 
 #include "core/error.h"
 #include "pipeline/pipeline.h"
-#include "st/safetensors.h"
+#include "formats/safetensors.h"
 
 namespace wan {
 namespace {

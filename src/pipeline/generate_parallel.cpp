@@ -19,18 +19,18 @@
 #include "sampler/sampler.h"
 
 #ifdef WAN_HAVE_CUDA
-#include "cuda/rng.h"  // device_count
+#include "kernels/rng.h"  // device_count
 #endif
 #ifdef WAN_HAVE_NCCL
 #include <cuda_runtime.h>
 
 #include "ckpt/layout.h"
-#include "cuda/check.h"
-#include "cuda/load_gpu.h"
-#include "cuda/sampler_gpu.h"
+#include "kernels/check.h"
+#include "runtime/load_gpu.h"
+#include "sampler/sampler_gpu.h"
 #include "pipeline/dit_step_gpu.h"
-#include "dist/comm.h"
-#include "dist/parallel_groups.h"
+#include "runtime/dist/comm.h"
+#include "pipeline/parallel_groups.h"
 #endif
 
 namespace wan {

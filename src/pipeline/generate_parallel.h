@@ -58,12 +58,12 @@
 #include <utility>
 #include <vector>
 
-#include "dist/launch.h"
-#include "dist/parallel_layout.h"
+#include "runtime/dist/launch.h"
+#include "runtime/dist/parallel_layout.h"
 #include "pipeline/pipeline.h"
 
 #ifdef WAN_HAVE_NCCL
-#include "cuda/dit_gpu.h"
+#include "models/dit/dit_gpu.h"
 #include "pipeline/denoiser.h"
 #endif
 

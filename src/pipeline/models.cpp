@@ -15,9 +15,9 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/philox.h"
-#include "gen/make_checkpoint.h"
-#include "gen/model_params.h"
-#include "gen/weight_init.h"
+#include "testing/make_checkpoint.h"
+#include "testing/model_params.h"
+#include "testing/weight_init.h"
 #include "text/clean.h"
 
 namespace wan {

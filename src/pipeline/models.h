@@ -12,11 +12,11 @@
 #include <vector>
 
 #include "ckpt/layout.h"
-#include "config/config.h"
-#include "dit/dit.h"
+#include "models/config.h"
+#include "models/dit/dit_cpu.h"
 #include "text/tokenizer.h"
-#include "text/umt5.h"
-#include "vae/vae.h"
+#include "models/umt5/umt5_cpu.h"
+#include "models/vae/vae_cpu.h"
 
 namespace wan {
 

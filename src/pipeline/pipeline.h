@@ -43,10 +43,10 @@
 #include <vector>
 
 #include "ckpt/layout.h"
-#include "config/config.h"
+#include "models/config.h"
 #include "core/tensor.h"
 #include "sampler/sampler.h"
-#include "vae/vae.h"
+#include "models/vae/vae_cpu.h"
 
 namespace wan {
 

@@ -12,7 +12,7 @@
 #include "core/error.h"
 
 #ifdef WAN_HAVE_CUDA
-#include "cuda/load_gpu.h"
+#include "runtime/load_gpu.h"
 #endif
 
 namespace wan {

@@ -9,10 +9,10 @@
 #include <future>
 
 #include "core/error.h"
-#include "cuda/check.h"
-#include "cuda/rng.h"
-#include "cuda/t5_gpu.h"
-#include "cuda/vae_gpu.h"
+#include "kernels/check.h"
+#include "kernels/rng.h"
+#include "models/umt5/umt5_gpu.h"
+#include "models/vae/vae_gpu.h"
 #include "pipeline/denoiser.h"
 #include "pipeline/models.h"
 

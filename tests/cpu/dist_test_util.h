@@ -6,7 +6,7 @@
 #include <string>
 
 #include "core/clock.h"
-#include "dist/launch.h"
+#include "runtime/dist/launch.h"
 
 namespace wan::test {
 

@@ -5,7 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "config/config.h"
+#include "models/config.h"
 
 namespace wan {
 namespace {

@@ -20,8 +20,8 @@
 #include <sstream>
 #include <thread>
 
-#include "dist/launch.h"
-#include "dist/rendezvous.h"
+#include "runtime/dist/launch.h"
+#include "runtime/dist/rendezvous.h"
 #include "dist_test_util.h"
 #include "test_util.h"
 

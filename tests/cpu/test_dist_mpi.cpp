@@ -1,4 +1,4 @@
-// The bootstrap of multi-process launches (src/dist/bootstrap.h), without GPUs:
+// The bootstrap of multi-process launches (src/runtime/dist/bootstrap.h), without GPUs:
 //  - DistBootstrap.*: WAN_BOOTSTRAP parsing, MPI launcher detection and the choice, the message rank 0
 //    sends, rank 0's addresses, the control channel on a pre-bound port and on a list of candidate
 //    addresses. Plain tests.
@@ -22,9 +22,9 @@
 #include <sstream>
 #include <thread>
 
-#include "dist/bootstrap.h"
-#include "dist/launch.h"
-#include "dist/rendezvous.h"
+#include "runtime/dist/bootstrap.h"
+#include "runtime/dist/launch.h"
+#include "runtime/dist/rendezvous.h"
 #include "dist_test_util.h"
 #include "test_util.h"
 

@@ -18,9 +18,9 @@
 
 #include "ckpt/layout.h"
 #include "ckpt/names.h"
-#include "config/config.h"
-#include "dit/dit.h"
-#include "st/safetensors.h"
+#include "models/config.h"
+#include "models/dit/dit_cpu.h"
+#include "formats/safetensors.h"
 
 namespace {
 

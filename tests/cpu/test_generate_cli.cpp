@@ -20,7 +20,7 @@
 #include <sstream>
 
 #include "core/error.h"
-#include "st/safetensors.h"
+#include "formats/safetensors.h"
 #include "run_util.h"
 
 namespace fs = std::filesystem;

@@ -18,11 +18,11 @@
 #include <sstream>
 
 #include "core/philox.h"
-#include "gen/weight_init.h"
+#include "testing/weight_init.h"
 #include "pipeline/files.h"
 #include "pipeline/models.h"
 #include "pipeline/pipeline.h"
-#include "st/safetensors.h"
+#include "formats/safetensors.h"
 #include "run_util.h"
 
 namespace fs = std::filesystem;

@@ -19,8 +19,8 @@
 
 #include "ckpt/layout.h"
 #include "ckpt/names.h"
-#include "pth/pth.h"
-#include "st/safetensors.h"
+#include "formats/pth.h"
+#include "formats/safetensors.h"
 #include "test_util.h"
 
 namespace wan {

@@ -27,14 +27,14 @@
 #include <vector>
 
 #include "ckpt/names.h"
-#include "config/config.h"
+#include "models/config.h"
 #include "core/error.h"
-#include "gen/hf_configs.h"
-#include "gen/make_checkpoint.h"
-#include "gen/model_params.h"
-#include "gen/tokenizer_files.h"
-#include "gen/weight_init.h"
-#include "st/safetensors.h"
+#include "testing/hf_configs.h"
+#include "testing/make_checkpoint.h"
+#include "testing/model_params.h"
+#include "testing/tokenizer_files.h"
+#include "testing/weight_init.h"
+#include "formats/safetensors.h"
 #include "test_util.h"
 
 namespace fs = std::filesystem;

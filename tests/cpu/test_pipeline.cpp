@@ -18,7 +18,7 @@
 #include "pipeline/files.h"
 #include "pipeline/models.h"
 #include "pipeline/pipeline.h"
-#include "st/safetensors.h"
+#include "formats/safetensors.h"
 #include "test_util.h"
 
 namespace fs = std::filesystem;

@@ -16,8 +16,8 @@
 #include <random>
 #include <sys/wait.h>
 
-#include "pth/pth.h"
-#include "pth/zip.h"
+#include "formats/pth.h"
+#include "formats/zip.h"
 
 namespace fs = std::filesystem;
 using namespace wan;

@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "core/error.h"
-#include "st/safetensors.h"
+#include "formats/safetensors.h"
 #include "test_util.h"
 
 namespace fs = std::filesystem;

@@ -38,8 +38,8 @@
 #include "ckpt/stream.h"
 #include "core/dtype.h"
 #include "core/error.h"
-#include "gen/make_checkpoint.h"
-#include "st/safetensors.h"
+#include "testing/make_checkpoint.h"
+#include "formats/safetensors.h"
 
 namespace fs = std::filesystem;
 using namespace wan;

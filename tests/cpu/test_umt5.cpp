@@ -16,9 +16,9 @@
 #include <random>
 
 #include "core/error.h"
-#include "st/safetensors.h"
+#include "formats/safetensors.h"
 #include "text/tokenizer.h"
-#include "text/umt5.h"
+#include "models/umt5/umt5_cpu.h"
 
 namespace fs = std::filesystem;
 using namespace wan;

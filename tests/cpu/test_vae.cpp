@@ -18,11 +18,11 @@
 #include <nlohmann/json.hpp>
 
 #include "ckpt/names.h"
-#include "config/config.h"
+#include "models/config.h"
 #include "core/error.h"
-#include "st/safetensors.h"
-#include "vae/vae.h"
-#include "vae/vae_ops.h"
+#include "formats/safetensors.h"
+#include "models/vae/vae_cpu.h"
+#include "ops/vae_ops.h"
 
 namespace wan {
 namespace {

@@ -22,7 +22,7 @@
 #include <sys/wait.h>
 
 #include "core/error.h"
-#include "video/video.h"
+#include "formats/video.h"
 
 namespace fs = std::filesystem;
 using namespace wan;

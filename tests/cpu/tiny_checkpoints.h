@@ -13,7 +13,7 @@
 
 #include "ckpt/layout.h"
 #include "core/dtype.h"
-#include "gen/make_checkpoint.h"
+#include "testing/make_checkpoint.h"
 #include "test_util.h"
 
 namespace wan::test {

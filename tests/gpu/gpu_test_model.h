@@ -8,9 +8,9 @@
 #include <utility>
 #include <vector>
 
-#include "config/config.h"
+#include "models/config.h"
 #include "core/tensor.h"
-#include "cuda/dit_gpu.h"
+#include "models/dit/dit_gpu.h"
 #include "gpu_test_util.h"
 
 namespace wan::gpu_test {

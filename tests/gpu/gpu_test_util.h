@@ -15,8 +15,8 @@
 
 #include "core/dtype.h"
 #include "core/philox.h"
-#include "cuda/check.h"
-#include "cuda/rng.h"
+#include "kernels/check.h"
+#include "kernels/rng.h"
 
 #define REQUIRE_GPU() \
   if (::wan::cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device"

@@ -19,9 +19,9 @@
 #include "attention_test_ref.h"
 #include "core/dtype.h"
 #include "core/error.h"
-#include "cuda/attention_cudnn.h"
-#include "cuda/check.h"
-#include "cuda/rng.h"
+#include "kernels/attention_cudnn.h"
+#include "kernels/check.h"
+#include "kernels/rng.h"
 #include "gpu_test_util.h"
 
 using namespace wan;

@@ -22,9 +22,9 @@
 #include "attention_test_ref.h"
 #include "core/dtype.h"
 #include "core/error.h"
-#include "cuda/attention_cudnn.h"
-#include "cuda/attention_own.h"
-#include "cuda/check.h"
+#include "kernels/attention_cudnn.h"
+#include "kernels/attention_own.h"
+#include "kernels/check.h"
 #include "gpu_test_util.h"
 
 using namespace wan;

@@ -1,5 +1,5 @@
-// The parallel DiT forward (issue 5: CFG-parallel, Ulysses, Ring, 2D; src/cuda/dit_seq_attention.h,
-// src/dist/) against the single-GPU DiTGpu forward and the CPU fp32 reference, on every layout the
+// The parallel DiT forward (issue 5: CFG-parallel, Ulysses, Ring, 2D; src/models/dit/seq_attention_gpu.h,
+// src/runtime/dist/) against the single-GPU DiTGpu forward and the CPU fp32 reference, on every layout the
 // visible GPUs allow:
 //   2 GPUs: cfg 2 | Ulysses 2 | Ring 2 (Ring also with cuDNN attention: its log-sum-exp)
 //   4 GPUs: cfg 2 x Ulysses 2 | cfg 2 x Ring 2 | Ulysses 2 x Ring 2 | Ulysses 4 | Ring 4
@@ -26,19 +26,19 @@
 #include <thread>
 #include <vector>
 
-#include "config/config.h"
+#include "models/config.h"
 #include "core/error.h"
-#include "cuda/attention_own.h"
-#include "cuda/check.h"
-#include "cuda/dit_gpu.h"
-#include "dist/parallel_layout.h"
-#include "dit/dit.h"
+#include "kernels/attention_own.h"
+#include "kernels/check.h"
+#include "models/dit/dit_gpu.h"
+#include "runtime/dist/parallel_layout.h"
+#include "models/dit/dit_cpu.h"
 #include "gpu_test_model.h"
 
 #ifdef WAN_HAVE_NCCL
 #include <nccl.h>
 
-#include "dist/parallel_groups.h"
+#include "pipeline/parallel_groups.h"
 #endif
 
 using namespace wan;

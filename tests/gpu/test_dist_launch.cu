@@ -22,8 +22,8 @@
 #include <thread>
 
 #include "../cpu/test_util.h"
-#include "dist/launch.h"
-#include "dist/rendezvous.h"
+#include "runtime/dist/launch.h"
+#include "runtime/dist/rendezvous.h"
 #include "gpu_test_util.h"
 
 #ifndef WAN_HAVE_NCCL

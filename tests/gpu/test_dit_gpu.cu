@@ -1,4 +1,4 @@
-// The GPU DiT forward (src/cuda/dit_gpu.h) against the CPU fp32 reference (src/dit/dit.h):
+// The GPU DiT forward (src/models/dit/dit_gpu.h) against the CPU fp32 reference (src/models/dit/dit_cpu.h):
 // (a) the tiny fixture (tests/fixtures/tiny_dit, bf16-exact weights, diffusers names) on its T2V batch-2,
 //     odd-grid, I2V and single-frame cases; host/device and f32/bf16 context inputs agree bit for bit;
 // (b) a full-width 14B config (dim 5120, 40 heads, ffn 13824) with 2 blocks and random weights drawn on
@@ -26,16 +26,16 @@
 #include <vector>
 
 #include "ckpt/names.h"
-#include "config/config.h"
+#include "models/config.h"
 #include "core/dtype.h"
 #include "core/philox.h"
-#include "cuda/check.h"
-#include "cuda/attention_own.h"
-#include "cuda/dit_gpu.h"
-#include "cuda/rng.h"
-#include "dit/dit.h"
+#include "kernels/check.h"
+#include "kernels/attention_own.h"
+#include "models/dit/dit_gpu.h"
+#include "kernels/rng.h"
+#include "models/dit/dit_cpu.h"
 #include "gpu_test_model.h"
-#include "st/safetensors.h"
+#include "formats/safetensors.h"
 
 using namespace wan;
 using cuda::DiTGpu;

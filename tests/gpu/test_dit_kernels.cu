@@ -1,4 +1,4 @@
-// The DiT's fused memory-bound kernels (src/cuda/dit_kernels.h) against the CPU reference ops
+// The DiT's fused memory-bound kernels (src/kernels/dit_kernels.h) against the CPU reference ops
 // (src/ops/cpu_ops.h), composed where a kernel fuses several ops, on fresh random inputs with NaN-
 // poisoned outputs, odd row counts, and widths 256 and 5120.
 // Precision rule (issue 4): for kernels with a bf16 output, the error against the fp32 CPU reference
@@ -17,10 +17,10 @@
 
 #include "core/dtype.h"
 #include "core/philox.h"
-#include "cuda/check.h"
-#include "cuda/dit_kernels.h"
-#include "cuda/gemm.h"
-#include "cuda/rng.h"
+#include "kernels/check.h"
+#include "kernels/dit_kernels.h"
+#include "kernels/gemm.h"
+#include "kernels/rng.h"
 #include "gpu_test_util.h"
 #include "ops/cpu_ops.h"
 

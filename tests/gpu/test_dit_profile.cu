@@ -1,4 +1,4 @@
-// The in-step op profile of the GPU DiT (DiTGpu::profile_forward, src/cuda/dit_gpu.h; `wan bench`'s
+// The in-step op profile of the GPU DiT (DiTGpu::profile_forward, src/models/dit/dit_gpu.h; `wan bench`'s
 // "in-step breakdown", issue 4): a full-width 14B config (dim 5120, 40 heads, ffn 13824) with 2 blocks
 // and random weights drawn on the GPU, batch 2 (CFG), on fresh random latents and text states.
 // (a) the profiled forward's output is bit-identical to the unprofiled eager and graph-replayed ones,
@@ -18,9 +18,9 @@
 #include <string>
 #include <vector>
 
-#include "config/config.h"
+#include "models/config.h"
 #include "core/error.h"
-#include "cuda/dit_gpu.h"
+#include "models/dit/dit_gpu.h"
 #include "gpu_test_model.h"
 
 using namespace wan;

@@ -1,4 +1,4 @@
-// The GPU DiT (src/cuda/dit_gpu.h, bf16) against diffusers' WanTransformer3DModel on the GPU in bf16 at
+// The GPU DiT (src/models/dit/dit_gpu.h, bf16) against diffusers' WanTransformer3DModel on the GPU in bf16 at
 // the full 14B width (issue 4 item 12): dim 5120 (40 heads), ffn 13824, text_dim 4096, 2 blocks, random
 // weights written by `wan make-checkpoint --config t2v-A14B --layout diffusers --layers 2 --dtype bf16
 // --dit-only` (the diffusers layout: the engine's name mapping and diffusers' own strict loading read the
@@ -27,10 +27,10 @@
 #include <vector>
 
 #include "ckpt/names.h"
-#include "config/config.h"
-#include "cuda/dit_gpu.h"
+#include "models/config.h"
+#include "models/dit/dit_gpu.h"
 #include "gpu_test_util.h"
-#include "st/safetensors.h"
+#include "formats/safetensors.h"
 
 using namespace wan;
 using namespace wan::gpu_test;

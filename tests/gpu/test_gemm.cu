@@ -14,9 +14,9 @@
 
 #include "core/dtype.h"
 #include "core/philox.h"
-#include "cuda/check.h"
-#include "cuda/gemm.h"
-#include "cuda/rng.h"
+#include "kernels/check.h"
+#include "kernels/gemm.h"
+#include "kernels/rng.h"
 #include "gpu_test_util.h"
 #include "ops/cpu_ops.h"
 

@@ -53,8 +53,8 @@
 #include "../cpu/test_util.h"
 #include "ckpt/layout.h"
 #include "core/error.h"
-#include "cuda/dit_gpu.h"
-#include "gen/make_checkpoint.h"
+#include "models/dit/dit_gpu.h"
+#include "testing/make_checkpoint.h"
 #include "gpu_test_model.h"
 #include "pipeline/files.h"
 #include "pipeline/generate_parallel.h"
@@ -64,8 +64,8 @@
 #ifndef WAN_HAVE_NCCL
 TEST(GenerateDist, NeedsNccl) { GTEST_SKIP() << "built without NCCL"; }
 #else
-#include "dist/parallel_groups.h"
-#include "dist/rendezvous.h"
+#include "pipeline/parallel_groups.h"
+#include "runtime/dist/rendezvous.h"
 
 using namespace wan;
 namespace fs = std::filesystem;

@@ -19,14 +19,14 @@
 #include <unistd.h>
 
 #include "gpu_test_model.h"
-#include "cuda/dit_gpu.h"
-#include "cuda/t5_gpu.h"
+#include "models/dit/dit_gpu.h"
+#include "models/umt5/umt5_gpu.h"
 #include "ckpt/layout.h"
 #include "pipeline/files.h"
 #include "pipeline/models.h"
 #include "pipeline/pipeline.h"
-#include "st/safetensors.h"
-#include "text/umt5.h"
+#include "formats/safetensors.h"
+#include "models/umt5/umt5_cpu.h"
 
 using namespace wan;
 namespace fs = std::filesystem;

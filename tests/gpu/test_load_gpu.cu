@@ -1,4 +1,4 @@
-// The streaming weight upload (src/cuda/load_gpu.h) and the warm-up (DiTGpu::warm_up):
+// The streaming weight upload (src/runtime/load_gpu.h) and the warm-up (DiTGpu::warm_up):
 // (a) the conversion kernel against core/dtype.h's host conversions, bit for bit, for every float
 //     source dtype (random bit patterns: NaN, inf, subnormals included), scaled or not, to bf16 and
 //     f32, aligned (vector path) and unaligned (scalar path), odd lengths;
@@ -53,17 +53,17 @@
 #include "core/clock.h"
 #include "core/dtype.h"
 #include "core/error.h"
-#include "cuda/check.h"
-#include "cuda/dit_gpu.h"
-#include "cuda/dit_gpu_weights.h"
-#include "cuda/load_gpu.h"
-#include "cuda/t5_gpu.h"
-#include "gen/make_checkpoint.h"
+#include "kernels/check.h"
+#include "models/dit/dit_gpu.h"
+#include "models/dit/dit_gpu_weights.h"
+#include "runtime/load_gpu.h"
+#include "models/umt5/umt5_gpu.h"
+#include "testing/make_checkpoint.h"
 #include "gpu_test_util.h"
 #include "pipeline/models.h"
 #include "pipeline/pipeline.h"
 #include "pipeline/startup.h"
-#include "st/safetensors.h"
+#include "formats/safetensors.h"
 
 namespace fs = std::filesystem;
 using namespace wan;

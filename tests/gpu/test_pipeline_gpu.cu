@@ -17,12 +17,12 @@
 #include <unistd.h>
 #include <vector>
 
-#include "cuda/rng.h"
+#include "kernels/rng.h"
 #include "gpu_test_model.h"
 #include "pipeline/denoiser.h"
 #include "pipeline/pipeline.h"
 #include "sampler/sampler.h"
-#include "st/safetensors.h"
+#include "formats/safetensors.h"
 
 using namespace wan;
 namespace fs = std::filesystem;

@@ -6,8 +6,8 @@
 
 #include "core/dtype.h"
 #include "core/philox.h"
-#include "cuda/check.h"
-#include "cuda/rng.h"
+#include "kernels/check.h"
+#include "kernels/rng.h"
 
 using namespace wan;
 

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "core/error.h"
-#include "cuda/sampler_gpu.h"
+#include "sampler/sampler_gpu.h"
 #include "gpu_test_util.h"
 #include "sampler/sampler.h"
 

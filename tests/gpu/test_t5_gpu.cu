@@ -1,4 +1,4 @@
-// The GPU UMT5 encoder (src/cuda/t5_gpu.h) against the CPU fp32 reference wan::t5_encode (src/text):
+// The GPU UMT5 encoder (src/models/umt5/umt5_gpu.h) against the CPU fp32 reference wan::t5_encode (src/text):
 //   - its kernels on fresh random inputs: fused residual add + RMSNorm (the fp32 residual bit-exact),
 //     GELU-mul and softmax with relative bias (bf16 outputs within twice the error of the same maths
 //     done plainly in bf16 on the host); the relative buckets come from wan::t5_relative_bucket, shared
@@ -26,18 +26,18 @@
 #include <string>
 #include <vector>
 
-#include "config/config.h"
+#include "models/config.h"
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/philox.h"
-#include "cuda/check.h"
-#include "cuda/dit_gpu.h"
-#include "cuda/rng.h"
-#include "cuda/t5_gpu.h"
-#include "cuda/t5_gpu_kernels.h"
+#include "kernels/check.h"
+#include "models/dit/dit_gpu.h"
+#include "kernels/rng.h"
+#include "models/umt5/umt5_gpu.h"
+#include "kernels/t5_kernels.h"
 #include "gpu_test_util.h"
 #include "ops/cpu_ops.h"
-#include "text/umt5.h"
+#include "models/umt5/umt5_cpu.h"
 
 using namespace wan;
 using namespace wan::gpu_test;

@@ -1,4 +1,4 @@
-// The GPU Wan 2.1 VAE decoder (src/cuda/vae_gpu.h) against the CPU fp32 reference vae_decode
+// The GPU Wan 2.1 VAE decoder (src/models/vae/vae_gpu.h) against the CPU fp32 reference vae_decode
 // (src/vae), in both convolution modes (cuDNN 3-D, folded 2-D):
 //   - its kernels on fresh random inputs (fused add + RMS norm + SiLU, up-sampling, folded staging);
 //   - the committed tiny fixture (tests/fixtures/vae/wan21, 3 latent frames: exercises the first
@@ -28,14 +28,14 @@
 #include "ckpt/names.h"
 #include "core/dtype.h"
 #include "core/philox.h"
-#include "cuda/check.h"
-#include "cuda/rng.h"
-#include "cuda/vae_gpu.h"
-#include "cuda/vae_gpu_kernels.h"
+#include "kernels/check.h"
+#include "kernels/rng.h"
+#include "models/vae/vae_gpu.h"
+#include "kernels/vae_kernels.h"
 #include "gpu_test_util.h"
-#include "st/safetensors.h"
-#include "vae/vae.h"
-#include "vae/vae_ops.h"
+#include "formats/safetensors.h"
+#include "models/vae/vae_cpu.h"
+#include "ops/vae_ops.h"
 
 namespace wan::vae_gpu_test {
 namespace {

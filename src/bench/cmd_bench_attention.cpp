@@ -1,0 +1,472 @@
+// `wan bench-attention`: the engine's two attention kernels (OwnAttention, src/kernels/attention_own.h, and
+// CudnnAttention, src/kernels/attention_cudnn.h) timed side by side at the DiT's shapes (issue 7 item 5;
+// bench/run_attention_bench.sh runs bench/baselines/torch_sdpa.py on the same cases next).
+//
+// Cases (B = 2, H = 40, D = 128, bf16; the list bench/baselines/torch_sdpa.py repeats by name):
+//   self-75600, self-32760, self-75601   self-attention, Q/K/V as views of one fused [B, L, 3, H, 128]
+//                                        buffer (token stride 3·H·128: the engine layout; 75601 is odd)
+//   cross-75600x512, cross-32760x512     cross-attention, dense Q [B, Lq, H, 128] and dense K, V
+//                                        [B, 512, H, 128] (separate buffers)
+//   cross-masked-75600x512               as cross-75600x512 with k_lens = {300, 512}
+// What is measured (say it, so numbers are never mistaken for something else):
+// - inputs: random bf16 ~ N(0, S²) (S = --input-std, default 1) drawn on the GPU
+//   (cuda::philox_normal_fill_bf16), one seed per case;
+//   keys past k_lens hold random values too; the cuDNN workspace is sized by workspace_size() (which also
+//   builds the plan, outside the timing);
+// - time: each call bracketed by CUDA events on one stream; --warmup untimed calls of each kernel, then
+//   --reps timed ones, interleaved rep by rep (own, cuDNN, own, cuDNN, ...) so that clock and power drift
+//   hit both alike; median and min. Before every timed call an untimed 256 MiB random fill runs on the
+//   same stream: the host-side launch work (tensor maps, cuDNN variant pack) overlaps it, so the events
+//   see the kernel and not the host (the DiT runs these in CUDA graphs), and both kernels start with a
+//   cold L2. The host enqueue time of each call and the fill time are recorded so that this can be checked;
+// - TFLOP/s = 4·B·H·Lq·Lk·D / time (masked: Lk replaced by the valid keys, Σ_b k_lens[b] / B);
+//   speed-up = cuDNN median / own median;
+// - sanity (not a correctness test: tests/gpu/test_attention_own.cu is): every 37th output token row of
+//   both kernels is downloaded, must be finite, and their max abs difference is reported.
+// Without an sm_90 GPU (or a build without the sm_90a kernel) only cuDNN is timed, and the output and the
+// JSON say so. In a build without CUDA, or on a machine without a GPU, the command fails with one clear error.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cli/args.h"
+#include "bench/bench_common.h"
+#include "cli/commands.h"
+#include "core/dtype.h"
+#include "core/error.h"
+
+#ifdef WAN_HAVE_CUDA
+#include "kernels/attention_cudnn.h"
+#include "kernels/attention_own.h"
+#include "kernels/check.h"
+#include "bench/dit_bench_gpu.h"
+#include "kernels/rng.h"
+#endif
+
+namespace wan::cli {
+namespace {
+
+constexpr int64_t kB = 2, kH = 40, kD = 128;
+
+struct CaseDef {
+  const char* name;
+  bool self;    // fused QKV views (Lk = Lq) or dense cross-attention
+  int64_t Lq, Lk;
+  std::vector<int32_t> k_lens;  // empty: unmasked
+};
+
+const std::vector<CaseDef>& all_cases() {
+  static const std::vector<CaseDef> c = {
+      {"self-75600", true, 75600, 75600, {}},
+      {"self-32760", true, 32760, 32760, {}},
+      {"self-75601", true, 75601, 75601, {}},
+      {"cross-75600x512", false, 75600, 512, {}},
+      {"cross-32760x512", false, 32760, 512, {}},
+      {"cross-masked-75600x512", false, 75600, 512, {300, 512}},
+  };
+  return c;
+}
+
+std::string case_names() {
+  std::string s;
+  for (const CaseDef& c : all_cases()) s += (s.empty() ? "" : ", ") + std::string(c.name);
+  return s;
+}
+
+void print_help() {
+  printf(
+      "usage: wan bench-attention [options]\n"
+      "  Times the engine's own Hopper attention kernel and cuDNN's fused attention (the engine's two paths)\n"
+      "  on random bf16 inputs at the DiT's shapes: B = 2, H = 40, D = 128.\n"
+      "  --cases A,B,...      cases to run (default all):\n"
+      "                       %s\n"
+      "  --reps N             timed calls of each kernel, interleaved own/cuDNN (default 10; median and min)\n"
+      "  --warmup N           untimed calls of each kernel first (default 2)\n"
+      "  --device N           CUDA device (default 0)\n"
+      "  --input-std S        standard deviation of the random Q/K/V (default 1; the scores' spread, and with\n"
+      "                       it the softmax's sharpness and the tensor cores' power draw, follow it)\n"
+      "  --json FILE          write the results as JSON (commit from $WAN_COMMIT)\n"
+      "  self-*: Q/K/V are views of one fused [B, L, 3, H, 128] buffer (the engine layout);\n"
+      "  cross-*: dense Q [B, Lq, H, 128] and dense K, V [B, 512, H, 128]; cross-masked: k_lens {300, 512}.\n"
+      "  TFLOP/s = 4*B*H*Lq*Lk*D / time (masked: the valid keys). Needs an sm_90 GPU for the own kernel;\n"
+      "  elsewhere only cuDNN is timed.\n",
+      case_names().c_str());
+}
+
+std::vector<std::string> split_commas(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    if (!item.empty()) out.push_back(item);
+  }
+  return out;
+}
+
+#ifdef WAN_HAVE_CUDA
+double median_of(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+
+// A device allocation freed on scope exit (errors in the middle of a case must not leak gigabytes).
+template <typename T>
+struct DevMem {
+  T* p = nullptr;
+  size_t n = 0;
+  explicit DevMem(size_t count) : n(count) {
+    if (n) CUDA_CHECK(cudaMalloc(&p, n * sizeof(T)));
+  }
+  ~DevMem() {
+    if (p) cudaFree(p);
+  }
+  DevMem(const DevMem&) = delete;
+  DevMem& operator=(const DevMem&) = delete;
+};
+
+struct Events {
+  cudaEvent_t fill = nullptr, start = nullptr, stop = nullptr;
+  Events() {
+    CUDA_CHECK(cudaEventCreate(&fill));
+    CUDA_CHECK(cudaEventCreate(&start));
+    CUDA_CHECK(cudaEventCreate(&stop));
+  }
+  ~Events() {
+    cudaEventDestroy(fill);
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+  }
+};
+
+struct KernelTimes {
+  std::vector<double> ms;          // per timed call (CUDA events around the call)
+  std::vector<double> enqueue_us;  // host time of the run() call itself
+  std::vector<double> fill_ms;     // the untimed fill before the call (it must outlast the enqueue)
+  nlohmann::json to_json(double flops) const {
+    const double med = median_of(ms), mn = ms.empty() ? 0 : *std::min_element(ms.begin(), ms.end());
+    return {{"ms", ms},
+            {"median_ms", med},
+            {"min_ms", mn},
+            {"tflops", med > 0 ? flops / (med * 1e9) : 0.0},
+            {"tflops_at_min", mn > 0 ? flops / (mn * 1e9) : 0.0},
+            {"host_enqueue_us_median", median_of(enqueue_us)},
+            {"host_enqueue_us_max", enqueue_us.empty() ? 0.0 : *std::max_element(enqueue_us.begin(), enqueue_us.end())},
+            {"fill_ms_median", median_of(fill_ms)}};
+  }
+};
+
+// Max abs difference, non-finite count and max |x| over every `step`-th token row of two [rows, HD] bf16
+// outputs (downloaded with a strided 2D copy).
+struct Compare {
+  double max_abs_diff = 0, max_abs = 0;
+  size_t nonfinite_own = 0, nonfinite_cudnn = 0, rows = 0;
+};
+std::vector<uint16_t> sample_rows(const uint16_t* d, int64_t rows, int64_t row_elems, int64_t step) {
+  const int64_t n = (rows + step - 1) / step;
+  std::vector<uint16_t> h(static_cast<size_t>(n * row_elems));
+  const size_t w = static_cast<size_t>(row_elems) * sizeof(uint16_t);
+  CUDA_CHECK(cudaMemcpy2D(h.data(), w, d, w * static_cast<size_t>(step), w, static_cast<size_t>(n),
+                          cudaMemcpyDeviceToHost));
+  return h;
+}
+#endif  // WAN_HAVE_CUDA
+
+}  // namespace
+
+int cmd_bench_attention(int argc, char** argv) {
+  const Args args(argc, argv, {"cases", "reps", "warmup", "device", "json", "input-std"}, {"help"});
+  if (args.flag("help")) {
+    print_help();
+    return 0;
+  }
+  WAN_CHECK(args.positional().empty(), "bench-attention: unexpected argument '", args.positional()[0],
+            "' (see --help)");
+  std::vector<CaseDef> cases;
+  if (const auto sel = args.get("cases")) {
+    for (const std::string& name : split_commas(*sel)) {
+      const auto it = std::find_if(all_cases().begin(), all_cases().end(),
+                                   [&](const CaseDef& c) { return name == c.name; });
+      WAN_CHECK(it != all_cases().end(), "--cases: unknown case '", name, "' (valid: ", case_names(), ")");
+      const bool dup = std::any_of(cases.begin(), cases.end(), [&](const CaseDef& c) { return name == c.name; });
+      if (!dup) cases.push_back(*it);
+    }
+    WAN_CHECK(!cases.empty(), "--cases: no case named (valid: ", case_names(), ")");
+  } else {
+    cases = all_cases();
+  }
+  const long long reps = args.get_int("reps", 10), warmup = args.get_int("warmup", 2);
+  const long long device = args.get_int("device", 0);
+  WAN_CHECK(reps >= 1 && reps <= 1000, "--reps ", reps, ": expected 1..1000");
+  WAN_CHECK(warmup >= 0 && warmup <= 100, "--warmup ", warmup, ": expected 0..100");
+  WAN_CHECK(device >= 0, "--device ", device, ": must be >= 0");
+  const double input_std = args.get_double("input-std", 1.0);
+  WAN_CHECK(input_std > 0 && input_std <= 64, "--input-std ", input_std, ": expected a value in (0, 64]");
+  const std::string json_path = args.get_or("json", "");
+
+#ifndef WAN_HAVE_CUDA
+  (void)reps, (void)warmup, (void)device, (void)json_path, (void)input_std;
+  WAN_THROW("wan bench-attention: this wan was built without CUDA; rebuild with a CUDA toolkit (WAN_ENABLE_CUDA=ON)");
+#else
+  using namespace wan::cuda;
+  WAN_CHECK(cuda::device_count() > 0, "wan bench-attention: no CUDA device is visible (it times GPU kernels)");
+  const int dev = static_cast<int>(device);
+  WAN_CHECK(dev < cuda::device_count(), "--device ", device, ": only ", cuda::device_count(), " device(s)");
+  CUDA_CHECK(cudaSetDevice(dev));
+  CUDA_CHECK(cudaFree(nullptr));
+  const BenchDevice bd = bench_device(dev);
+  cudaDeviceProp prop{};
+  CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
+
+  const bool own_ok = OwnAttention::supported();
+  const bool cudnn_ok = cudnn_available();
+  const std::string own_note = own_ok ? "" : cat("own kernel unsupported on this device (sm_", prop.major, prop.minor,
+                                           "; it needs sm_90 and a build with the sm_90a kernel): not timed");
+  const std::string cudnn_note = cudnn_ok ? "" : "cuDNN unavailable (this build has no cuDNN): not timed";
+  WAN_CHECK(own_ok || cudnn_ok, "wan bench-attention: nothing to time on device ", dev, " (", bd.name, "): ",
+            own_note, "; ", cudnn_note);
+
+  printf("wan bench-attention: B=%lld H=%lld D=%lld bf16 inputs ~ N(0, %g^2), %lld warm-up + %lld timed calls per "
+         "kernel (interleaved own/cuDNN), CUDA events, median\n",
+         (long long)kB, (long long)kH, (long long)kD, input_std, warmup, reps);
+  printf("device %d: %s (sm_%d%d), %d SMs, %.1f GiB; driver %d, runtime %d, cuDNN %d\n", dev, bd.name.c_str(),
+         prop.major, prop.minor, bd.sm_count, bd.total_bytes / (1024.0 * 1024.0 * 1024.0), bd.driver_version,
+         bd.runtime_version, bd.cudnn_version);
+  if (!own_ok) printf("NOTE: %s; timing cuDNN only\n", own_note.c_str());
+  if (!cudnn_ok) printf("NOTE: %s; timing the own kernel only\n", cudnn_note.c_str());
+  for (const char* k : {"WAN_ATTN_BN", "WAN_ATTN_PERSIST", "WAN_ATTN_PINGPONG"})
+    if (const char* v = std::getenv(k)) printf("NOTE: %s=%s is set (an experiment switch of the own kernel)\n", k, v);
+  fflush(stdout);
+
+  std::optional<CudnnAttention> cudnn;
+  if (cudnn_ok) cudnn.emplace();
+  cudaStream_t st;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  struct StreamFree {
+    cudaStream_t s;
+    ~StreamFree() { cudaStreamDestroy(s); }
+  } stream_free{st};
+  // The pre-call fill: 256 MiB of bf16 (5x the H100's L2); its time is recorded and compared with the
+  // launch's host work below.
+  const size_t fill_n = size_t{128} << 20;
+  const float case_std = static_cast<float>(input_std);  // the cases' Q/K/V (the pre-call fill stays N(0, 1))
+  DevMem<uint16_t> scratch(fill_n);
+  uint64_t fill_seed = 0xF111;
+
+  printf("%-24s %10s %9s %10s %9s %9s %11s\n", "case", "own ms", "own TF/s", "cuDNN ms", "cuDNN TF/s", "own/cuDNN",
+         "max|diff|");
+  nlohmann::json jcases = nlohmann::json::array();
+  std::string bad_cases;  // cases with non-finite outputs: reported after the JSON is written
+  for (size_t ci = 0; ci < cases.size(); ++ci) {
+    const CaseDef& c = cases[ci];
+    const int64_t HD = kH * kD, Lq = c.Lq, Lk = c.Lk;
+    const bool masked = !c.k_lens.empty();
+    WAN_ASSERT(!masked || static_cast<int64_t>(c.k_lens.size()) == kB, "bench-attention: k_lens of ", c.name);
+    const uint64_t seed = 0xA770 + 16 * ci;
+
+    AttentionShape s;
+    s.B = kB, s.Lq = Lq, s.Lk = Lk, s.H = kH, s.D = kD;
+    s.masked = masked;
+    if (c.self) s.q_ld = s.k_ld = s.v_ld = 3 * HD;  // views of the fused QKV rows (before the plan is built)
+    const size_t q_elems = static_cast<size_t>(kB * Lq * (c.self ? 3 * HD : HD));
+    const size_t kv_elems = c.self ? 0 : static_cast<size_t>(2 * kB * Lk * HD);
+    const size_t o_elems = static_cast<size_t>(kB * Lq * HD);
+    size_t ws = 0;
+    std::string cudnn_engine;
+    if (cudnn) {
+      ws = cudnn->workspace_size(s);  // builds the plan (not timed)
+      cudnn_engine = cudnn->describe(s);
+    }
+    {
+      size_t free_b = 0, total_b = 0;
+      CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+      const size_t need = (q_elems + kv_elems + 2 * o_elems) * sizeof(uint16_t) + ws + (size_t{256} << 20);
+      WAN_CHECK(need <= free_b, "bench-attention: case ", c.name, " needs about ", need >> 20, " MiB of device memory, ",
+                free_b >> 20, " MiB free");
+    }
+    DevMem<uint16_t> qbuf(q_elems), kvbuf(kv_elems), o_own(o_elems), o_cudnn(o_elems);
+    DevMem<uint8_t> dws(ws);
+    DevMem<int32_t> dklens(masked ? static_cast<size_t>(kB) : 0);
+    cuda::philox_normal_fill_bf16(qbuf.p, qbuf.n, seed, 0, case_std, st);
+    if (!c.self) cuda::philox_normal_fill_bf16(kvbuf.p, kvbuf.n, seed + 1, 0, case_std, st);
+    if (masked)
+      CUDA_CHECK(cudaMemcpyAsync(dklens.p, c.k_lens.data(), kB * sizeof(int32_t), cudaMemcpyHostToDevice, st));
+    CUDA_CHECK(cudaStreamSynchronize(st));
+
+    AttentionArgs a;
+    if (c.self) {
+      a.q = qbuf.p;
+      a.k = qbuf.p + HD;
+      a.v = qbuf.p + 2 * HD;
+    } else {
+      a.q = qbuf.p;
+      a.k = kvbuf.p;
+      a.v = kvbuf.p + static_cast<size_t>(kB * Lk * HD);
+    }
+    a.k_lens = masked ? dklens.p : nullptr;
+    AttentionArgs a_own = a, a_cudnn = a;
+    a_own.o = o_own.p;
+    a_cudnn.o = o_cudnn.p;
+    if (own_ok) OwnAttention::validate(s);
+
+    int64_t valid_keys = kB * Lk;
+    if (masked) {
+      valid_keys = 0;
+      for (int32_t k : c.k_lens) valid_keys += k;
+    }
+    const double flops = 4.0 * kH * Lq * kD * static_cast<double>(valid_keys);  // Σ_b 4·H·Lq·k_len_b·D
+
+    auto launch = [&](bool own) {
+      if (own) OwnAttention::run(s, a_own, st);
+      else cudnn->run(s, a_cudnn, dws.p, ws, st);
+    };
+    std::vector<bool> order;
+    if (own_ok) order.push_back(true);
+    if (cudnn) order.push_back(false);
+    for (long long w = 0; w < warmup; ++w)
+      for (bool own : order) launch(own);
+    CUDA_CHECK(cudaStreamSynchronize(st));
+
+    KernelTimes t_own, t_cudnn;
+    Events ev;
+    for (long long r = 0; r < reps; ++r) {
+      for (bool own : order) {
+        CUDA_CHECK(cudaEventRecord(ev.fill, st));
+        cuda::philox_normal_fill_bf16(scratch.p, scratch.n, fill_seed++, 0, 1.0f, st);
+        CUDA_CHECK(cudaEventRecord(ev.start, st));
+        const auto h0 = std::chrono::steady_clock::now();
+        launch(own);
+        const double enq_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - h0).count();
+        CUDA_CHECK(cudaEventRecord(ev.stop, st));
+        CUDA_CHECK(cudaEventSynchronize(ev.stop));
+        float ms = 0, fill_ms = 0;
+        CUDA_CHECK(cudaEventElapsedTime(&ms, ev.start, ev.stop));
+        CUDA_CHECK(cudaEventElapsedTime(&fill_ms, ev.fill, ev.start));
+        KernelTimes& t = own ? t_own : t_cudnn;
+        t.ms.push_back(ms);
+        t.enqueue_us.push_back(enq_us);
+        t.fill_ms.push_back(fill_ms);
+      }
+    }
+
+    // Sanity: sampled output rows finite; own vs cuDNN difference.
+    Compare cmp;
+    const int64_t step = 37;
+    std::vector<uint16_t> h_own, h_cudnn;
+    if (own_ok) h_own = sample_rows(o_own.p, kB * Lq, HD, step);
+    if (cudnn) h_cudnn = sample_rows(o_cudnn.p, kB * Lq, HD, step);
+    cmp.rows = static_cast<size_t>((kB * Lq + step - 1) / step);
+    for (size_t i = 0; i < std::max(h_own.size(), h_cudnn.size()); ++i) {
+      const float x = h_own.empty() ? 0.f : bf16_to_f32(h_own[i]);
+      const float y = h_cudnn.empty() ? 0.f : bf16_to_f32(h_cudnn[i]);
+      cmp.nonfinite_own += !std::isfinite(x);
+      cmp.nonfinite_cudnn += !std::isfinite(y);
+      if (std::isfinite(x) && std::isfinite(y)) {
+        cmp.max_abs = std::max(cmp.max_abs, static_cast<double>(std::fabs(h_cudnn.empty() ? x : y)));
+        if (!h_own.empty() && !h_cudnn.empty())
+          cmp.max_abs_diff = std::max(cmp.max_abs_diff, static_cast<double>(std::fabs(x - y)));
+      }
+    }
+
+    const double own_med = median_of(t_own.ms), cud_med = median_of(t_cudnn.ms);
+    const bool both = own_ok && cudnn;
+    char diff_str[32] = "-";
+    if (both) std::snprintf(diff_str, sizeof diff_str, "%.3g", cmp.max_abs_diff);
+    auto fmt = [](bool have, double v, const char* f) {
+      char b[32] = "-";
+      if (have) std::snprintf(b, sizeof b, f, v);
+      return std::string(b);
+    };
+    printf("%-24s %10s %9s %10s %9s %9s %11s\n", c.name, fmt(own_ok, own_med, "%.3f").c_str(),
+           fmt(own_ok, flops / (own_med * 1e9), "%.1f").c_str(), fmt(bool(cudnn), cud_med, "%.3f").c_str(),
+           fmt(bool(cudnn), flops / (cud_med * 1e9), "%.1f").c_str(),
+           fmt(both, cud_med / own_med, "%.3fx").c_str(), diff_str);
+    // The fill must outlast the host work of the launch, else the event pair includes a host gap.
+    for (const auto* t : {&t_own, &t_cudnn}) {
+      if (t->ms.empty()) continue;
+      const double enq = median_of(t->enqueue_us) * 1e-3, fill = median_of(t->fill_ms);
+      if (enq > fill)
+        printf("  WARNING: %s: host enqueue %.3f ms > pre-call fill %.3f ms: the time may include a host gap\n",
+               t == &t_own ? "own" : "cuDNN", enq, fill);
+    }
+    if (cmp.nonfinite_own || cmp.nonfinite_cudnn)
+      printf("  ERROR: non-finite outputs in the sampled rows: own %zu, cuDNN %zu\n", cmp.nonfinite_own,
+             cmp.nonfinite_cudnn);
+    fflush(stdout);
+
+    nlohmann::json jc = {{"name", c.name},
+                         {"kind", c.self ? "self" : "cross"},
+                         {"layout", c.self ? "q/k/v views of one fused [B, L, 3, H, D] buffer (token stride 3*H*D)"
+                                           : "dense q [B, Lq, H, D], dense k and v [B, Lk, H, D] (separate)"},
+                         {"B", kB},
+                         {"H", kH},
+                         {"D", kD},
+                         {"Lq", Lq},
+                         {"Lk", Lk},
+                         {"k_lens", masked ? nlohmann::json(c.k_lens) : nlohmann::json(nullptr)},
+                         {"flops", flops},
+                         {"seed", seed},
+                         {"own", own_ok ? t_own.to_json(flops) : nlohmann::json(nullptr)},
+                         {"cudnn", cudnn ? t_cudnn.to_json(flops) : nlohmann::json(nullptr)},
+                         {"cudnn_engine", cudnn_engine},
+                         {"cudnn_workspace_bytes", ws},
+                         {"speedup_own_over_cudnn", both ? nlohmann::json(cud_med / own_med) : nlohmann::json(nullptr)},
+                         {"check", {{"sampled_rows", cmp.rows},
+                                    {"row_step", step},
+                                    {"max_abs_diff_own_cudnn", both ? nlohmann::json(cmp.max_abs_diff) : nlohmann::json(nullptr)},
+                                    {"max_abs_output", cmp.max_abs},
+                                    {"nonfinite_own", cmp.nonfinite_own},
+                                    {"nonfinite_cudnn", cmp.nonfinite_cudnn}}}};
+    jcases.push_back(std::move(jc));
+    if (cmp.nonfinite_own || cmp.nonfinite_cudnn) bad_cases += (bad_cases.empty() ? "" : ", ") + std::string(c.name);
+  }
+
+  if (!json_path.empty()) {
+    const char* commit = std::getenv("WAN_COMMIT");
+    nlohmann::json J;
+    J["tool"] = "wan bench-attention";
+    J["commit"] = commit ? commit : "unknown";
+    J["date"] = utc_now();
+    J["device"] = {{"name", bd.name},
+                   {"sm", cat(prop.major, prop.minor)},
+                   {"sm_count", bd.sm_count},
+                   {"memory_gib", bd.total_bytes / (1024.0 * 1024.0 * 1024.0)},
+                   {"driver", bd.driver_version},
+                   {"runtime", bd.runtime_version},
+                   {"cudnn", bd.cudnn_version}};
+    J["own_supported"] = own_ok;
+    J["env"] = nlohmann::json::object();  // the own kernel's experiment switches (attention_own.cu), when set
+    for (const char* k : {"WAN_ATTN_BN", "WAN_ATTN_PERSIST", "WAN_ATTN_PINGPONG"})
+      if (const char* v = std::getenv(k)) J["env"][k] = v;
+    J["cudnn_available"] = cudnn_ok;
+    J["notes"] = nlohmann::json::array();
+    if (!own_ok) J["notes"].push_back(own_note);
+    if (!cudnn_ok) J["notes"].push_back(cudnn_note);
+    J["warmup"] = warmup;
+    J["reps"] = reps;
+    J["input_std"] = input_std;
+    J["method"] =
+        "random bf16 N(0, input_std^2) inputs drawn on the GPU; CUDA events around each OwnAttention::run / "
+        "CudnnAttention::run on one stream, each preceded by an untimed 256 MiB fill (host launch work overlapped, "
+        "cold L2); warm-up calls, then reps interleaved own/cuDNN; median; TFLOP/s = 4*B*H*Lq*Lk*D / median "
+        "(masked: valid keys)";
+    J["cases"] = jcases;
+    write_json_file(json_path, J);
+  }
+  WAN_ASSERT(bad_cases.empty(), "bench-attention: non-finite outputs in ", bad_cases);
+  return 0;
+#endif
+}
+
+}  // namespace wan::cli

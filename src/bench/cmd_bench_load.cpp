@@ -1,0 +1,630 @@
+// `wan bench --load PATH` (also `wan bench-load PATH`): start-up at hardware speed (issue 6), measured
+// against the hardware in one run on one checkpoint.
+//
+// What is measured (say it, so numbers are never mistaken for something else):
+// - files: every file holding a streamed tensor of the text encoder and the DiT expert(s) (the VAE is
+//   read on the host and is not part of the GPU load). Each is first read once whole with all threads
+//   to put it in the page cache ("warm read"); every number below is a page-cache number.
+// - read 1 thread / all threads: pread of whole files in 16 MB pieces into touched host buffers, one
+//   thread (at most --read1-gb GB of the files, the first ones) and all hardware threads (all files).
+// - H2D: cudaMemcpyAsync from cudaHostAlloc buffers (4 x 256 MB, cycled) to device buffers on one
+//   stream, 16 GB in all, timed with CUDA events; also in the loader's chunk size.
+// - load: the engine's path file -> GPU weights (cuda/load_gpu.h through T5EncoderGpu / DiTGpu with a
+//   shared DeviceLoader, exactly as `wan generate` does): per component alone and all together; bytes
+//   = streamed file bytes, seconds = the loader's wall time from start() to every weight on the device
+//   (its staging included: the first buffer pinned before the first read, the others while reading;
+//   "setup s" = start() to the first read; the weight allocations and the objects are timed apart).
+//   Bound = min(read all threads, H2D); fraction = load / bound (target >= 0.8 for fp32 and bf16).
+// - first step (--first-step): `wan generate` on this checkpoint as a child process (--device cuda,
+//   --size / --frames, 4 steps at shift 1 so that both experts are used and loaded) with --timings-json
+//   and the fast start's trace (WAN_STARTUP_TRACE, pipeline/startup.h): process start to the first
+//   denoising step (timings.startup_to_first_step_s) against 1.3 x bytes / bound + the text encoding
+//   time, and its critical path milestone by milestone (libraries loaded, plan done, loader started,
+//   reads begin, text encoder resident, prompts encoded, warm-up done, all weights resident, first
+//   step; child process ages); and a projection for the full-size T2V-A14B (2 x fp32 experts + bf16
+//   UMT5-XXL + VAE) at the measured rates. The CUDA context's creation is timed in this process (its
+//   first CUDA calls) as the reference for the child's plan.
+// JSON (--json): device, commit ($WAN_COMMIT), date, checkpoint, layout, rows, the bandwidths, the bound,
+// the fractions and the targets; first_step.critical_path (<milestone>_at_s), first_step.startup_trace,
+// cuda_context_s.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ckpt/layout.h"
+#include "cli/args.h"
+#include "bench/bench_common.h"
+#include "cli/commands.h"
+#include "models/config.h"
+#include "core/clock.h"
+#include "core/error.h"
+#include "pipeline/models.h"
+#include "pipeline/pipeline.h"
+
+#ifdef WAN_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#include "kernels/check.h"
+#include "models/dit/dit_gpu.h"
+#include "runtime/load_gpu.h"
+#include "kernels/rng.h"
+#include "models/umt5/umt5_gpu.h"
+#endif
+
+namespace wan::cli {
+namespace {
+
+void print_help() {
+  printf(
+      "usage: wan bench --load PATH [options]\n"
+      "  Measures checkpoint loading on the GPU against the hardware: page-cache read bandwidth (1 thread,\n"
+      "  all threads), pinned host-to-device bandwidth, and the engine's file -> GPU weights speed per\n"
+      "  component and all together (the text encoder and the DiT experts), as a fraction of\n"
+      "  min(parallel read, H2D). The files are read once first to warm the page cache.\n"
+      "  --threads N          loader reader threads (default: its tuned count, hardware threads - 4 in [2, 8])\n"
+      "  --read-threads N     threads of the parallel read test (default: all hardware threads)\n"
+      "  --buffers K          loader staging buffers (default threads + 4)\n"
+      "  --buffer-mb M        loader staging buffer size in MB (default 8)\n"
+      "  --sweep              also time the combined load with other reader / buffer settings\n"
+      "  --read1-gb G         bytes for the 1-thread read test (default 8)\n"
+      "  --first-step         also run `wan generate` as a child: process start to the first step and\n"
+      "                       its critical path\n"
+      "  --size WxH           its video size (default 832x480)\n"
+      "  --frames N           its frames (default 5)\n"
+      "  --device N           CUDA device (default 0)\n"
+      "  --json FILE          write the results as JSON (commit from $WAN_COMMIT)\n");
+}
+
+constexpr double kGB = 1e9;
+
+
+#ifdef WAN_HAVE_CUDA
+
+// ---- page-cache reads ----
+
+struct Piece {
+  int file;
+  uint64_t offset, length;
+};
+constexpr uint64_t kPiece = uint64_t{16} << 20;
+
+struct FileSet {
+  std::vector<std::string> paths;
+  std::vector<uint64_t> sizes;
+  uint64_t total = 0;
+};
+
+// Reads `pieces` with `threads` threads (each takes the next piece); returns the bytes read.
+uint64_t read_pieces(const FileSet& fs, const std::vector<Piece>& pieces, int threads) {
+  std::vector<int> fds;
+  for (const std::string& p : fs.paths) {
+    const int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
+    WAN_CHECK(fd >= 0, p, ": cannot open");
+    fds.push_back(fd);
+  }
+  std::atomic<size_t> next{0};
+  std::atomic<uint64_t> bytes{0};
+  std::atomic<bool> failed{false};
+  auto worker = [&] {
+    std::vector<char> buf(kPiece);
+    std::fill(buf.begin(), buf.end(), 1);  // touched: page faults are not timed
+    for (;;) {
+      const size_t i = next.fetch_add(1);
+      if (i >= pieces.size() || failed) break;
+      const Piece& pc = pieces[i];
+      uint64_t done = 0;
+      while (done < pc.length) {
+        const ssize_t n = ::pread(fds[static_cast<size_t>(pc.file)], buf.data(), pc.length - done,
+                                  static_cast<off_t>(pc.offset + done));
+        if (n <= 0) {
+          failed = true;
+          break;
+        }
+        done += static_cast<uint64_t>(n);
+      }
+      bytes += done;
+    }
+  };
+  std::vector<std::thread> th;
+  for (int t = 1; t < threads; ++t) th.emplace_back(worker);
+  worker();
+  for (std::thread& t : th) t.join();
+  for (int fd : fds) ::close(fd);
+  WAN_CHECK(!failed, "read test: a read failed");
+  return bytes;
+}
+
+std::vector<Piece> pieces_of(const FileSet& fs, uint64_t limit) {
+  std::vector<Piece> v;
+  uint64_t total = 0;
+  for (size_t f = 0; f < fs.paths.size() && total < limit; ++f)
+    for (uint64_t o = 0; o < fs.sizes[f] && total < limit; o += kPiece) {
+      const uint64_t n = std::min(kPiece, fs.sizes[f] - o);
+      v.push_back({static_cast<int>(f), o, n});
+      total += n;
+    }
+  return v;
+}
+
+// ---- H2D ----
+
+double h2d_gbps(int device, size_t chunk, uint64_t total) {
+  CUDA_CHECK(cudaSetDevice(device));
+  constexpr int kBufs = 4;
+  const size_t buf = std::max(chunk, size_t{256} << 20);
+  void* host = nullptr;
+  void* dev = nullptr;
+  CUDA_CHECK(cudaHostAlloc(&host, buf * kBufs, cudaHostAllocDefault));
+  std::memset(host, 1, buf * kBufs);
+  const cudaError_t me = cudaMalloc(&dev, buf * kBufs);
+  if (me != cudaSuccess) {
+    cudaFreeHost(host);
+    CUDA_CHECK(me);
+  }
+  cudaStream_t s = nullptr;
+  cudaEvent_t e0 = nullptr, e1 = nullptr;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  CUDA_CHECK(cudaEventCreate(&e0));
+  CUDA_CHECK(cudaEventCreate(&e1));
+  const uint64_t n = std::max<uint64_t>(1, total / chunk);
+  auto copy = [&](uint64_t i) {
+    const size_t slot = (i * chunk) % (buf * kBufs - chunk + 1);
+    CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(dev) + slot, static_cast<char*>(host) + slot, chunk,
+                               cudaMemcpyHostToDevice, s));
+  };
+  for (uint64_t i = 0; i < 8; ++i) copy(i);  // warm-up
+  CUDA_CHECK(cudaEventRecord(e0, s));
+  for (uint64_t i = 0; i < n; ++i) copy(i);
+  CUDA_CHECK(cudaEventRecord(e1, s));
+  CUDA_CHECK(cudaEventSynchronize(e1));
+  float ms = 0;
+  CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  cudaStreamDestroy(s);
+  cudaFree(dev);
+  cudaFreeHost(host);
+  return static_cast<double>(n * chunk) / (ms * 1e-3) / kGB;
+}
+
+// ---- the engine's load ----
+
+struct LoadRow {
+  std::string what;
+  uint64_t bytes = 0;
+  double seconds = 0, alloc_seconds = 0, gbps = 0;
+  double setup_seconds = 0, stream_seconds = 0;  // the loader's start to its first read; its StreamLoader run
+  uint64_t chunks = 0, converted = 0;
+  int fallback = 0;
+  cuda::LoadOptions opt;
+};
+
+// Loads the given components of `info` to the GPU exactly as the pipeline's fast start does (one
+// DeviceLoader, the text encoder as group 0, the experts as group 1) and frees them again.
+LoadRow time_load(const CheckpointInfo& info, const std::vector<Role>& roles, const T5Config* t5,
+                  const cuda::LoadOptions& lo, const std::string& what) {
+  LoadRow row;
+  row.what = what;
+  row.opt = lo;
+  std::vector<std::unique_ptr<WeightStore>> stores;
+  std::unique_ptr<cuda::T5EncoderGpu> te;
+  std::unique_ptr<cuda::DiTGpu> dit;
+  auto loader = std::make_unique<cuda::DeviceLoader>(lo);
+  const Clock::time_point t0 = Clock::now();
+  std::vector<cuda::DiTWeightSource> sources;
+  for (Role r : roles) {
+    stores.push_back(open_weights(info, r));
+    WeightStore* ws = stores.back().get();
+    if (r == Role::TextEncoder) {
+      cuda::T5WeightSource src;
+      src.get = [ws](const std::string& n) { return ws->get(n); };
+      src.span = [ws](const std::string& n) { return ws->raw_span(n); };
+      src.loader = loader.get();
+      src.group = 0;
+      te = std::make_unique<cuda::T5EncoderGpu>(*t5, src, lo.device);
+    } else {
+      cuda::DiTWeightSource src = cuda::DiTWeightSource::from([ws](const std::string& n) { return ws->get_f32(n); });
+      src.span = [ws](const std::string& n) { return ws->raw_span(n); };
+      src.loader = loader.get();
+      src.group = 1;
+      sources.push_back(std::move(src));
+    }
+  }
+  if (!sources.empty()) {
+    cuda::DiTGpu::Options opt;
+    opt.device = lo.device;
+    opt.defer_arena = true;  // weights only: the arena is never allocated here
+    dit = std::make_unique<cuda::DiTGpu>(cuda::DiTGpu::create(info.dit, sources, cuda::DiTShape{2, 1, 16, 16}, opt));
+  }
+  row.alloc_seconds = seconds_since(t0);
+  loader->start();
+  const cuda::LoadStats st = loader->finish();
+  loader.reset();
+  row.bytes = st.bytes + st.fallback_bytes;
+  row.seconds = st.seconds;
+  row.gbps = st.gb_per_s();
+  row.setup_seconds = st.setup_seconds;
+  row.stream_seconds = st.stream_seconds;
+  row.chunks = st.chunks;
+  row.converted = st.converted_chunks;
+  row.fallback = st.fallback_tensors;
+  return row;
+}
+
+nlohmann::ordered_json row_json(const LoadRow& r) {
+  nlohmann::ordered_json j;
+  j["name"] = r.what;
+  j["bytes"] = r.bytes;
+  j["seconds"] = r.seconds;
+  j["gb_per_s"] = r.gbps;
+  j["alloc_seconds"] = r.alloc_seconds;
+  j["loader_setup_seconds"] = r.setup_seconds;
+  j["loader_stream_seconds"] = r.stream_seconds;
+  j["chunks"] = r.chunks;
+  j["converted_chunks"] = r.converted;
+  j["fallback_tensors"] = r.fallback;
+  j["threads"] = r.opt.threads;
+  j["buffers"] = r.opt.buffers;
+  j["buffer_mb"] = static_cast<double>(r.opt.buffer_bytes) / (1 << 20);
+  return j;
+}
+
+std::string self_exe() {
+  char buf[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
+  WAN_CHECK(n > 0, "cannot find the wan executable (/proc/self/exe)");
+  buf[n] = 0;
+  return buf;
+}
+
+// One child `wan generate` (--device cuda, 4 steps at shift 1 so that both experts are used and
+// loaded) with --timings-json and the fast start's trace (WAN_STARTUP_TRACE).
+struct FirstStep {
+  nlohmann::json timings;  // the --timings-json file
+  nlohmann::json trace;    // the start-up trace (pipeline/startup.h); empty object if none was written
+  std::string log;         // the child's output
+};
+
+FirstStep run_first_step(const CheckpointInfo& info, int device, const std::string& size, int64_t frames) {
+  char tmpl[] = "/tmp/wan-bench-load-XXXXXX";
+  WAN_CHECK(::mkdtemp(tmpl) != nullptr, "cannot make a temporary folder");
+  const std::string dir = tmpl, tj = dir + "/timings.json", vid = dir + "/video.y4m", log = dir + "/generate.log",
+                    tr = dir + "/startup.json";
+  const std::string cmd = cat("WAN_STARTUP_TRACE='", tr, "' '", self_exe(), "' generate --model '", info.root,
+                              "' --device cuda:", device,
+                              " --prompt 'a red fox running through fresh snow at sunrise' --size ", size, " --frames ",
+                              frames, " --steps 4 --shift 1 --seed 1 --output '", vid, "' --timings-json '", tj,
+                              "' > '", log, "' 2>&1");
+  printf("\nfirst step: %s\n", cmd.c_str());
+  fflush(stdout);
+  const int rc = std::system(cmd.c_str());
+  FirstStep r;
+  {
+    std::ifstream lf(log);
+    std::stringstream ls;
+    ls << lf.rdbuf();
+    r.log = ls.str();
+  }
+  auto clean = [&] {
+    for (const std::string& f : {tj, vid, log, tr}) std::remove(f.c_str());
+    ::rmdir(dir.c_str());
+  };
+  if (rc != 0) {
+    printf("%s", r.log.c_str());
+    clean();
+    WAN_THROW("--first-step: wan generate failed (status ", rc, ")");
+  }
+  try {
+    std::ifstream jf(tj);
+    r.timings = nlohmann::json::parse(jf);
+    std::ifstream tf(tr);
+    r.trace = tf.good() ? nlohmann::json::parse(tf) : nlohmann::json::object();
+  } catch (const std::exception& e) {
+    clean();
+    WAN_THROW("--first-step: cannot read the child's timings (", e.what(), ")");
+  }
+  clean();
+  return r;
+}
+
+// Process start -> first denoising step, milestone by milestone (process ages of the child, seconds):
+// the plan's end and the first step from its timings, the rest from its start-up trace.
+struct Milestone {
+  const char* key;   // JSON name
+  const char* what;  // printed
+  double at;
+};
+std::vector<Milestone> critical_path(const FirstStep& f) {
+  const nlohmann::json m = f.trace.value("marks", nlohmann::json::object());
+  auto mark = [&](const char* k) { return m.value(k, 0.0); };
+  return {
+      {"libraries_loaded", "shared libraries loaded (static init)", mark("libraries_loaded")},
+      {"plan_done", "plan done (CUDA context, checkpoint detected, fits)", f.timings.value("plan_done_at_s", 0.0)},
+      {"fast_start_entered", "fast start entered", mark("entered")},
+      {"loader_started", "objects set up, loader started", mark("loader_started")},
+      {"streaming", "reads begin (first staging buffer pinned)", mark("streaming")},
+      {"text_encoder_resident", "text encoder resident", mark("text_resident")},
+      {"text_encoded", "prompts encoded", mark("text_encoded")},
+      {"warm_up_done", "warm-up done (arena, plans, graphs)", mark("warm_up_done")},
+      {"weights_resident", "all weights resident", mark("weights_resident")},
+      {"fast_start_returned", "fast start returned", mark("returned")},
+      {"first_step", "first denoising step", f.timings.at("timings").value("startup_to_first_step_s", 0.0)},
+  };
+}
+
+nlohmann::ordered_json critical_path_json(const FirstStep& f) {
+  nlohmann::ordered_json j;
+  for (const Milestone& m : critical_path(f)) j[cat(m.key, "_at_s")] = m.at;
+  return j;
+}
+
+void print_critical_path(const FirstStep& f, double cuda_context_s) {
+  printf("  critical path (child process age, s)%s:\n", f.trace.empty() ? " (no start-up trace)" : "");
+  for (const Milestone& m : critical_path(f)) {
+    printf("    %-54s %7.3f\n", m.what, m.at);
+    if (std::string(m.key) == "plan_done")
+      printf("    %-54s %7.3f\n", "  (CUDA context creation alone, in this process)", cuda_context_s);
+  }
+  printf("    (loader set-up to the first read %.3f s; staging freed after the load in %.3f s)\n",
+         f.trace.value("loader_setup_s", 0.0), f.trace.value("staging_free_s", 0.0));
+}
+
+#endif  // WAN_HAVE_CUDA
+
+}  // namespace
+
+int cmd_bench_load(int argc, char** argv) {
+  // `wan bench --load PATH ...` arrives here with argv[0] = "bench"; `--load` may also be given as the
+  // positional PATH of `wan bench-load`.
+  const Args args(argc, argv,
+                  {"load", "threads", "read-threads", "buffers", "buffer-mb", "read1-gb", "size", "frames", "device", "json"},
+                  {"help", "sweep", "first-step"});
+  if (args.flag("help")) {
+    print_help();
+    return 0;
+  }
+  std::string path = args.get_or("load", "");
+  if (path.empty() && !args.positional().empty()) path = args.positional()[0];
+  WAN_CHECK(!path.empty(), "wan bench --load PATH: missing the checkpoint PATH");
+  const int device = static_cast<int>(args.get_int("device", 0));
+  const std::string json_path = args.get_or("json", "");
+#ifndef WAN_HAVE_CUDA
+  (void)device;
+  WAN_THROW("wan bench --load: this build of wan has no CUDA support (configure with a CUDA toolkit)");
+#else
+  // This process's first CUDA calls: the context creation's cost on this machine (what the child's
+  // plan overlaps with detecting the checkpoint).
+  const double bench_started_at = process_age_seconds();
+  const Clock::time_point t_ctx = Clock::now();
+  WAN_CHECK(cuda::device_count() > device && device >= 0, "wan bench --load: no CUDA device ", device);
+  CUDA_CHECK(cudaSetDevice(device));
+  CUDA_CHECK(cudaFree(nullptr));
+  const double cuda_context_s = seconds_since(t_ctx);
+  cudaDeviceProp prop{};
+  CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+
+  const CheckpointInfo info = detect_checkpoint(path);
+  std::vector<Role> experts;
+  for (Role r : {Role::DiTHigh, Role::DiTLow, Role::DiT})
+    if (info.has(r)) experts.push_back(r);
+  WAN_CHECK(!experts.empty(), path, ": no DiT expert to load");
+  const bool has_te = info.has(Role::TextEncoder);
+  T5Config t5;
+  if (has_te) t5 = t5_config_for(info);
+
+  cuda::LoadOptions lo = cuda::LoadOptions::tuned(device);
+  if (args.get("threads")) {
+    lo.threads = static_cast<int>(args.get_int("threads", lo.threads));
+    lo.buffers = lo.threads + 4;
+  }
+  lo.buffers = static_cast<int>(args.get_int("buffers", lo.buffers));
+  lo.buffer_bytes = static_cast<size_t>(args.get_double("buffer-mb", 8) * (1 << 20));
+  const int hw = static_cast<int>(std::thread::hardware_concurrency());
+  const int read_threads = static_cast<int>(args.get_int("read-threads", hw > 0 ? hw : 8));
+  WAN_CHECK(read_threads >= 1, "--read-threads: at least 1");
+  WAN_CHECK(lo.threads >= 1 && lo.buffers >= 2 && lo.buffer_bytes >= 64, "wan bench --load: bad --threads / --buffers / --buffer-mb");
+
+  // The files of the streamed tensors.
+  FileSet files;
+  {
+    std::set<std::string> seen;
+    std::vector<Role> roles = experts;
+    if (has_te) roles.insert(roles.begin(), Role::TextEncoder);
+    for (Role r : roles) {
+      auto st = open_weights(info, r);
+      for (const std::string& n : st->names()) {
+        const std::optional<RawSpan> sp = st->raw_span(n);
+        if (sp && seen.insert(sp->path).second) {
+          struct stat sb {};
+          WAN_CHECK(::stat(sp->path.c_str(), &sb) == 0, sp->path, ": cannot stat");
+          files.paths.push_back(sp->path);
+          files.sizes.push_back(static_cast<uint64_t>(sb.st_size));
+          files.total += static_cast<uint64_t>(sb.st_size);
+        }
+      }
+    }
+  }
+  printf("checkpoint %s (%s): %zu files, %.2f GB (text encoder + %zu expert(s))\n", info.root.c_str(),
+         layout_name(info.layout), files.paths.size(), files.total / kGB, experts.size());
+  printf("device %s; loader: %d readers, %d x %.0f MB staging; CUDA context created in %.3f s (process age at "
+         "the bench's start %.3f s)\n",
+         prop.name, lo.threads, lo.buffers, lo.buffer_bytes / 1048576.0, cuda_context_s, bench_started_at);
+
+  // 1. Warm the page cache, then the read bandwidths.
+  const std::vector<Piece> all = pieces_of(files, UINT64_MAX);
+  Clock::time_point t0 = Clock::now();
+  read_pieces(files, all, read_threads);
+  const double warm_s = seconds_since(t0);
+  printf("warm read (fills the page cache; every number below reads from it): %.2f GB in %.2f s\n",
+         files.total / kGB, warm_s);
+  const uint64_t read1_limit = static_cast<uint64_t>(args.get_double("read1-gb", 8) * kGB);
+  const std::vector<Piece> some = pieces_of(files, read1_limit);
+  t0 = Clock::now();
+  const uint64_t b1 = read_pieces(files, some, 1);
+  const double read1 = static_cast<double>(b1) / seconds_since(t0) / kGB;
+  t0 = Clock::now();
+  const uint64_t bn = read_pieces(files, all, read_threads);
+  const double readn = static_cast<double>(bn) / seconds_since(t0) / kGB;
+  printf("page-cache read: 1 thread %.2f GB/s (%.2f GB), %d threads %.2f GB/s (%.2f GB)\n", read1, b1 / kGB,
+         read_threads, readn, bn / kGB);
+
+  // 2. Pinned H2D.
+  const double h2d = h2d_gbps(device, size_t{256} << 20, uint64_t{16} << 30);
+  const double h2d_chunk = h2d_gbps(device, lo.buffer_bytes, uint64_t{8} << 30);
+  const double bound = std::min(readn, h2d);
+  printf("pinned H2D: %.2f GB/s (256 MB copies), %.2f GB/s (%.0f MB copies); bound min(read, H2D) = %.2f GB/s\n", h2d,
+         h2d_chunk, lo.buffer_bytes / 1048576.0, bound);
+
+  // 3. The engine's load: each component alone, then all together (the pipeline's fast start).
+  std::vector<LoadRow> rows;
+  if (has_te) rows.push_back(time_load(info, {Role::TextEncoder}, &t5, lo, "text encoder"));
+  for (Role r : experts) rows.push_back(time_load(info, {r}, nullptr, lo, role_name(r)));
+  std::vector<Role> all_roles = experts;
+  if (has_te) all_roles.insert(all_roles.begin(), Role::TextEncoder);
+  const LoadRow combined = time_load(info, all_roles, has_te ? &t5 : nullptr, lo, "all (text encoder + experts)");
+  rows.push_back(combined);
+  if (args.flag("sweep")) {
+    const std::pair<int, size_t> cfgs[] = {{4, 8}, {12, 8}, {16, 8}, {8, 4}, {8, 16}, {8, 32}};
+    for (const auto& [th, mb] : cfgs) {
+      cuda::LoadOptions o = lo;
+      o.threads = th;
+      o.buffers = th + 4;
+      o.buffer_bytes = mb << 20;
+      rows.push_back(time_load(info, all_roles, has_te ? &t5 : nullptr, o, cat("all, ", th, " readers, ", mb, " MB")));
+    }
+  }
+  printf("\n%-34s %8s %8s %8s %9s %8s %8s\n", "load (file -> GPU weights)", "GB", "s", "GB/s", "of bound",
+         "setup s", "stream s");
+  for (const LoadRow& r : rows)
+    printf("%-34s %8.2f %8.3f %8.2f %9.2f %8.3f %8.3f\n", r.what.c_str(), r.bytes / kGB, r.seconds, r.gbps,
+           r.gbps / bound, r.setup_seconds, r.stream_seconds);
+  const double fraction = combined.gbps / bound;
+  printf("load speed / min(parallel read, H2D) = %.2f / %.2f = %.3f (target >= 0.8: %s)\n", combined.gbps, bound,
+         fraction, fraction >= 0.8 ? "met" : "NOT met");
+
+  nlohmann::ordered_json J;
+  J["bench"] = "load";
+  J["device"] = prop.name;
+  const char* commit = std::getenv("WAN_COMMIT");
+  J["commit"] = commit ? commit : "unknown";
+  J["date"] = utc_now();
+  J["checkpoint"] = info.root;
+  J["layout"] = layout_name(info.layout);
+  J["dit_layers"] = info.dit.num_layers;
+  J["files"] = files.paths.size();
+  J["file_bytes"] = files.total;
+  J["page_cache"] = "warm: every file read once with all threads before the measurements";
+  J["warm_read_s"] = warm_s;
+  J["read_1thread_gb_per_s"] = read1;
+  J["read_1thread_bytes"] = b1;
+  J["read_threads"] = read_threads;
+  J["loader_threads"] = lo.threads;
+  J["loader_buffers"] = lo.buffers;
+  J["loader_buffer_mb"] = static_cast<double>(lo.buffer_bytes) / (1 << 20);
+  J["read_all_threads_gb_per_s"] = readn;
+  J["h2d_gb_per_s"] = h2d;
+  J["h2d_chunk_gb_per_s"] = h2d_chunk;
+  J["bound_gb_per_s"] = bound;
+  J["cuda_context_s"] = cuda_context_s;
+  J["process_age_at_bench_start_s"] = bench_started_at;
+  nlohmann::ordered_json jr = nlohmann::ordered_json::array();
+  for (const LoadRow& r : rows) jr.push_back(row_json(r));
+  J["rows"] = jr;
+  J["load_gb_per_s"] = combined.gbps;
+  J["fraction_of_bound"] = fraction;
+  J["target_fraction"] = 0.8;
+  J["fraction_met"] = fraction >= 0.8;
+
+  // 4. Process start to the first denoising step, as a child `wan generate` (one run: the fast start
+  // the target is judged on).
+  if (args.flag("first-step")) {
+    WAN_CHECK(has_te, "--first-step: the checkpoint has no text encoder");
+    const std::string size = args.get_or("size", "832x480");
+    const int64_t frames = args.get_int("frames", 5);
+    const FirstStep fsr = run_first_step(info, device, size, frames);
+    const nlohmann::json& g = fsr.timings;
+    const nlohmann::json& t = g.at("timings");
+    const double startup = t.at("startup_to_first_step_s").get<double>();
+    const double text_s = t.at("text_encode_s").get<double>();
+    const double load_s = t.at("load_s").get<double>();
+    const uint64_t gen_bytes = g.value("load_bytes", uint64_t{0});
+    const double ideal = static_cast<double>(gen_bytes) / (bound * kGB);
+    const double limit = 1.3 * ideal + text_s;
+    printf("%s", fsr.log.c_str());
+    printf("process start -> first step %.2f s (load %.2f s, %.2f GB at %.2f GB/s; warm-up %.2f s; text %.3f s)\n",
+           startup, load_s, gen_bytes / kGB, g.value("load_gb_per_s", 0.0), t.value("warm_up_s", 0.0), text_s);
+    printf("  breakdown: plan done %.3f s after the process start; the load began after it and streamed after "
+           "%.3f s of set-up (text encoder and DiT objects, weight allocations)\n",
+           g.value("plan_done_at_s", 0.0), g.value("load_setup_s", 0.0));
+    print_critical_path(fsr, cuda_context_s);
+    printf("bound: bytes / min(read, H2D) = %.2f s; target 1.3 x %.2f + text %.3f = %.2f s: %s (%.2f x bytes/bound)\n",
+           ideal, ideal, text_s, limit, startup <= limit ? "met" : "NOT met", ideal > 0 ? (startup - text_s) / ideal : 0);
+    // The full-size T2V-A14B at the measured rates: 2 fp32 experts + bf16 UMT5-XXL (+ the VAE, read on
+    // the host meanwhile). The fixed part (process, CUDA and library start, plan) is the measured
+    // start-up minus its load.
+    const DiTConfig full = dit_preset("t2v-A14B");
+    const T5Config xxl = t5_preset("umt5-xxl");
+    const double full_bytes = 2.0 * static_cast<double>(dit_f32_bytes(full)) + static_cast<double>(t5_f32_bytes(xxl)) / 2;
+    const double full_vae = static_cast<double>(vae_f32_bytes(vae_preset("wan2.1")));
+    const double rate = combined.gbps * kGB;
+    const double full_load = full_bytes / rate, fixed = std::max(0.0, startup - load_s);
+    const double full_ideal = full_bytes / (bound * kGB);
+    printf("projection, full T2V-A14B (2 x %.1f GB fp32 experts + %.1f GB bf16 text encoder; VAE %.2f GB on the "
+           "host meanwhile): load %.1f s at %.2f GB/s, start -> first step about %.1f s (bound 1.3 x %.1f + text = "
+           "%.1f s); needs the %.0f GB in the page cache (or a disk that reads at that speed)\n",
+           dit_f32_bytes(full) / kGB, t5_f32_bytes(xxl) / 2 / kGB, full_vae / kGB, full_load, combined.gbps,
+           full_load + fixed, full_ideal, 1.3 * full_ideal + text_s, (full_bytes + full_vae) / kGB);
+    nlohmann::ordered_json fj;
+    fj["size"] = size;
+    fj["frames"] = frames;
+    fj["startup_to_first_step_s"] = startup;
+    fj["load_s"] = load_s;
+    fj["load_bytes"] = gen_bytes;
+    fj["load_gb_per_s"] = g.value("load_gb_per_s", 0.0);
+    fj["warm_up_s"] = t.value("warm_up_s", 0.0);
+    fj["plan_done_at_s"] = g.value("plan_done_at_s", 0.0);
+    fj["load_setup_s"] = g.value("load_setup_s", 0.0);
+    fj["text_encode_s"] = text_s;
+    fj["bytes_over_bound_s"] = ideal;
+    fj["target_s"] = limit;
+    fj["met"] = startup <= limit;
+    fj["critical_path"] = critical_path_json(fsr);
+    fj["generate_timings"] = g.at("timings");
+    fj["startup_trace"] = fsr.trace;
+    J["first_step"] = fj;
+    nlohmann::ordered_json pj;
+    pj["bytes"] = full_bytes;
+    pj["vae_bytes"] = full_vae;
+    pj["load_s"] = full_load;
+    pj["startup_to_first_step_s"] = full_load + fixed;
+    pj["target_s"] = 1.3 * full_ideal + text_s;
+    pj["note"] = "measured rates applied to the full model; needs the files in the page cache or an equally fast disk";
+    J["projection_full_t2v_a14b"] = pj;
+  }
+
+  if (!json_path.empty()) {
+    write_json_file(json_path, J);
+  }
+  return 0;
+#endif
+}
+
+}  // namespace wan::cli

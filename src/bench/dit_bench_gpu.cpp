@@ -1,0 +1,498 @@
+// `wan bench` on the GPU: forward timing of a DiTGpu and the isolated per-op breakdown (see dit_bench.h
+// for the two methods and why they are separate).
+#include "bench/dit_bench_gpu.h"
+
+#include <cublasLt.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+
+#include "core/error.h"
+#include "kernels/attention_cudnn.h"
+#include "kernels/attention_own.h"
+#include "kernels/check.h"
+#include "kernels/dit_kernels.h"
+#include "kernels/gemm.h"
+#include "kernels/rng.h"
+
+namespace wan::cuda {
+namespace {
+
+constexpr size_t kAlign = 256;
+constexpr int kRopeMaxPos = 1024;              // the reference's RoPE table (as dit_gpu.cpp)
+constexpr size_t kHeadroom = size_t{512} << 20;  // left free for handles and lazily loaded kernels
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+size_t device_used() {
+  size_t free_b = 0, total_b = 0;
+  CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  return total_b - free_b;
+}
+
+// One device allocation carved into 256-byte aligned buffers, every one filled with random values.
+class Slab {
+ public:
+  struct Req {
+    void** out;
+    size_t n;       // elements
+    bool bf16;      // else f32
+    float scale;    // bf16: N(0, scale²); f32 buffers are N(0, 1) (philox_normal_fill has no scale)
+  };
+  void f32(float** p, size_t n) { reqs_.push_back({reinterpret_cast<void**>(p), n, false, 1.0f}); }
+  void b16(bf16** p, size_t n, float scale = 1.0f) { reqs_.push_back({reinterpret_cast<void**>(p), n, true, scale}); }
+  void raw(void** p, size_t bytes) { reqs_.push_back({p, bytes, false, 0.0f}); raw_.push_back(reqs_.size() - 1); }
+  size_t bytes() const {
+    size_t b = 0;
+    for (size_t i = 0; i < reqs_.size(); ++i) b += align(size_of(i));
+    return b;
+  }
+  void allocate(uint64_t seed, cudaStream_t s) {
+    CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&base_), bytes()));
+    size_t at = 0;
+    for (size_t i = 0; i < reqs_.size(); ++i) {
+      const Req& r = reqs_[i];
+      *r.out = base_ + at;
+      if (is_raw(i)) {
+        CUDA_CHECK(cudaMemsetAsync(base_ + at, 0, r.n, s));  // workspaces: contents irrelevant
+      } else if (r.bf16) {
+        philox_normal_fill_bf16(reinterpret_cast<uint16_t*>(base_ + at), r.n, seed + i, 0, r.scale, s);
+      } else {
+        philox_normal_fill(reinterpret_cast<float*>(base_ + at), r.n, seed + i, 0, s);
+      }
+      at += align(size_of(i));
+    }
+  }
+  ~Slab() {
+    if (base_) cudaFree(base_);
+  }
+
+ private:
+  static size_t align(size_t b) { return (b + kAlign - 1) / kAlign * kAlign; }
+  bool is_raw(size_t i) const { return std::find(raw_.begin(), raw_.end(), i) != raw_.end(); }
+  size_t size_of(size_t i) const {
+    const Req& r = reqs_[i];
+    return is_raw(i) ? r.n : r.n * (r.bf16 ? 2 : 4);
+  }
+  std::vector<Req> reqs_;
+  std::vector<size_t> raw_;
+  char* base_ = nullptr;
+};
+
+struct Op {
+  std::string name;
+  OpKind kind;
+  bool per_block;
+  double flops;
+  std::function<void(cudaStream_t)> run;
+};
+
+}  // namespace
+
+const char* op_kind_name(OpKind k) {
+  switch (k) {
+    case OpKind::Gemm: return "gemm";
+    case OpKind::Attention: return "attention";
+    case OpKind::Other: return "other";
+  }
+  return "?";
+}
+
+double OpBreakdown::block_ms(OpKind k) const {
+  double s = 0;
+  for (const OpTime& o : ops)
+    if (o.per_block && o.kind == k) s += o.ms;
+  return s;
+}
+double OpBreakdown::nonblock_ms(OpKind k) const {
+  double s = 0;
+  for (const OpTime& o : ops)
+    if (!o.per_block && o.kind == k) s += o.ms;
+  return s;
+}
+double OpBreakdown::block_flops(OpKind k) const {
+  double s = 0;
+  for (const OpTime& o : ops)
+    if (o.per_block && o.kind == k) s += o.flops;
+  return s;
+}
+
+BenchDevice bench_device(int device) {
+  cudaDeviceProp p{};
+  CUDA_CHECK(cudaGetDeviceProperties(&p, device));
+  BenchDevice d;
+  d.name = p.name;
+  d.sm_count = p.multiProcessorCount;
+  d.total_bytes = p.totalGlobalMem;
+  CUDA_CHECK(cudaDriverGetVersion(&d.driver_version));
+  CUDA_CHECK(cudaRuntimeGetVersion(&d.runtime_version));
+#ifdef WAN_HAVE_CUDNN
+  d.cudnn_version = static_cast<int>(cudnnGetVersion());
+#endif
+  d.cublaslt_version = static_cast<int>(cublasLtGetVersion());
+  return d;
+}
+
+IsolatedTimings time_ops_isolated(const DiTConfig& cfg, const DiTShape& shape, int reps, uint64_t seed, int device,
+                                  DiTGpu::Attention attention) {
+  WAN_CHECK(reps >= 1, "bench: breakdown reps must be >= 1");
+  CUDA_CHECK(cudaSetDevice(device));
+  const bool own = DiTGpu::resolve_attention(attention) == DiTGpu::Attention::Own;
+  // Geometry, as DiTGpu computes it (dit_gpu.cpp): rows = B·L tokens, crow = B·text_len context rows.
+  const int64_t B = shape.batch, C = cfg.in_dim, Co = cfg.out_dim, T = shape.frames, H = shape.height,
+                W = shape.width;
+  const int pt = cfg.patch[0], ph = cfg.patch[1], pw = cfg.patch[2];
+  WAN_CHECK(T % pt == 0 && H % ph == 0 && W % pw == 0, "bench: latent ", T, "x", H, "x", W,
+            " is not a multiple of the patch");
+  const int64_t f = T / pt, gh = H / ph, gw = W / pw, L = f * gh * gw, rows = B * L;
+  const int64_t P = static_cast<int64_t>(pt) * ph * pw, K = C * P, OP = Co * P;
+  const int64_t D = cfg.dim, F = cfg.ffn_dim, TL = cfg.text_len, TD = cfg.text_dim, FQ = cfg.freq_dim;
+  const int64_t crow = B * TL, nx = B * C * T * H * W, nout = B * Co * T * H * W;
+  const float eps = cfg.eps;
+  const auto u = [](int64_t v) { return static_cast<size_t>(v); };
+  const auto wscale = [](int64_t fan_in) { return static_cast<float>(1.0 / std::sqrt(3.0 * fan_in)); };
+
+  CudnnAttention attn;
+  AttentionShape ss;  // self: q, k dense [rows, D]; v the last third of the fused qkv rows
+  ss.B = B, ss.Lq = L, ss.Lk = L, ss.H = cfg.num_heads, ss.D = 128, ss.v_ld = 3 * D;
+  AttentionShape cs;  // cross: all text_len keys; v the second half of the fused k|v rows
+  cs.B = B, cs.Lq = L, cs.Lk = TL, cs.H = cfg.num_heads, cs.D = 128, cs.v_ld = 2 * D;
+  const size_t attn_ws = own ? 0 : std::max(attn.workspace_size(ss), attn.workspace_size(cs));
+
+  // activations (names as in dit_gpu.cpp's arena) and one block's weights + the non-block weights
+  float *x_src, *x_in, *t, *sinus, *temb, *e, *e_silu, *e0, *resid, *head_out, *out, *out_dst, *rope;
+  bf16 *ctx_src, *ctx_in, *ctx_hidden, *ctx, *ckv, *ck, *h, *att, *big;
+  float *mod, *n3w, *n3b, *tm0_w, *tm0_b, *tm2_w, *tm2_b, *tp_w, *tp_b, *hmod, *head_w, *head_b;
+  bf16 *qkv_w, *qkv_b, *o_w, *o_b, *nq, *nk, *cq_w, *cq_b, *ckv_w, *ckv_b, *co_w, *co_b, *cnq, *cnk;
+  bf16 *f0_w, *f0_b, *f2_w, *f2_b, *pe_w, *pe_b, *te0_w, *te0_b, *te2_w, *te2_b;
+  void *gemm_ws, *attn_ws_ptr;
+  Slab sl;
+  sl.f32(&x_src, u(nx)), sl.f32(&x_in, u(nx)), sl.f32(&t, u(B)), sl.f32(&sinus, u(B * FQ));
+  sl.f32(&temb, u(B * D)), sl.f32(&e, u(B * D)), sl.f32(&e_silu, u(B * D)), sl.f32(&e0, u(B * 6 * D));
+  sl.f32(&resid, u(rows * D)), sl.f32(&head_out, u(rows * OP)), sl.f32(&out, u(nout)), sl.f32(&out_dst, u(nout));
+  sl.f32(&rope, u(kRopeMaxPos * 128));
+  sl.b16(&ctx_src, u(crow * TD), 0.2f), sl.b16(&ctx_in, u(crow * TD)), sl.b16(&ctx_hidden, u(crow * D));
+  sl.b16(&ctx, u(crow * D)), sl.b16(&ckv, u(crow * 2 * D)), sl.b16(&ck, u(crow * D));
+  sl.b16(&h, u(rows * D)), sl.b16(&att, u(rows * D));
+  sl.b16(&big, u(rows * std::max({5 * D, F, 2 * D, K})));  // qkv|q|k, the FFN hidden, fp32 head input
+  sl.f32(&mod, u(6 * D)), sl.f32(&n3w, u(D)), sl.f32(&n3b, u(D));
+  sl.f32(&tm0_w, u(D * FQ)), sl.f32(&tm0_b, u(D)), sl.f32(&tm2_w, u(D * D)), sl.f32(&tm2_b, u(D));
+  sl.f32(&tp_w, u(6 * D * D)), sl.f32(&tp_b, u(6 * D)), sl.f32(&hmod, u(2 * D));
+  sl.f32(&head_w, u(OP * D)), sl.f32(&head_b, u(OP));
+  sl.b16(&qkv_w, u(3 * D * D), wscale(D)), sl.b16(&qkv_b, u(3 * D), wscale(D));
+  sl.b16(&o_w, u(D * D), wscale(D)), sl.b16(&o_b, u(D), wscale(D)), sl.b16(&nq, u(D)), sl.b16(&nk, u(D));
+  sl.b16(&cq_w, u(D * D), wscale(D)), sl.b16(&cq_b, u(D), wscale(D));
+  sl.b16(&ckv_w, u(2 * D * D), wscale(D)), sl.b16(&ckv_b, u(2 * D), wscale(D));
+  sl.b16(&co_w, u(D * D), wscale(D)), sl.b16(&co_b, u(D), wscale(D)), sl.b16(&cnq, u(D)), sl.b16(&cnk, u(D));
+  sl.b16(&f0_w, u(F * D), wscale(D)), sl.b16(&f0_b, u(F), wscale(D));
+  sl.b16(&f2_w, u(D * F), wscale(F)), sl.b16(&f2_b, u(D), wscale(F));
+  sl.b16(&pe_w, u(D * K), wscale(K)), sl.b16(&pe_b, u(D), wscale(K));
+  sl.b16(&te0_w, u(D * TD), wscale(TD)), sl.b16(&te0_b, u(D), wscale(TD));
+  sl.b16(&te2_w, u(D * D), wscale(D)), sl.b16(&te2_b, u(D), wscale(D));
+  sl.raw(&gemm_ws, GemmRunner::kWorkspaceBytes);
+  sl.raw(&attn_ws_ptr, std::max<size_t>(attn_ws, 256));
+
+  size_t free_b = 0, total_b = 0;
+  CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  WAN_CHECK(sl.bytes() + kHeadroom <= free_b, "bench: the per-op breakdown needs ", sl.bytes() >> 20,
+            " MiB of device memory (activations of batch ", B, " x ", L, " tokens and one block), only ",
+            free_b >> 20, " MiB free; run with --no-breakdown or a smaller size");
+
+  cudaStream_t s = nullptr;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  std::vector<cudaEvent_t> ev;
+  cudaGraphExec_t exec = nullptr;
+  IsolatedTimings result;
+  try {
+    sl.allocate(seed, s);
+    const std::vector<float> rope_host = rope_table_f32(128, kRopeMaxPos);
+    CUDA_CHECK(cudaMemcpyAsync(rope, rope_host.data(), rope_host.size() * 4, cudaMemcpyHostToDevice, s));
+    GemmRunner gemm(gemm_ws, GemmRunner::kWorkspaceBytes);
+
+    auto chunk = [&](int k) { return ModVec{mod + k * D, e0 + k * D, 6 * D, L}; };
+    bf16* qkv = big;
+    bf16* q = big + rows * 3 * D;
+    bf16* k = big + rows * 4 * D;
+    bf16* ffn = big;
+    RopeArgs ra;
+    ra.table = rope, ra.max_pos = kRopeMaxPos, ra.head_dim = 128, ra.seq = L, ra.f = f, ra.h = gh, ra.w = gw;
+    const double fl_rows = 2.0 * static_cast<double>(rows);
+    const double fl_crow = 2.0 * static_cast<double>(crow);
+    const double Dd = static_cast<double>(D), Fd = static_cast<double>(F);
+
+    // The op sequence of one forward: non-block prologue, one block, head (dit_gpu.cpp run_body/block).
+    std::vector<Op> ops;
+    auto add = [&](std::string name, OpKind kind, bool per_block, double flops, std::function<void(cudaStream_t)> fn) {
+      ops.push_back({std::move(name), kind, per_block, flops, std::move(fn)});
+    };
+    const OpKind G = OpKind::Gemm, A = OpKind::Attention, O = OpKind::Other;
+    add("stage inputs (x, t, context copies)", O, false, 0, [&](cudaStream_t st) {
+      CUDA_CHECK(cudaMemcpyAsync(x_in, x_src, u(nx) * 4, cudaMemcpyDeviceToDevice, st));
+      CUDA_CHECK(cudaMemcpyAsync(ctx_in, ctx_src, u(crow * TD) * 2, cudaMemcpyDeviceToDevice, st));
+    });
+    add("patchify", O, false, 0, [&](cudaStream_t st) { patchify_bf16(x_in, big, B, C, T, H, W, pt, ph, pw, L, st); });
+    add("patch embedding GEMM", G, false, fl_rows * K * Dd,
+        [&](cudaStream_t st) { gemm.linear(big, pe_w, pe_b, h, rows, K, D, Act::None, st); });
+    add("patch rows to fp32 residual", O, false, 0, [&](cudaStream_t st) { convert_bf16_to_f32(h, resid, rows * D, st); });
+    add("time embedding (sinusoid, silu)", O, false, 0, [&](cudaStream_t st) {
+      timestep_embedding(t, B, FQ, sinus, st);
+    });
+    add("time MLP + projection GEMMs (fp32)", G, false, 2.0 * B * (FQ * Dd + Dd * Dd + 6 * Dd * Dd),
+        [&](cudaStream_t st) {
+          gemm.linear(sinus, tm0_w, tm0_b, temb, B, FQ, D, Act::None, st);
+          silu(temb, temb, B * D, st);
+          gemm.linear(temb, tm2_w, tm2_b, e, B, D, D, Act::None, st);
+          silu(e, e_silu, B * D, st);
+          gemm.linear(e_silu, tp_w, tp_b, e0, B, D, 6 * D, Act::None, st);
+        });
+    add("text embedding GEMMs", G, false, fl_crow * (TD * Dd + Dd * Dd), [&](cudaStream_t st) {
+      gemm.linear(ctx_in, te0_w, te0_b, ctx_hidden, crow, TD, D, Act::GeluTanh, st);
+      gemm.linear(ctx_hidden, te2_w, te2_b, ctx, crow, D, D, Act::None, st);
+    });
+    // Block 0's norm1 runs before the blocks; every later norm1 is fused into the previous block's last
+    // residual add. The model below counts that fused op in every block, the forward runs the last
+    // block's add unfused (gated_residual_add): one bf16 output pass per forward less than modelled.
+    add("norm1 LN + modulate (block 0)", O, false, 0,
+        [&](cudaStream_t st) { layernorm_modulate(resid, h, rows, D, chunk(0), chunk(1), eps, st); });
+    const size_t first_block = ops.size();
+    add("self q|k|v GEMM", G, true, fl_rows * Dd * 3 * Dd,
+        [&](cudaStream_t st) { gemm.linear(h, qkv_w, qkv_b, qkv, rows, D, 3 * D, Act::None, st); });
+    add("self q/k RMSNorm + RoPE", O, true, 0, [&](cudaStream_t st) {
+      const RmsNormJob jq{qkv, 3 * D, nq, q, rows}, jk{qkv + D, 3 * D, nk, k, rows};
+      qk_rmsnorm_rope(jq, &jk, D, eps, &ra, st);
+    });
+    add(own ? "self-attention (own)" : "self-attention (cuDNN)", A, true, 4.0 * B * static_cast<double>(L) * L * Dd,
+        [&](cudaStream_t st) {
+          AttentionArgs a;
+          a.q = q, a.k = k, a.v = qkv + 2 * D, a.o = att;
+          if (own) OwnAttention::run(ss, a, st);
+          else attn.run(ss, a, attn_ws_ptr, attn_ws, st);
+        });
+    add("self o GEMM", G, true, fl_rows * Dd * Dd,
+        [&](cudaStream_t st) { gemm.linear(att, o_w, o_b, q, rows, D, D, Act::None, st); });
+    add("gated residual add (attn) + norm3 LN (affine)", O, true, 0, [&](cudaStream_t st) {
+      const ModVec gate = chunk(2);
+      residual_add_layernorm_affine(resid, q, &gate, n3w, n3b, h, rows, D, eps, st);
+    });
+    add("cross q GEMM", G, true, fl_rows * Dd * Dd,
+        [&](cudaStream_t st) { gemm.linear(h, cq_w, cq_b, q, rows, D, D, Act::None, st); });
+    add("cross k|v GEMM (text)", G, true, fl_crow * Dd * 2 * Dd,
+        [&](cudaStream_t st) { gemm.linear(ctx, ckv_w, ckv_b, ckv, crow, D, 2 * D, Act::None, st); });
+    add("cross q/k RMSNorm", O, true, 0, [&](cudaStream_t st) {
+      const RmsNormJob cq{q, D, cnq, q, rows}, cjk{ckv, 2 * D, cnk, ck, crow};
+      qk_rmsnorm_rope(cq, &cjk, D, eps, nullptr, st);
+    });
+    add(own ? "cross-attention (own)" : "cross-attention (cuDNN)", A, true,
+        4.0 * B * static_cast<double>(L) * TL * Dd, [&](cudaStream_t st) {
+          AttentionArgs a;
+          a.q = q, a.k = ck, a.v = ckv + D, a.o = att;
+          if (own) OwnAttention::run(cs, a, st);
+          else attn.run(cs, a, attn_ws_ptr, attn_ws, st);
+        });
+    add("cross o GEMM", G, true, fl_rows * Dd * Dd,
+        [&](cudaStream_t st) { gemm.linear(att, co_w, co_b, q, rows, D, D, Act::None, st); });
+    add("residual add (cross) + norm2 LN + modulate", O, true, 0, [&](cudaStream_t st) {
+      residual_add_layernorm_modulate(resid, q, nullptr, h, rows, D, chunk(3), chunk(4), eps, st);
+    });
+    add("FFN up GEMM + GELU", G, true, fl_rows * Dd * Fd,
+        [&](cudaStream_t st) { gemm.linear(h, f0_w, f0_b, ffn, rows, D, F, Act::GeluTanh, st); });
+    add("FFN down GEMM", G, true, fl_rows * Fd * Dd,
+        [&](cudaStream_t st) { gemm.linear(ffn, f2_w, f2_b, att, rows, F, D, Act::None, st); });
+    add("gated residual add (FFN) + next norm1 LN + modulate", O, true, 0, [&](cudaStream_t st) {
+      const ModVec gate = chunk(5);  // the next block's norm1 modulation: this block's (same shapes)
+      residual_add_layernorm_modulate(resid, att, &gate, h, rows, D, chunk(0), chunk(1), eps, st);
+    });
+    const size_t end_block = ops.size();
+    float* head_in = reinterpret_cast<float*>(big);
+    add("head LN + modulate (fp32)", O, false, 0, [&](cudaStream_t st) {
+      const ModVec shift{hmod, e, D, L}, scale{hmod + D, e, D, L};
+      layernorm_modulate(resid, head_in, rows, D, shift, scale, eps, st);
+    });
+    add("head GEMM (fp32)", G, false, fl_rows * Dd * OP,
+        [&](cudaStream_t st) { gemm.linear(head_in, head_w, head_b, head_out, rows, D, OP, Act::None, st); });
+    add("unpatchify + output copy", O, false, 0, [&](cudaStream_t st) {
+      unpatchify(head_out, out, B, L, Co, f, gh, gw, pt, ph, pw, st);
+      CUDA_CHECK(cudaMemcpyAsync(out_dst, out, u(nout) * 4, cudaMemcpyDeviceToDevice, st));
+    });
+
+    ev.resize(ops.size() + 1);
+    for (cudaEvent_t& x : ev) CUDA_CHECK(cudaEventCreate(&x));
+    // One pass: ops with an event before the first and after each (external event-record nodes when
+    // captured, so the replayed graph records them too).
+    auto pass = [&](bool capturing) {
+      auto rec = [&](size_t i) {
+        if (capturing) CUDA_CHECK(cudaEventRecordWithFlags(ev[i], s, cudaEventRecordExternal));
+        else CUDA_CHECK(cudaEventRecord(ev[i], s));
+      };
+      rec(0);
+      for (size_t i = 0; i < ops.size(); ++i) {
+        ops[i].run(s);
+        rec(i + 1);
+      }
+    };
+    auto collect = [&](const std::string& mode, const std::function<void()>& launch) {
+      std::vector<std::vector<double>> ms(ops.size());
+      std::vector<double> block_ms;
+      for (int rep = 0; rep < reps; ++rep) {
+        launch();
+        CUDA_CHECK(cudaStreamSynchronize(s));
+        CUDA_CHECK(cudaGetLastError());
+        for (size_t i = 0; i < ops.size(); ++i) {
+          float m = 0;
+          CUDA_CHECK(cudaEventElapsedTime(&m, ev[i], ev[i + 1]));
+          ms[i].push_back(m);
+        }
+        float b = 0;
+        CUDA_CHECK(cudaEventElapsedTime(&b, ev[first_block], ev[end_block]));
+        block_ms.push_back(b);
+      }
+      OpBreakdown br;
+      br.mode = mode;
+      br.reps = reps;
+      br.block_total_ms = median(block_ms);
+      for (size_t i = 0; i < ops.size(); ++i)
+        br.ops.push_back({ops[i].name, ops[i].kind, ops[i].per_block, median(ms[i]), ops[i].flops});
+      return br;
+    };
+    result.self_attention_engine = own ? "own (sm_90a TMA + wgmma, warp-specialised)" : attn.describe(ss);
+    pass(false);  // warm-up: builds every GEMM and attention plan (never inside a capture)
+    CUDA_CHECK(cudaStreamSynchronize(s));
+    result.eager = collect("eager", [&] { pass(false); });
+    try {
+      cudaGraph_t g = nullptr;
+      CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+      try {
+        pass(true);
+      } catch (...) {
+        cudaGraph_t broken = nullptr;
+        cudaStreamEndCapture(s, &broken);
+        if (broken) cudaGraphDestroy(broken);
+        throw;
+      }
+      CUDA_CHECK(cudaStreamEndCapture(s, &g));
+      const cudaError_t st = cudaGraphInstantiate(&exec, g, 0);
+      cudaGraphDestroy(g);
+      CUDA_CHECK(st);
+      result.graph = collect("graph", [&] { CUDA_CHECK(cudaGraphLaunch(exec, s)); });
+    } catch (const Error& err) {
+      cudaGetLastError();  // the eager numbers stand; say why the graph ones are missing
+      result.graph_error = err.what();
+    }
+  } catch (...) {
+    cudaStreamSynchronize(s);
+    if (exec) cudaGraphExecDestroy(exec);
+    for (cudaEvent_t x : ev)
+      if (x) cudaEventDestroy(x);
+    cudaStreamDestroy(s);
+    throw;
+  }
+  CUDA_CHECK(cudaStreamSynchronize(s));
+  if (exec) CUDA_CHECK(cudaGraphExecDestroy(exec));
+  for (cudaEvent_t x : ev) CUDA_CHECK(cudaEventDestroy(x));
+  CUDA_CHECK(cudaStreamDestroy(s));
+  return result;
+}
+
+ForwardTiming time_forward(const DiTConfig& cfg, const DiTShape& shape, int warmup, int steps, bool graphs,
+                           uint64_t seed, int device, bool verbose, DiTGpu::Attention attention,
+                           const DiTGpu::Options::Parallel& parallel, const AfterSteps& after_steps) {
+  WAN_CHECK(warmup >= 1, "bench: --warmup must be >= 1 (the first forward builds the plans)");
+  WAN_CHECK(steps >= 1, "bench: --steps must be >= 1");
+  CUDA_CHECK(cudaSetDevice(device));
+  CUDA_CHECK(cudaFree(nullptr));  // the context exists before the baseline reading
+  ForwardTiming r;
+  r.layers = cfg.num_layers;
+  r.graphs = graphs;
+  r.device_used_before = device_used();
+  using clock = std::chrono::steady_clock;
+  auto t0 = clock::now();
+  DiTGpu::Options opt;
+  opt.device = device;
+  opt.use_graphs = graphs;
+  opt.verbose = verbose;
+  opt.attention = attention;
+  opt.parallel = parallel;
+  DiTGpu gpu = DiTGpu::create(cfg, {DiTWeightSource::random_weights(seed)}, shape, opt);
+  r.plan = gpu.memory_plan();
+
+  const int64_t B = shape.batch, TL = cfg.text_len;
+  const size_t nx = static_cast<size_t>(B * cfg.in_dim * shape.frames * shape.height * shape.width);
+  const size_t nout = static_cast<size_t>(B * cfg.out_dim * shape.frames * shape.height * shape.width);
+  const size_t nctx = static_cast<size_t>(B * TL * cfg.text_dim);
+  float *x = nullptr, *out = nullptr;
+  uint16_t* ctx = nullptr;
+  cudaStream_t s = nullptr;
+  cudaEvent_t e0 = nullptr, e1 = nullptr;
+  auto cleanup = [&] {
+    if (s) cudaStreamSynchronize(s);
+    if (x) cudaFree(x);
+    if (out) cudaFree(out);
+    if (ctx) cudaFree(ctx);
+    if (e0) cudaEventDestroy(e0);
+    if (e1) cudaEventDestroy(e1);
+    if (s) cudaStreamDestroy(s);
+  };
+  try {
+    CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaEventCreate(&e0));
+    CUDA_CHECK(cudaEventCreate(&e1));
+    CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&x), nx * 4));
+    CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&out), nout * 4));
+    CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&ctx), nctx * 2));
+    // Random latents and text states on the device: the step reads them like the sampler's buffers.
+    philox_normal_fill(x, nx, seed ^ 0x5EED0001ULL, 0, s);
+    philox_normal_fill_bf16(ctx, nctx, seed ^ 0x5EED0002ULL, 0, 0.2f, s);
+    CUDA_CHECK(cudaStreamSynchronize(s));
+    r.create_s = std::chrono::duration<double>(clock::now() - t0).count();
+    r.device_used_peak = device_used();
+
+    const std::vector<float> tsteps(static_cast<size_t>(B), 937.0f);  // one timestep for cond and uncond
+    const std::vector<int64_t> lens(static_cast<size_t>(B), TL);      // zero padding costs the same
+    DiTInputs in;
+    in.x = x, in.t = tsteps.data(), in.context = ctx, in.context_dtype = DType::BF16;
+    in.ctx_rows = TL, in.ctx_lens = lens.data();
+
+    t0 = clock::now();
+    for (int i = 0; i < warmup; ++i) {
+      gpu.forward(0, shape, in, out, s);
+      CUDA_CHECK(cudaStreamSynchronize(s));
+      r.device_used_peak = std::max(r.device_used_peak, device_used());
+    }
+    r.warmup_s = std::chrono::duration<double>(clock::now() - t0).count();
+    for (int i = 0; i < steps; ++i) {
+      CUDA_CHECK(cudaEventRecord(e0, s));
+      gpu.forward(0, shape, in, out, s);
+      CUDA_CHECK(cudaEventRecord(e1, s));
+      CUDA_CHECK(cudaEventSynchronize(e1));
+      float ms = 0;
+      CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+      r.step_ms.push_back(ms);
+      r.device_used_peak = std::max(r.device_used_peak, device_used());
+    }
+    if (after_steps) after_steps(gpu, in, out, s);
+    // A NaN-free output shows the forward really ran on these inputs (random weights keep it finite).
+    std::vector<float> probe(std::min<size_t>(nout, 4096));
+    CUDA_CHECK(cudaMemcpy(probe.data(), out, probe.size() * 4, cudaMemcpyDeviceToHost));
+    for (float v : probe) WAN_CHECK(std::isfinite(v), "bench: the forward produced a non-finite output");
+  } catch (...) {
+    cleanup();
+    throw;
+  }
+  cleanup();
+  r.median_ms = median(r.step_ms);
+  double sum = 0;
+  for (double v : r.step_ms) sum += v;
+  r.mean_ms = sum / static_cast<double>(r.step_ms.size());
+  r.min_ms = *std::min_element(r.step_ms.begin(), r.step_ms.end());
+  return r;
+}
+
+}  // namespace wan::cuda

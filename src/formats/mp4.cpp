@@ -1,0 +1,227 @@
+// MP4 (H.264, yuv420p) output through libavcodec/libavformat/libswscale, set up like the official
+// writer (imageio-ffmpeg with quality=8 runs `ffmpeg -r <fps> -i - -vcodec libx264 -pix_fmt yuv420p
+// -crf 10`): libx264, crf 10, preset medium, encoder-default GOP and B-frames, swscale bicubic RGB24 ->
+// YUV420P with its default BT.601 limited-range matrix. Additionally the moov atom is moved to the front
+// (faststart) so players can start before the whole file arrives.
+// Invariants: frame i has pts i in time base 1/fps (constant frame rate); every frame the encoder holds
+// back is flushed before the trailer; the file appears under its final name only when complete.
+#include "core/error.h"
+#include "core/log.h"
+#include "formats/video.h"
+#include "formats/video_internal.h"
+
+#if defined(WAN_HAVE_FFMPEG) && WAN_HAVE_FFMPEG
+extern "C" {
+#include <libavcodec/avcodec.h>
+#include <libavformat/avformat.h>
+#include <libavutil/dict.h>
+#include <libavutil/error.h>
+#include <libavutil/log.h>
+#include <libavutil/opt.h>
+#include <libswscale/swscale.h>
+}
+#include <memory>
+#include <mutex>
+#include <vector>
+#endif
+
+namespace wan::video_detail {
+
+#if defined(WAN_HAVE_FFMPEG) && WAN_HAVE_FFMPEG
+namespace {
+
+// imageio's quality=8: int((1 - 8 / 10) * 51) = 10 (see the file comment).
+constexpr const char* kCrf = "10";
+constexpr const char* kPreset = "medium";
+// Only for encoders other than libx264, which take no crf: bits per pixel per frame.
+constexpr double kFallbackBitsPerPixel = 0.5;
+
+std::string av_err(int code) {
+  char buf[AV_ERROR_MAX_STRING_SIZE] = {};
+  av_strerror(code, buf, sizeof(buf));
+  return buf;
+}
+
+struct FormatCloser {
+  void operator()(AVFormatContext* f) const {
+    if (f->pb) avio_closep(&f->pb);
+    avformat_free_context(f);
+  }
+};
+struct CodecCloser {
+  void operator()(AVCodecContext* c) const { avcodec_free_context(&c); }
+};
+struct FrameCloser {
+  void operator()(AVFrame* f) const { av_frame_free(&f); }
+};
+struct PacketCloser {
+  void operator()(AVPacket* p) const { av_packet_free(&p); }
+};
+struct SwsCloser {
+  void operator()(SwsContext* s) const { sws_freeContext(s); }
+};
+
+// libav* prints encoder banners and statistics at INFO; keep stderr to our own log unless debugging.
+void quiet_libav_once() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    if (log_level() < LogLevel::Debug) av_log_set_level(AV_LOG_ERROR);
+  });
+}
+
+class Mp4Encoder {
+ public:
+  Mp4Encoder(const std::string& path, const std::string& tmp, const VideoDims& d) : path_(path), d_(d) {
+    const AVCodec* codec = avcodec_find_encoder_by_name("libx264");
+    const bool x264 = codec != nullptr;
+    if (!codec) codec = avcodec_find_encoder(AV_CODEC_ID_H264);
+    check(codec != nullptr, "this FFmpeg has no H.264 encoder (libx264 or another)");
+    if (!x264) LOG_WARN("libx264 not in this libavcodec; encoding ", path, " with ", codec->name, " instead");
+
+    // "file:" keeps a name like "a:b.mp4" from being read as protocol "a"; faststart reopens this URL.
+    const std::string url = "file:" + tmp;
+    AVFormatContext* fmt = nullptr;
+    int ret = avformat_alloc_output_context2(&fmt, nullptr, "mp4", url.c_str());
+    check(ret >= 0 && fmt, "cannot set up the MP4 muxer: ", av_err(ret));
+    fmt_.reset(fmt);
+    AVStream* st = avformat_new_stream(fmt, nullptr);
+    check(st != nullptr, "cannot add a video stream");
+    st_index_ = st->index;
+
+    codec_.reset(avcodec_alloc_context3(codec));
+    check(codec_ != nullptr, "out of memory allocating the encoder");
+    AVCodecContext* c = codec_.get();
+    c->codec_id = AV_CODEC_ID_H264;
+    c->width = d.width;
+    c->height = d.height;
+    c->pix_fmt = AV_PIX_FMT_YUV420P;
+    c->time_base = AVRational{1, d.fps};
+    c->framerate = AVRational{d.fps, 1};
+    c->sample_aspect_ratio = AVRational{1, 1};
+    c->thread_count = 0;  // automatic, as the ffmpeg CLI does
+    if (fmt->oformat->flags & AVFMT_GLOBALHEADER) c->flags |= AV_CODEC_FLAG_GLOBAL_HEADER;
+    if (x264) {
+      check(av_opt_set(c->priv_data, "preset", kPreset, 0) >= 0, "libx264 rejected preset ", kPreset);
+      check(av_opt_set(c->priv_data, "crf", kCrf, 0) >= 0, "libx264 rejected crf ", kCrf);
+    } else {
+      c->bit_rate = int64_t(kFallbackBitsPerPixel * d.width * d.height * d.fps);
+    }
+    ret = avcodec_open2(c, codec, nullptr);
+    check(ret >= 0, "cannot open the H.264 encoder ", codec->name, ": ", av_err(ret));
+    ret = avcodec_parameters_from_context(st->codecpar, c);
+    check(ret >= 0, "cannot copy encoder parameters: ", av_err(ret));
+    st->time_base = c->time_base;
+    st->avg_frame_rate = AVRational{d.fps, 1};
+    st->r_frame_rate = AVRational{d.fps, 1};
+    st->sample_aspect_ratio = c->sample_aspect_ratio;
+
+    ret = avio_open(&fmt->pb, url.c_str(), AVIO_FLAG_WRITE);
+    check(ret >= 0, "cannot create '", tmp, "': ", av_err(ret));
+    AVDictionary* opts = nullptr;
+    av_dict_set(&opts, "movflags", "+faststart", 0);
+    ret = avformat_write_header(fmt, &opts);
+    av_dict_free(&opts);
+    check(ret >= 0, "cannot write the MP4 header: ", av_err(ret));
+
+    // SWS_BICUBIC is the ffmpeg CLI's default scaler flag; the matrix is swscale's default (BT.601, TV range).
+    sws_.reset(sws_getContext(d.width, d.height, AV_PIX_FMT_RGB24, d.width, d.height, AV_PIX_FMT_YUV420P,
+                              SWS_BICUBIC, nullptr, nullptr, nullptr));
+    check(sws_ != nullptr, "cannot set up the RGB -> YUV420P conversion");
+    frame_.reset(av_frame_alloc());
+    pkt_.reset(av_packet_alloc());
+    check(frame_ && pkt_, "out of memory allocating a frame");
+    frame_->format = AV_PIX_FMT_YUV420P;
+    frame_->width = d.width;
+    frame_->height = d.height;
+    ret = av_frame_get_buffer(frame_.get(), 0);
+    check(ret >= 0, "cannot allocate a frame: ", av_err(ret));
+  }
+
+  void add_frame(int index, const uint8_t* rgb) {
+    int ret = av_frame_make_writable(frame_.get());
+    check(ret >= 0, "cannot make a frame writable: ", av_err(ret));
+    const uint8_t* src[1] = {rgb};
+    const int src_stride[1] = {3 * d_.width};
+    const int rows = sws_scale(sws_.get(), src, src_stride, 0, d_.height, frame_->data, frame_->linesize);
+    check(rows == d_.height, "RGB -> YUV420P conversion failed on frame ", index);
+    frame_->pts = index;
+    send(frame_.get());
+  }
+
+  // Flushes the frames the encoder holds back (B-frames, lookahead), then writes the trailer and moov.
+  void finish() {
+    send(nullptr);
+    int ret = av_write_trailer(fmt_.get());
+    check(ret >= 0, "cannot write the MP4 trailer: ", av_err(ret));
+    ret = avio_closep(&fmt_->pb);
+    check(ret >= 0, "cannot close the file: ", av_err(ret));
+    check(packets_ == d_.frames, "the encoder returned ", packets_, " frames for ", d_.frames);
+  }
+
+ private:
+  template <typename... Args>
+  void check(bool ok, Args&&... args) const {
+    if (!ok) WAN_THROW("cannot write video '", path_, "': ", std::forward<Args>(args)...);
+  }
+
+  void send(AVFrame* f) {
+    int ret = avcodec_send_frame(codec_.get(), f);
+    check(ret >= 0, "the H.264 encoder rejected a frame: ", av_err(ret));
+    AVStream* st = fmt_->streams[st_index_];
+    for (;;) {
+      ret = avcodec_receive_packet(codec_.get(), pkt_.get());
+      if (ret == AVERROR(EAGAIN) || ret == AVERROR_EOF) return;
+      check(ret >= 0, "H.264 encoding failed: ", av_err(ret));
+      av_packet_rescale_ts(pkt_.get(), codec_->time_base, st->time_base);
+      pkt_->stream_index = st_index_;
+      ++packets_;
+      ret = av_interleaved_write_frame(fmt_.get(), pkt_.get());  // takes the packet's reference
+      check(ret >= 0, "cannot write a packet: ", av_err(ret));
+    }
+  }
+
+  std::string path_;
+  VideoDims d_;
+  std::unique_ptr<AVFormatContext, FormatCloser> fmt_;
+  std::unique_ptr<AVCodecContext, CodecCloser> codec_;
+  std::unique_ptr<AVFrame, FrameCloser> frame_;
+  std::unique_ptr<AVPacket, PacketCloser> pkt_;
+  std::unique_ptr<SwsContext, SwsCloser> sws_;
+  int st_index_ = 0;
+  int packets_ = 0;
+};
+
+}  // namespace
+
+void write_mp4(const std::string& path, const VideoDims& d, const FrameSource& src) {
+  quiet_libav_once();
+  const std::string tmp = temp_path_for(path);
+  try {
+    // swscale's SIMD reads up to 16 bytes past the last pixel; like FFmpeg's own packets the buffer
+    // carries AV_INPUT_BUFFER_PADDING_SIZE zero bytes, so those reads stay inside and deterministic.
+    std::vector<uint8_t> rgb(size_t(d.height) * size_t(d.width) * 3 + AV_INPUT_BUFFER_PADDING_SIZE, 0);
+    {
+      Mp4Encoder enc(path, tmp, d);
+      for (int f = 0; f < d.frames; ++f) {
+        src(f, rgb.data());
+        enc.add_frame(f, rgb.data());
+      }
+      enc.finish();
+    }  // the encoder and its file handle are closed before the rename
+  } catch (...) {
+    remove_quietly(tmp);
+    throw;
+  }
+  commit_file(tmp, path);
+}
+
+#else
+
+void write_mp4(const std::string& path, const VideoDims&, const FrameSource&) {
+  WAN_THROW("cannot write video '", path, "': this build has no FFmpeg (libavcodec) support, so .mp4 is "
+            "unavailable; write .y4m or .png instead");
+}
+
+#endif
+
+}  // namespace wan::video_detail

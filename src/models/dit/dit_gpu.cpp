@@ -1,0 +1,980 @@
+// The GPU DiT: memory plan, creation (fit check, allocation, weights), the forward as a sequence of
+// cuBLASLt GEMMs, cuDNN attentions and the fused kernels of dit_kernels.h, and its CUDA graphs.
+//
+// Arena (one allocation, offsets from plan(); rows = B·L tokens, D = dim, F = ffn_dim):
+//   resid  f32  [rows, D]   the residual stream (fp32 from the patch embedding on, spec §9.4)
+//   h      bf16 [rows, D]   norm outputs feeding GEMMs (all but block 0's norm1 come out of the residual
+//                           add before them, fused with the norm: dit_kernels.h residual_add_layernorm_*)
+//   att    bf16 [rows, D]   attention outputs; the FFN-down output
+//   big    bf16             [rows, 3D] qkv | [rows, D] q | [rows, D] k during attention, q then holding
+//                           the o GEMM's output until its fused add + norm; the FFN hidden
+//                           [rows, F] afterwards; the patch rows before block 0 and the fp32 head input
+//                           after the last block (live ranges never overlap, so these are views)
+// plus the text context ([B, text_len, ·] bf16), time embedding vectors (fp32), RoPE table, inputs,
+// output, head rows and the cuBLASLt / cuDNN workspaces.
+// Numerics per step follow spec §2.7/§2.10; where the reference rounds, the kernels round (see
+// dit_kernels.h); the one documented deviation is the fused GELU epilogue of the FFN and text MLP,
+// which skips the reference's bf16 rounding of the pre-activation.
+#include "models/dit/dit_gpu.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <set>
+#include <tuple>
+
+#include "core/dtype.h"
+#include "core/error.h"
+#include "kernels/attention_cudnn.h"
+#include "kernels/attention_own.h"
+#include "kernels/check.h"
+#include "models/dit/dit_gpu_weights.h"
+#include "kernels/dit_kernels.h"
+#include "kernels/seq_parallel_kernels.h"
+#include "models/dit/seq_attention_gpu.h"
+#include "kernels/gemm.h"
+
+namespace wan::cuda {
+
+using dit_gpu_detail::WeightTable;
+
+namespace {
+
+constexpr size_t kAlign = 256;
+// Kept free beyond the plan: cuBLASLt/cuDNN handles and their lazily loaded kernels, graph
+// executables, the CUDA context's growth.
+constexpr size_t kReserveBytes = size_t{512} << 20;
+constexpr int kRopeMaxPos = 1024;  // positions per axis of the reference's RoPE table (spec §2.6)
+constexpr double kMiB = 1024.0 * 1024.0;
+
+size_t align_up(size_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
+
+// Everything derived from (config, shape, parallel degrees). Single-GPU: Bg = B, S = Lpad = L.
+struct Geometry {
+  int64_t B, C, Co, T, H, W;   // B: samples this rank runs (the global batch / the cfg degree)
+  int pt, ph, pw;
+  int64_t f, gh, gw, L, rows;  // grid after patching, real tokens per sample, B·S rows on this rank
+  int64_t K, OP;               // patch features (C·P), head features (Co·P)
+  int64_t D, F, NH, TL, TD, FQ;
+  int64_t Bg;                  // the global batch (forward()'s inputs and output)
+  int64_t S, Lpad;             // tokens per sample on this rank (its slice), padded tokens per sample
+  ParallelDegrees par;
+  bool one_latent = false;  // DiTShape::one_latent
+  bool seq_parallel() const { return par.seq() > 1; }
+  // The first block's self-attention part can run for sample 0 alone (DiTGpu::Impl::block): more than
+  // one sample here and a whole sequence per rank; it does with one latent.
+  bool can_share_first() const { return B > 1 && !seq_parallel(); }
+  bool share_first() const { return one_latent && can_share_first(); }
+};
+
+Geometry geometry(const DiTConfig& c, const DiTShape& s, const ParallelDegrees& par = {}) {
+  Geometry g{};
+  g.B = s.batch, g.C = c.in_dim, g.Co = c.out_dim, g.T = s.frames, g.H = s.height, g.W = s.width;
+  g.pt = c.patch[0], g.ph = c.patch[1], g.pw = c.patch[2];
+  WAN_CHECK(g.B >= 1 && g.T >= 1 && g.H >= 1 && g.W >= 1, "DiT GPU: bad shape batch ", g.B, ", latent [", g.T, ", ",
+            g.H, ", ", g.W, "]");
+  WAN_CHECK(g.T % g.pt == 0 && g.H % g.ph == 0 && g.W % g.pw == 0, "DiT GPU: latent [", g.T, ", ", g.H, ", ", g.W,
+            "] is not a multiple of the patch (", g.pt, ", ", g.ph, ", ", g.pw, ")");
+  g.f = g.T / g.pt, g.gh = g.H / g.ph, g.gw = g.W / g.pw;
+  WAN_CHECK(g.f <= kRopeMaxPos && g.gh <= kRopeMaxPos && g.gw <= kRopeMaxPos, "DiT GPU: grid (", g.f, ", ", g.gh,
+            ", ", g.gw, ") exceeds the ", kRopeMaxPos, " RoPE positions per axis");
+  g.L = g.f * g.gh * g.gw;
+  g.rows = g.B * g.L;
+  const int64_t P = static_cast<int64_t>(g.pt) * g.ph * g.pw;
+  g.K = g.C * P, g.OP = g.Co * P;
+  g.D = c.dim, g.F = c.ffn_dim, g.NH = c.num_heads, g.TL = c.text_len, g.TD = c.text_dim, g.FQ = c.freq_dim;
+  // Parallel split (spec §8): cfg halves the batch, the sequence is padded to a multiple of U·R tokens.
+  g.par = par, g.Bg = g.B, g.S = g.L, g.Lpad = g.L;
+  WAN_CHECK(par.cfg == 1 || par.cfg == 2, "DiT GPU: CFG-parallel degree ", par.cfg, " (expected 1 or 2)");
+  WAN_CHECK(par.ulysses >= 1 && par.ring >= 1, "DiT GPU: parallel degrees must be >= 1");
+  WAN_CHECK(g.Bg % par.cfg == 0, "DiT GPU: CFG-parallel needs an even batch (cond, uncond), got ", g.Bg);
+  WAN_CHECK(g.NH % par.ulysses == 0, "DiT GPU: Ulysses degree ", par.ulysses, " does not divide the ", g.NH,
+            " heads");
+  g.B = g.Bg / par.cfg;
+  const SeqSplit sp = seq_split(g.L, par.seq());
+  g.Lpad = sp.padded, g.S = sp.per_rank;
+  g.rows = g.B * g.S;
+  g.one_latent = s.one_latent;
+  return g;
+}
+
+SeqParallelAttention::Geometry spa_geometry(const Geometry& g) {
+  SeqParallelAttention::Geometry a;
+  a.B = g.B, a.S = g.S, a.L = g.L, a.heads = g.NH, a.U = g.par.ulysses, a.R = g.par.ring;
+  return a;
+}
+
+class PlanBuilder {
+ public:
+  explicit PlanBuilder(MemoryPlan& p) : p_(p) {}
+  size_t add(const std::string& name, size_t bytes) {
+    const size_t at = p_.arena_bytes;
+    p_.buffers.push_back({name, at, bytes, false});
+    p_.arena_bytes = align_up(at + bytes);
+    return at;
+  }
+  void view(const std::string& name, size_t base, size_t rel, size_t bytes) {
+    WAN_ASSERT(rel % 16 == 0, "arena view ", name, " unaligned");
+    p_.buffers.push_back({name, base + rel, bytes, true});
+  }
+
+ private:
+  MemoryPlan& p_;
+};
+
+// `one_sample`: the first block's shared self-attention (Geometry::share_first()).
+AttentionShape self_attn_shape(const Geometry& g, bool one_sample = false) {
+  if (g.seq_parallel()) return SeqParallelAttention::attention_shape(spa_geometry(g));
+  AttentionShape s;
+  s.B = one_sample ? 1 : g.B, s.Lq = g.L, s.Lk = g.L, s.H = g.NH, s.D = 128;
+  s.v_ld = 3 * g.D;  // v is the last third of the fused qkv rows
+  return s;
+}
+AttentionShape cross_attn_shape(const Geometry& g) {
+  AttentionShape s;
+  s.B = g.B, s.Lq = g.S, s.Lk = g.TL, s.H = g.NH, s.D = 128;
+  s.v_ld = 2 * g.D;  // v is the second half of the fused context kv rows
+  return s;
+}
+
+// Every attention shape a forward of g runs; `any_sharing`: also the shared first block's, whether g
+// shares or not (create() sizes cuDNN's workspace for any forward up to its maximal geometry).
+std::vector<AttentionShape> attention_shapes(const Geometry& g, bool any_sharing) {
+  std::vector<AttentionShape> v{self_attn_shape(g), cross_attn_shape(g)};
+  if (any_sharing ? g.can_share_first() : g.share_first()) v.push_back(self_attn_shape(g, true));
+  return v;
+}
+
+// Samples 1 .. B-1 of a [B, per_sample] buffer become copies of sample 0 (the one-latent CFG batch).
+void copy_first_sample(void* p, size_t per_sample_bytes, int64_t B, cudaStream_t s) {
+  auto* base = static_cast<char*>(p);
+  for (int64_t b = 1; b < B; ++b)
+    CUDA_CHECK(cudaMemcpyAsync(base + b * per_sample_bytes, base, per_sample_bytes, cudaMemcpyDeviceToDevice, s));
+}
+
+std::string gib(size_t b) {
+  char s[32];
+  std::snprintf(s, sizeof s, "%.2f", static_cast<double>(b) / (kMiB * 1024.0));
+  return s;
+}
+
+// Throws when the plan of (shape, experts) does not fit `free_bytes`, naming the frames that would.
+void check_fit(const DiTConfig& cfg, const DiTShape& shape, int experts, size_t attn_ws, size_t free_bytes,
+               int device, const ParallelDegrees& par = {}) {
+  const MemoryPlan p = DiTGpu::plan(cfg, shape, experts, attn_ws, par);
+  if (p.total_bytes() <= free_bytes) return;
+  const int64_t pt = cfg.patch[0];
+  auto fits = [&](int64_t frames) {
+    DiTShape s = shape;
+    s.frames = frames;
+    return DiTGpu::plan(cfg, s, experts, attn_ws, par).total_bytes() <= free_bytes;
+  };
+  // Largest multiple of pt below the request that fits (the plan grows with the frames).
+  int64_t lo = 0, hi = shape.frames / pt;  // fits(lo·pt) unknown for lo = 0 (means none), !fits(hi·pt)
+  while (hi - lo > 1) {
+    const int64_t mid = (lo + hi) / 2;
+    (fits(mid * pt) ? lo : hi) = mid;
+  }
+  const int64_t T = lo * pt;
+  std::string what_fits;
+  if (T >= 1)
+    what_fits = cat("; at this size (latent ", shape.height, "x", shape.width, ", batch ", shape.batch, ") at most ",
+                    T, " latent frames fit (", 4 * (T - 1) + 1, " video frames at the Wan VAE's temporal stride 4)");
+  else
+    what_fits = cat("; not even one latent frame fits at latent ", shape.height, "x", shape.width, ", batch ",
+                    shape.batch, " (the weights alone take ",
+                    gib(p.weight_bytes * static_cast<size_t>(experts)), " GiB)");
+  WAN_THROW("DiT GPU memory plan does not fit device ", device, ": ", experts, " expert(s) x ", gib(p.weight_bytes),
+            " GiB weights + ", gib(p.arena_bytes), " GiB activations (batch ", shape.batch, ", latent ", shape.frames,
+            "x", shape.height, "x", shape.width, ") + ", gib(p.reserve_bytes), " GiB reserve = ", gib(p.total_bytes()),
+            " GiB, but only ", gib(free_bytes), " GiB is free", what_fits);
+}
+
+// Device pointers of one expert's weights, resolved once from the table.
+struct BlockPtrs {
+  const float* mod;                      // [6D] f32
+  const bf16 *qkv_w, *qkv_b;             // [3D, D], [3D]
+  const bf16 *o_w, *o_b, *nq, *nk;       // [D, D], [D], [D], [D]
+  const float *n3w, *n3b;                // [D] f32
+  const bf16 *cq_w, *cq_b;               // [D, D], [D]
+  const bf16 *ckv_w, *ckv_b;             // [2D, D], [2D]
+  const bf16 *co_w, *co_b, *cnq, *cnk;   // [D, D], [D], [D], [D]
+  const bf16 *f0_w, *f0_b, *f2_w, *f2_b; // [F, D], [F], [D, F], [D]
+};
+struct ExpertPtrs {
+  const bf16 *pe_w, *pe_b;                                    // [D, K], [D]
+  const bf16 *te0_w, *te0_b, *te2_w, *te2_b;                  // [D, TD], [D], [D, D], [D]
+  const float *tm0_w, *tm0_b, *tm2_w, *tm2_b, *tp_w, *tp_b;   // [D, FQ], [D], [D, D], [D], [6D, D], [6D]
+  std::vector<BlockPtrs> blocks;
+  const float *hmod, *head_w, *head_b;                        // [2D], [OP, D], [OP]
+};
+
+ExpertPtrs resolve(const WeightTable& t, const void* base, int layers) {
+  auto at = [&](const std::string& n) { return static_cast<const char*>(base) + t.at(n).offset; };
+  auto b = [&](const std::string& n) { return reinterpret_cast<const bf16*>(at(n)); };
+  auto f = [&](const std::string& n) { return reinterpret_cast<const float*>(at(n)); };
+  ExpertPtrs e;
+  e.pe_w = b("patch_embedding.weight"), e.pe_b = b("patch_embedding.bias");
+  e.te0_w = b("text_embedding.0.weight"), e.te0_b = b("text_embedding.0.bias");
+  e.te2_w = b("text_embedding.2.weight"), e.te2_b = b("text_embedding.2.bias");
+  e.tm0_w = f("time_embedding.0.weight"), e.tm0_b = f("time_embedding.0.bias");
+  e.tm2_w = f("time_embedding.2.weight"), e.tm2_b = f("time_embedding.2.bias");
+  e.tp_w = f("time_projection.1.weight"), e.tp_b = f("time_projection.1.bias");
+  for (int i = 0; i < layers; ++i) {
+    const std::string p = cat("blocks.", i, ".");
+    BlockPtrs k;
+    k.mod = f(p + "modulation");
+    k.qkv_w = b(p + "self_attn.q.weight"), k.qkv_b = b(p + "self_attn.q.bias");
+    k.o_w = b(p + "self_attn.o.weight"), k.o_b = b(p + "self_attn.o.bias");
+    k.nq = b(p + "self_attn.norm_q.weight"), k.nk = b(p + "self_attn.norm_k.weight");
+    k.n3w = f(p + "norm3.weight"), k.n3b = f(p + "norm3.bias");
+    k.cq_w = b(p + "cross_attn.q.weight"), k.cq_b = b(p + "cross_attn.q.bias");
+    k.ckv_w = b(p + "cross_attn.k.weight"), k.ckv_b = b(p + "cross_attn.k.bias");
+    k.co_w = b(p + "cross_attn.o.weight"), k.co_b = b(p + "cross_attn.o.bias");
+    k.cnq = b(p + "cross_attn.norm_q.weight"), k.cnk = b(p + "cross_attn.norm_k.weight");
+    k.f0_w = b(p + "ffn.0.weight"), k.f0_b = b(p + "ffn.0.bias");
+    k.f2_w = b(p + "ffn.2.weight"), k.f2_b = b(p + "ffn.2.bias");
+    // The fused GEMMs rely on the table's placement (dit_gpu_weights.h).
+    WAN_ASSERT(b(p + "self_attn.v.weight") == k.qkv_w + 2 * t.at(p + "self_attn.q.weight").shape.numel() &&
+                   b(p + "self_attn.v.bias") == k.qkv_b + 2 * t.at(p + "self_attn.q.bias").shape.numel() &&
+                   b(p + "cross_attn.v.weight") == k.ckv_w + t.at(p + "cross_attn.k.weight").shape.numel() &&
+                   b(p + "cross_attn.v.bias") == k.ckv_b + t.at(p + "cross_attn.k.bias").shape.numel(),
+               "fused q|k|v / k|v weights are not contiguous");
+    e.blocks.push_back(k);
+  }
+  e.hmod = f("head.modulation"), e.head_w = f("head.head.weight"), e.head_b = f("head.head.bias");
+  return e;
+}
+
+}  // namespace
+
+// ---- MemoryPlan ----
+
+const MemoryPlan::Buffer& MemoryPlan::get(const std::string& name) const {
+  for (const Buffer& b : buffers)
+    if (b.name == name) return b;
+  WAN_THROW("memory plan: no buffer named '", name, "'");
+}
+
+std::string MemoryPlan::str() const {
+  std::string s = cat("DiT GPU memory plan (batch ", shape.batch, ", latent ", shape.frames, "x", shape.height, "x",
+                      shape.width, ", ", experts, " expert(s)",
+                      parallel.active() ? cat(", this rank of cfg ", parallel.cfg, " x Ulysses ", parallel.ulysses,
+                                              " x Ring ", parallel.ring)
+                                        : std::string(),
+                      "):\n");
+  char line[160];
+  for (const Buffer& b : buffers) {
+    std::snprintf(line, sizeof line, "  %-22s %s offset %10.2f MiB  size %10.2f MiB\n", b.name.c_str(),
+                  b.view ? "view " : "     ", b.offset / kMiB, b.bytes / kMiB);
+    s += line;
+  }
+  std::snprintf(line, sizeof line,
+                "  arena %.2f MiB + weights %d x %.2f MiB + reserve %.2f MiB = %.2f MiB (%.2f GiB)\n",
+                arena_bytes / kMiB, experts, weight_bytes / kMiB, reserve_bytes / kMiB, total_bytes() / kMiB,
+                total_bytes() / kMiB / 1024.0);
+  s += line;
+  return s;
+}
+
+SeqSplit seq_split(int64_t tokens, int seq_ranks) {
+  WAN_CHECK(tokens >= 1 && seq_ranks >= 1, "sequence split: ", tokens, " tokens over ", seq_ranks, " ranks");
+  SeqSplit s;
+  s.per_rank = (tokens + seq_ranks - 1) / seq_ranks;
+  s.padded = s.per_rank * seq_ranks;
+  return s;
+}
+
+ParallelDegrees DiTGpu::Options::Parallel::degrees() const {
+  ParallelDegrees d;
+  d.cfg = cfg ? cfg->size() : 1;
+  d.ulysses = ulysses ? ulysses->size() : 1;
+  d.ring = ring ? ring->size() : 1;
+  return d;
+}
+
+MemoryPlan DiTGpu::plan(const DiTConfig& cfg, const DiTShape& shape, int experts, size_t attn_workspace,
+                        const ParallelDegrees& par) {
+  WAN_CHECK(experts >= 1, "DiT GPU: at least one expert");
+  const WeightTable wt = dit_gpu_detail::build_weight_table(cfg);  // also checks the config
+  const Geometry g = geometry(cfg, shape, par);
+  MemoryPlan p;
+  p.shape = shape;
+  p.parallel = par;
+  p.experts = experts;
+  p.weight_bytes = wt.bytes;
+  p.reserve_bytes = kReserveBytes;
+  PlanBuilder a(p);
+  const size_t f4 = 4, b2 = 2;
+  const size_t rows = static_cast<size_t>(g.rows), D = static_cast<size_t>(g.D);
+  const size_t ctx_rows = static_cast<size_t>(g.B * g.TL);
+  a.add("x_in", static_cast<size_t>(g.B * g.C * g.T * g.H * g.W) * f4);
+  a.add("t", static_cast<size_t>(g.B) * f4);
+  a.add("ctx_f32", ctx_rows * g.TD * f4);
+  a.add("ctx_in", ctx_rows * g.TD * b2);
+  a.add("ctx_hidden", ctx_rows * D * b2);
+  a.add("ctx", ctx_rows * D * b2);
+  a.add("ckv", ctx_rows * 2 * D * b2);
+  a.add("ck", ctx_rows * D * b2);
+  a.add("sinus", static_cast<size_t>(g.B * g.FQ) * f4);
+  a.add("temb", static_cast<size_t>(g.B) * D * f4);
+  a.add("e", static_cast<size_t>(g.B) * D * f4);
+  a.add("e_silu", static_cast<size_t>(g.B) * D * f4);
+  a.add("e0", static_cast<size_t>(g.B) * 6 * D * f4);
+  a.add("rope", static_cast<size_t>(kRopeMaxPos) * 128 * f4);  // [max_pos][64 pairs][cos, sin]
+  a.add("resid", rows * D * f4);
+  a.add("h", rows * D * b2);
+  a.add("att", rows * D * b2);
+  const size_t big_bytes = std::max({rows * 5 * D * b2, rows * static_cast<size_t>(g.F) * b2, rows * D * f4,
+                                     rows * static_cast<size_t>(g.K) * b2});
+  const size_t big = a.add("big", big_bytes);
+  a.view("big.qkv", big, 0, rows * 3 * D * b2);
+  a.view("big.q", big, rows * 3 * D * b2, rows * D * b2);
+  a.view("big.k", big, rows * 4 * D * b2, rows * D * b2);
+  a.view("big.ffn", big, 0, rows * static_cast<size_t>(g.F) * b2);
+  a.view("big.patch_rows", big, 0, rows * static_cast<size_t>(g.K) * b2);
+  a.view("big.head_in", big, 0, rows * D * f4);
+  // head rows: with a split sequence, all ranks' rows [P][B·S] (this rank's written in place, then
+  // all-gathered) and, for B > 1, the same rows in sample order [B][P·S]
+  const size_t P = static_cast<size_t>(par.seq());
+  a.add("head_out", P * rows * static_cast<size_t>(g.OP) * f4);
+  if (P > 1 && g.B > 1) a.add("head_seq", P * rows * static_cast<size_t>(g.OP) * f4);
+  a.add("out", static_cast<size_t>(g.Bg * g.Co * g.T * g.H * g.W) * f4);  // all samples (CFG-parallel: gathered)
+  for (const auto& [name, bytes] : SeqParallelAttention::plan_buffers(spa_geometry(g))) a.add(name, bytes);
+  a.add("cublaslt_workspace", GemmRunner::kWorkspaceBytes);
+  a.add("cudnn_workspace", attn_workspace);
+  return p;
+}
+
+// ---- DiTGpu ----
+
+struct DiTGpu::Impl {
+  DiTConfig cfg;
+  DiTShape max_shape;
+  Geometry max_geo{};
+  Options opt;
+  MemoryPlan plan;
+  WeightTable table;
+  std::vector<void*> weights;  // one allocation per expert
+  std::vector<ExpertPtrs> ptrs;
+  char* arena = nullptr;
+  size_t attn_ws_bytes = 0;
+  cudaStream_t stream = nullptr;
+  cudaEvent_t ev_in = nullptr, ev_out = nullptr;
+  std::unique_ptr<CudnnAttention> attn;  // null when the own kernel runs the attention
+  std::unique_ptr<GemmRunner> gemm;
+  // Parallel forward (null / 0 / 1 on one GPU): the groups, this rank's place, the split self-attention.
+  ParallelDegrees par;
+  int cfg_rank = 0, seq_rank = 0;
+  std::unique_ptr<SeqParallelAttention> spa;
+  float* head_seq = nullptr;
+  using Key = std::tuple<int, int64_t, int64_t, int64_t, int64_t, bool>;  // expert, B, T, H, W, share_first
+  static Key key_of(int expert, const DiTShape& shape, const Geometry& g) {
+    return Key{expert, shape.batch, shape.frames, shape.height, shape.width, g.share_first()};
+  }
+  std::map<Key, cudaGraphExec_t> graphs;
+  std::set<Key> warmed;
+  // In-step op profile (profile_forward): the event pool lives as long as the object; `prof` points to
+  // it only during a profiled forward, so every hook below is one null test when profiling is off.
+  enum class OpCat : uint8_t { Gemm, SelfAttention, CrossAttention };
+  struct OpProfiler {
+    struct Span {
+      OpCat cat;
+      size_t begin, end;  // indices into events
+    };
+    std::vector<cudaEvent_t> events;  // created before the profiled forward, never inside it
+    size_t used = 0;
+    std::vector<Span> spans;
+    ~OpProfiler() {
+      for (cudaEvent_t e : events) cudaEventDestroy(e);
+    }
+    void reserve(size_t n) {
+      events.reserve(n);
+      while (events.size() < n) {
+        cudaEvent_t e = nullptr;
+        CUDA_CHECK(cudaEventCreate(&e));
+        events.push_back(e);
+      }
+    }
+    size_t mark(cudaStream_t s) {
+      WAN_ASSERT(used < events.size(), "op profiler: the pool of ", events.size(), " events is exhausted");
+      CUDA_CHECK(cudaEventRecord(events[used], s));
+      return used++;
+    }
+  };
+  std::unique_ptr<OpProfiler> profiler;
+  OpProfiler* prof = nullptr;
+
+  // arena buffers
+  float *x_in, *t, *ctx_f32, *sinus, *temb, *e, *e_silu, *e0, *rope, *resid, *head_out, *out;
+  bf16 *ctx_in, *ctx_hidden, *ctx, *ckv, *ck, *h, *att, *big;
+  void *gemm_ws, *attn_ws;
+
+  ~Impl() {
+    // No throws from here: let queued work finish, then release in reverse order of creation,
+    // ignoring errors.
+    if (stream) cudaStreamSynchronize(stream);
+    profiler.reset();
+    spa.reset();
+    for (auto& [k, g] : graphs) cudaGraphExecDestroy(g);
+    gemm.reset();
+    attn.reset();
+    for (void* w : weights) cudaFree(w);
+    if (arena) cudaFree(arena);
+    if (ev_in) cudaEventDestroy(ev_in);
+    if (ev_out) cudaEventDestroy(ev_out);
+    if (stream) cudaStreamDestroy(stream);
+  }
+
+  template <typename T>
+  T* buf(const std::string& name) const {
+    return reinterpret_cast<T*>(arena + plan.get(name).offset);
+  }
+  void bind_buffers() {
+    x_in = buf<float>("x_in"), t = buf<float>("t"), ctx_f32 = buf<float>("ctx_f32");
+    ctx_in = buf<bf16>("ctx_in"), ctx_hidden = buf<bf16>("ctx_hidden"), ctx = buf<bf16>("ctx");
+    ckv = buf<bf16>("ckv"), ck = buf<bf16>("ck");
+    sinus = buf<float>("sinus"), temb = buf<float>("temb"), e = buf<float>("e"), e_silu = buf<float>("e_silu");
+    e0 = buf<float>("e0"), rope = buf<float>("rope"), resid = buf<float>("resid");
+    h = buf<bf16>("h"), att = buf<bf16>("att"), big = buf<bf16>("big");
+    head_out = buf<float>("head_out"), out = buf<float>("out");
+    gemm_ws = buf<void>("cublaslt_workspace"), attn_ws = buf<void>("cudnn_workspace");
+  }
+  // The parallel part of create(): checks the groups against each other, creates the split
+  // self-attention and binds its arena buffers (after bind_buffers).
+  void setup_parallel();
+  void run_attention(const AttentionShape& sh, const AttentionArgs& a, cudaStream_t s) {
+    if (attn) attn->run(sh, a, attn_ws, attn_ws_bytes, s);
+    else OwnAttention::run(sh, a, s);
+  }
+  // The forward's GEMMs and (single-GPU / CFG-parallel) attentions, bracketed by events when profiling.
+  template <typename X, typename Wt, typename Bias, typename Y>
+  void linear_op(const X* x, const Wt* w, const Bias* bias, Y* y, int64_t M, int64_t K, int64_t N, Act act,
+                 cudaStream_t s) {
+    if (!prof) return gemm->linear(x, w, bias, y, M, K, N, act, s);
+    const size_t b = prof->mark(s);
+    gemm->linear(x, w, bias, y, M, K, N, act, s);
+    prof->spans.push_back({OpCat::Gemm, b, prof->mark(s)});
+  }
+  void attention_op(OpCat cat, const AttentionShape& sh, const AttentionArgs& a, cudaStream_t s) {
+    if (!prof) return run_attention(sh, a, s);
+    const size_t b = prof->mark(s);
+    run_attention(sh, a, s);
+    prof->spans.push_back({cat, b, prof->mark(s)});
+  }
+  // Events one profiled forward of `layers` blocks records: 2 around the forward, 2 per interval.
+  static size_t profile_events(int layers) { return 2 + 2 * static_cast<size_t>(7 + 7 * layers + 2 * layers); }
+  // forward() after the checks; eager: run the body even when a graph exists (profile_forward).
+  void forward(int expert, const DiTShape& shape, const DiTInputs& in, float* out, cudaStream_t stream, bool eager);
+  void head_and_output(const ExpertPtrs& w, const Geometry& g, cudaStream_t s);
+
+  // The activation arena and what lives in it (bound buffers, parallel setup, GEMM runner, RoPE table):
+  // in create(), or later with Options::defer_arena. Checks the free memory first.
+  void allocate_arena();
+  // Captures and instantiates the graph of (key) without running it (warm_up).
+  void capture(const Key& key, const ExpertPtrs& w, const Geometry& g, cudaStream_t s);
+  void stage_inputs(const Geometry& g, const DiTInputs& in, cudaStream_t s);
+  void run_body(const ExpertPtrs& w, const Geometry& g, cudaStream_t s);
+  // One block; on entry h holds its norm1 output, `next` is the following block (null for the last),
+  // whose norm1 this block's last residual add computes on the way. `shared`: every sample's input is
+  // sample 0's (the first block with Geometry::share_first()): h holds sample 0's rows only, and the
+  // self-attention part runs for those and is copied to the other samples.
+  void block(const BlockPtrs& w, const BlockPtrs* next, const Geometry& g, const RopeArgs& rope_args, bool shared,
+             cudaStream_t s);
+  // Modulation vector k of a block for this step's rows: m = modulation + e0 (fp32), folded into the
+  // kernel that uses it; chunk k of sample b is mod[k] + e0[b, k].
+  ModVec block_mod(const BlockPtrs& w, int k, const Geometry& g) const {
+    return ModVec{w.mod + k * g.D, e0 + k * g.D, 6 * g.D, g.S};
+  }
+};
+
+void DiTGpu::Impl::stage_inputs(const Geometry& g, const DiTInputs& in, cudaStream_t s) {
+  // This rank's samples [b0, b0 + B) of the global batch (all of it without CFG-parallel).
+  const int64_t b0 = cfg_rank * g.B, x_sample = g.C * g.T * g.H * g.W;
+  if (g.one_latent) {  // x's first latent is every sample's: read once, copied on the device
+    const size_t bytes = static_cast<size_t>(x_sample) * 4;
+    CUDA_CHECK(cudaMemcpyAsync(x_in, in.x, bytes, cudaMemcpyDefault, s));
+    copy_first_sample(x_in, bytes, g.B, s);
+  } else {
+    CUDA_CHECK(cudaMemcpyAsync(x_in, in.x + b0 * x_sample, static_cast<size_t>(g.B * x_sample) * 4, cudaMemcpyDefault,
+                               s));
+  }
+  CUDA_CHECK(cudaMemcpyAsync(t, in.t + b0, static_cast<size_t>(g.B) * 4, cudaMemcpyDefault, s));
+  // Each prompt zero-padded to text_len before the text MLP (spec §2.5).
+  const bool f32 = in.context_dtype == DType::F32;
+  const size_t es = f32 ? 4 : 2, row = static_cast<size_t>(g.TD) * es;
+  char* dst = f32 ? reinterpret_cast<char*>(ctx_f32) : reinterpret_cast<char*>(ctx_in);
+  const char* src = static_cast<const char*>(in.context);
+  for (int64_t b = 0; b < g.B; ++b) {
+    const size_t n = static_cast<size_t>(in.ctx_lens[b0 + b]);
+    char* d = dst + static_cast<size_t>(b * g.TL) * row;
+    if (n > 0)
+      CUDA_CHECK(cudaMemcpyAsync(d, src + static_cast<size_t>((b0 + b) * in.ctx_rows) * row, n * row,
+                                 cudaMemcpyDefault, s));
+    if (n < static_cast<size_t>(g.TL)) CUDA_CHECK(cudaMemsetAsync(d + n * row, 0, (g.TL - n) * row, s));
+  }
+  if (f32) convert_f32_to_bf16(ctx_f32, ctx_in, g.B * g.TL * g.TD, s);
+  if (spa) spa->set_key_lengths(spa_geometry(g), s);
+}
+
+void DiTGpu::Impl::block(const BlockPtrs& w, const BlockPtrs* next, const Geometry& g, const RopeArgs& rope_args,
+                         bool shared, cudaStream_t s) {
+  const int64_t D = g.D, rows = g.rows, crow = g.B * g.TL;
+  const float eps = cfg.eps;
+  auto chunk = [&](int k) { return block_mod(w, k, g); };
+  bf16* qkv = big;                 // [rows, 3D]
+  bf16* q = big + rows * 3 * D;    // [rows, D]; once its attention has run, the o GEMM's output
+  bf16* k = big + rows * 4 * D;    // [rows, D]
+  bf16* ffn = big;                 // [rows, F]
+
+  // self-attention on h = norm1(resid), computed before this block (run_body or the previous block);
+  // shared: for sample 0's rows only
+  const int64_t sa_rows = shared ? g.S : rows;
+  linear_op(h, w.qkv_w, w.qkv_b, qkv, sa_rows, D, 3 * D, Act::None, s);
+  const RmsNormJob jq{qkv, 3 * D, w.nq, q, sa_rows}, jk{qkv + D, 3 * D, w.nk, k, sa_rows};
+  qk_rmsnorm_rope(jq, &jk, D, eps, &rope_args, s);
+  if (spa) {  // the sequence is split over ranks: Ulysses / Ring / 2D (dit_seq_attention.h)
+    spa->run(spa_geometry(g), q, k, qkv + 2 * D, 3 * D, att,
+             [this](const AttentionShape& sh, const AttentionArgs& a, cudaStream_t st) { run_attention(sh, a, st); },
+             s);
+  } else {
+    const AttentionShape ss = self_attn_shape(g, shared);
+    AttentionArgs sa;
+    sa.q = q, sa.k = k, sa.v = qkv + 2 * D, sa.o = att;
+    attention_op(OpCat::SelfAttention, ss, sa, s);
+  }
+  linear_op(att, w.o_w, w.o_b, q, sa_rows, D, D, Act::None, s);
+  if (shared) copy_first_sample(q, static_cast<size_t>(g.S * D) * sizeof(bf16), g.B, s);  // the others' o rows
+  // resid += o·gate_sa, and the cross-attention's affine pre-norm (norm3) of it, in one pass
+  const ModVec gate_sa = chunk(2);
+  residual_add_layernorm_affine(resid, q, &gate_sa, w.n3w, w.n3b, h, rows, D, eps, s);
+
+  // cross-attention: no modulation or gate, all text_len keys
+  linear_op(h, w.cq_w, w.cq_b, q, rows, D, D, Act::None, s);
+  linear_op(ctx, w.ckv_w, w.ckv_b, ckv, crow, D, 2 * D, Act::None, s);
+  const RmsNormJob cq{q, D, w.cnq, q, rows}, cjk{ckv, 2 * D, w.cnk, ck, crow};
+  qk_rmsnorm_rope(cq, &cjk, D, eps, nullptr, s);
+  const AttentionShape cs = cross_attn_shape(g);
+  AttentionArgs ca;
+  ca.q = q, ca.k = ck, ca.v = ckv + D, ca.o = att;
+  attention_op(OpCat::CrossAttention, cs, ca, s);
+  linear_op(att, w.co_w, w.co_b, q, rows, D, D, Act::None, s);
+  // resid += o, and the FFN's pre-norm (norm2) of it, in one pass
+  residual_add_layernorm_modulate(resid, q, nullptr, h, rows, D, chunk(3), chunk(4), eps, s);
+
+  // feed-forward; resid += y·gate_ff, fused with the next block's norm1 (the last block's add is
+  // plain: the head norm reads the residual in head_and_output)
+  linear_op(h, w.f0_w, w.f0_b, ffn, rows, D, g.F, Act::GeluTanh, s);
+  linear_op(ffn, w.f2_w, w.f2_b, att, rows, g.F, D, Act::None, s);
+  const ModVec gate_ff = chunk(5);
+  if (next)
+    residual_add_layernorm_modulate(resid, att, &gate_ff, h, rows, D, block_mod(*next, 0, g), block_mod(*next, 1, g),
+                                    eps, s);
+  else
+    gated_residual_add(resid, att, rows, D, gate_ff, s);
+}
+
+void DiTGpu::Impl::run_body(const ExpertPtrs& w, const Geometry& g, cudaStream_t s) {
+  const int64_t D = g.D, rows = g.rows;
+  // patch embedding: bf16 GEMM output (the reference's autocast Conv3d), then the fp32 residual
+  bf16* patch_rows = big;  // [rows, K]
+  if (g.seq_parallel())  // this rank's slice of every sample
+    patchify_slice_bf16(x_in, patch_rows, g.B, g.C, g.T, g.H, g.W, g.pt, g.ph, g.pw, seq_rank * g.S, g.S, s);
+  else
+    patchify_bf16(x_in, patch_rows, g.B, g.C, g.T, g.H, g.W, g.pt, g.ph, g.pw, g.L, s);
+  linear_op(patch_rows, w.pe_w, w.pe_b, h, rows, g.K, D, Act::None, s);
+  convert_bf16_to_f32(h, resid, rows * D, s);
+
+  // time embedding and projection, fp32: e [B, D], e0 [B, 6D]
+  timestep_embedding(t, g.B, g.FQ, sinus, s);
+  linear_op(sinus, w.tm0_w, w.tm0_b, temb, g.B, g.FQ, D, Act::None, s);
+  silu(temb, temb, g.B * D, s);
+  linear_op(temb, w.tm2_w, w.tm2_b, e, g.B, D, D, Act::None, s);
+  silu(e, e_silu, g.B * D, s);
+  linear_op(e_silu, w.tp_w, w.tp_b, e0, g.B, D, 6 * D, Act::None, s);
+
+  // text embedding, bf16: ctx [B, text_len, D], once per forward for every block's cross k/v
+  linear_op(ctx_in, w.te0_w, w.te0_b, ctx_hidden, g.B * g.TL, g.TD, D, Act::GeluTanh, s);
+  linear_op(ctx_hidden, w.te2_w, w.te2_b, ctx, g.B * g.TL, D, D, Act::None, s);
+
+  RopeArgs ra;
+  ra.table = rope, ra.max_pos = kRopeMaxPos, ra.head_dim = 128, ra.seq = g.S, ra.f = g.f, ra.h = g.gh, ra.w = g.gw;
+  if (g.seq_parallel()) ra.offset = seq_rank * g.S, ra.total = g.Lpad;  // global positions of the slice (§8)
+  // norm1 of the first block; every later one comes out of the previous block's last residual add
+  // (shared first block: sample 0's rows only, see block())
+  if (!w.blocks.empty())
+    layernorm_modulate(resid, h, g.share_first() ? g.S : rows, D, block_mod(w.blocks[0], 0, g),
+                       block_mod(w.blocks[0], 1, g), cfg.eps, s);
+  for (size_t i = 0; i < w.blocks.size(); ++i)
+    block(w.blocks[i], i + 1 < w.blocks.size() ? &w.blocks[i + 1] : nullptr, g, ra, g.share_first() && i == 0, s);
+  head_and_output(w, g, s);
+}
+
+void DiTGpu::Impl::head_and_output(const ExpertPtrs& w, const Geometry& g, cudaStream_t s) {
+  const int64_t D = g.D, rows = g.rows, P = g.par.seq();
+  // head (fp32 region): LN(x)·(1 + scale) + shift with (shift, scale) = head.modulation + e, fp32 Linear
+  float* head_in = reinterpret_cast<float*>(big);  // [rows, D]
+  const ModVec shift{w.hmod, e, D, g.S}, scale{w.hmod + D, e, D, g.S};
+  layernorm_modulate(resid, head_in, rows, D, shift, scale, cfg.eps, s);
+  float* head_rows = head_out + seq_rank * rows * g.OP;  // [B, S, OP] this rank's rows
+  linear_op(head_in, w.head_w, w.head_b, head_rows, rows, D, g.OP, Act::None, s);
+  const float* seq_rows = head_out;  // [B, Lpad, OP] every token of this rank's samples
+  if (P > 1) {
+    // [P][B, S, OP] from every sequence rank (in place), then sample-major for unpatchify
+    const size_t bytes = static_cast<size_t>(rows * g.OP) * 4;
+    opt.parallel.seq->all_gather(head_rows, head_out, bytes, s);
+    if (g.B > 1) {
+      SeqMajor sm;
+      sm.s[0] = reinterpret_cast<char*>(head_seq);
+      seq_major_chunks(sm, reinterpret_cast<char*>(head_out), 1, P, g.B, g.S, g.OP * 4, false, s);
+      seq_rows = head_seq;
+    }
+  }
+  // CFG-parallel: this rank's samples land at their place in the batch, then the other half's arrive.
+  const int64_t n_out = g.B * g.Co * g.T * g.H * g.W;
+  float* my_out = out + cfg_rank * n_out;
+  unpatchify(seq_rows, my_out, g.B, g.Lpad, g.Co, g.f, g.gh, g.gw, g.pt, g.ph, g.pw, s);
+  if (g.par.cfg > 1) opt.parallel.cfg->all_gather(my_out, out, static_cast<size_t>(n_out) * 4, s);
+}
+
+void DiTGpu::Impl::setup_parallel() {
+  const Options::Parallel& pc = opt.parallel;
+  par = pc.degrees();
+  if (!par.active()) return;
+  WAN_CHECK(par.seq() == 1 || pc.seq, "DiT GPU: a split sequence (Ulysses ", par.ulysses, " x Ring ", par.ring,
+            ") needs the sequence group");
+  WAN_CHECK(!pc.seq || pc.seq->size() == par.seq(), "DiT GPU: the sequence group has ", pc.seq ? pc.seq->size() : 0,
+            " ranks, expected Ulysses x Ring = ", par.seq());
+  const int uly_rank = pc.ulysses ? pc.ulysses->rank() : 0, ring_rank = pc.ring ? pc.ring->rank() : 0;
+  seq_rank = pc.seq ? pc.seq->rank() : 0;
+  cfg_rank = pc.cfg ? pc.cfg->rank() : 0;
+  WAN_CHECK(seq_rank == ring_rank * par.ulysses + uly_rank, "DiT GPU: sequence rank ", seq_rank,
+            " is not ring rank x Ulysses + Ulysses rank (", ring_rank, " x ", par.ulysses, " + ", uly_rank, ")");
+  WAN_CHECK(cfg_rank >= 0 && cfg_rank < par.cfg && seq_rank >= 0 && seq_rank < par.seq(),
+            "DiT GPU: rank outside its group");
+  if (par.seq() > 1) {
+    spa = std::make_unique<SeqParallelAttention>(pc.ulysses, pc.ring);
+    SeqParallelAttention::Buffers b;
+    auto has = [&](const char* n) {
+      for (const MemoryPlan::Buffer& x : plan.buffers)
+        if (x.name == n) return true;
+      return false;
+    };
+    auto bb = [&](const char* n) { return has(n) ? buf<bf16>(n) : nullptr; };
+    auto bf = [&](const char* n) { return has(n) ? buf<float>(n) : nullptr; };
+    b.send = bb("sp.send"), b.recv = bb("sp.recv"), b.q = bb("sp.q");
+    b.kv[0] = bb("sp.kv0"), b.kv[1] = bb("sp.kv1"), b.o = bb("sp.o"), b.o_part = bb("sp.o_part");
+    b.lse_part = bf("sp.lse_part"), b.acc = bf("sp.acc"), b.acc_lse = bf("sp.acc_lse");
+    b.k_lens = buf<int32_t>("sp.k_lens");
+    spa->bind(b);
+    if (has("head_seq")) head_seq = buf<float>("head_seq");
+  }
+}
+
+DiTGpu::DiTGpu(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+DiTGpu::DiTGpu(DiTGpu&&) noexcept = default;
+DiTGpu& DiTGpu::operator=(DiTGpu&&) noexcept = default;
+DiTGpu::~DiTGpu() = default;
+
+void DiTGpu::Impl::allocate_arena() {
+  if (arena) return;
+  CUDA_CHECK(cudaSetDevice(opt.device));
+  size_t free_bytes = 0, total_bytes = 0;
+  CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  WAN_CHECK(plan.arena_bytes <= free_bytes, "DiT GPU: the activation arena (batch ", max_shape.batch, ", latent ",
+            max_shape.frames, "x", max_shape.height, "x", max_shape.width, ") needs ", gib(plan.arena_bytes),
+            " GiB, but only ", gib(free_bytes), " GiB is free on device ", opt.device);
+  CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&arena), plan.arena_bytes));
+  bind_buffers();
+  setup_parallel();
+  gemm = std::make_unique<GemmRunner>(gemm_ws, GemmRunner::kWorkspaceBytes);
+  const std::vector<float> rope_host = rope_table_f32(128, kRopeMaxPos);
+  WAN_ASSERT(rope_host.size() * 4 == plan.get("rope").bytes, "rope table size");
+  CUDA_CHECK(cudaMemcpy(rope, rope_host.data(), rope_host.size() * 4, cudaMemcpyHostToDevice));
+}
+
+void DiTGpu::Impl::capture(const Key& key, const ExpertPtrs& w, const Geometry& g, cudaStream_t s) {
+  if (graphs.count(key)) return;
+  WAN_ASSERT(!prof, "DiT GPU: a graph capture while the op profiler is on");
+  cudaGraph_t graph = nullptr;
+  CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  try {
+    run_body(w, g, s);  // records; builds each GEMM / attention plan on first use (host work only)
+  } catch (...) {
+    cudaGraph_t broken = nullptr;
+    cudaStreamEndCapture(s, &broken);
+    if (broken) cudaGraphDestroy(broken);
+    throw;
+  }
+  CUDA_CHECK(cudaStreamEndCapture(s, &graph));
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t st = cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphDestroy(graph);
+  CUDA_CHECK(st);
+  graphs.emplace(key, exec);
+  warmed.insert(key);
+}
+
+void DiTGpu::warm_up(const std::vector<std::pair<int, DiTShape>>& uses) {
+  Impl& m = *impl_;
+  CUDA_CHECK(cudaSetDevice(m.opt.device));
+  m.allocate_arena();
+  for (const auto& [expert, shape] : uses) {
+    WAN_CHECK(expert >= 0 && expert < static_cast<int>(m.ptrs.size()), "DiT GPU warm-up: expert ", expert, " of ",
+              m.ptrs.size());
+    const Geometry g = geometry(m.cfg, shape, m.par);
+    WAN_CHECK(g.B <= m.max_geo.B && g.rows <= m.max_geo.rows, "DiT GPU warm-up: batch ", g.B, " x ", g.L,
+              " tokens exceeds the planned batch ", m.max_geo.B, " x ", m.max_geo.L, " tokens");
+    const Impl::Key key = Impl::key_of(expert, shape, g);
+    m.capture(key, m.ptrs[static_cast<size_t>(expert)], g, m.stream);
+  }
+}
+
+DiTGpu DiTGpu::create(const DiTConfig& cfg, const std::vector<DiTWeightSource>& experts, const DiTShape& max_shape,
+                      const Options& opt) {
+  WAN_CHECK(!experts.empty(), "DiT GPU: no expert weights given");
+  const int n = static_cast<int>(experts.size());
+  // Everything checkable on the host first: config, shape, the plan without cuDNN's workspace.
+  const ParallelDegrees par = opt.parallel.degrees();
+  MemoryPlan p = plan(cfg, max_shape, n, 0, par);
+  CUDA_CHECK(cudaSetDevice(opt.device));
+  size_t free_bytes = 0, total_bytes = 0;
+  CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  if (opt.defer_arena) {
+    // The arena comes later (warm_up / first forward, e.g. after a text encoder is freed): only the
+    // weights must fit now; the caller has checked the later phase (allocate_arena checks it again).
+    for (const DiTWeightSource& e : experts)
+      WAN_CHECK(!e.random, "DiT GPU: defer_arena needs loaded weights (random weights draw into the arena)");
+    const size_t need = p.weight_bytes * static_cast<size_t>(n) + p.reserve_bytes;
+    WAN_CHECK(need <= free_bytes, "DiT GPU: ", n, " expert(s) x ", gib(p.weight_bytes), " GiB of weights + ",
+              gib(p.reserve_bytes), " GiB reserve need ", gib(need), " GiB, but only ", gib(free_bytes),
+              " GiB is free on device ", opt.device);
+  } else {
+    check_fit(cfg, max_shape, n, 0, free_bytes, opt.device, par);
+  }
+
+  auto im = std::make_unique<Impl>();
+  im->cfg = cfg;
+  im->max_shape = max_shape;
+  im->max_geo = geometry(cfg, max_shape, par);
+  im->opt = opt;
+  im->table = dit_gpu_detail::build_weight_table(cfg);
+  // cuDNN's workspace for the largest attentions (builds their plans), then the exact plan. The own
+  // kernel needs no workspace and no plans.
+  im->opt.attention = resolve_attention(opt.attention);
+  if (im->opt.attention == Attention::Cudnn) {
+    im->attn = std::make_unique<CudnnAttention>();
+    for (const AttentionShape& a : attention_shapes(im->max_geo, true))
+      im->attn_ws_bytes = std::max(im->attn_ws_bytes, im->attn->workspace_size(a));
+  } else {
+    for (const AttentionShape& a : attention_shapes(im->max_geo, true)) OwnAttention::validate(a);
+  }
+  CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  if (!opt.defer_arena) check_fit(cfg, max_shape, n, im->attn_ws_bytes, free_bytes, opt.device, par);
+  p = plan(cfg, max_shape, n, im->attn_ws_bytes, par);
+  im->plan = p;
+  if (opt.verbose) std::fprintf(stderr, "%s", p.str().c_str());
+
+  CUDA_CHECK(cudaStreamCreateWithFlags(&im->stream, cudaStreamNonBlocking));
+  CUDA_CHECK(cudaEventCreateWithFlags(&im->ev_in, cudaEventDisableTiming));
+  CUDA_CHECK(cudaEventCreateWithFlags(&im->ev_out, cudaEventDisableTiming));
+  if (!opt.defer_arena) im->allocate_arena();
+
+  for (int i = 0; i < n; ++i) {
+    void* w = nullptr;
+    CUDA_CHECK(cudaMalloc(&w, im->table.bytes));
+    im->weights.push_back(w);
+    if (experts[i].external) {
+      // filled by the caller (weight_allocation)
+    } else if (experts[i].random) {
+      const size_t scratch = p.get("big").bytes / 4;  // free until the first forward
+      WAN_ASSERT(dit_gpu_detail::max_small_floats(im->table) <= scratch, "random weight scratch");
+      dit_gpu_detail::draw_random_weights(im->table, w, experts[i].seed, reinterpret_cast<float*>(im->big), scratch,
+                                          im->stream);
+    } else {
+      const DiTWeightSource& src = experts[i];
+      WAN_WITH_CONTEXT(cat("DiT expert ", i), dit_gpu_detail::upload_weights(im->table, w, src.get, "DiT", src.span,
+                                                                             src.loader, src.group));
+    }
+    im->ptrs.push_back(resolve(im->table, w, cfg.num_layers));
+  }
+  CUDA_CHECK(cudaStreamSynchronize(im->stream));
+  return DiTGpu(std::move(im));
+}
+
+void DiTGpu::forward(int expert, const DiTShape& shape, const DiTInputs& in, float* out, cudaStream_t stream) {
+  impl_->forward(expert, shape, in, out, stream, false);
+}
+
+void DiTGpu::Impl::forward(int expert, const DiTShape& shape, const DiTInputs& in, float* out, cudaStream_t stream,
+                           bool eager) {
+  Impl& m = *this;
+  WAN_CHECK(expert >= 0 && expert < static_cast<int>(m.ptrs.size()), "DiT GPU forward: expert ", expert, " of ",
+            m.ptrs.size());
+  const Geometry g = geometry(m.cfg, shape, m.par);
+  WAN_CHECK(g.B <= m.max_geo.B && g.rows <= m.max_geo.rows, "DiT GPU forward: batch ", g.B, " x ", g.L,
+            " tokens exceeds the planned batch ", m.max_geo.B, " x ", m.max_geo.L, " tokens");
+  WAN_CHECK(in.x && in.t && in.context && in.ctx_lens && out, "DiT GPU forward: null input or output");
+  WAN_CHECK(in.context_dtype == DType::F32 || in.context_dtype == DType::BF16,
+            "DiT GPU forward: context must be f32 or bf16, got ", dtype_name(in.context_dtype));
+  WAN_CHECK(in.ctx_rows >= 1 && in.ctx_rows <= g.TL, "DiT GPU forward: context has ", in.ctx_rows,
+            " rows per sample, expected 1..", g.TL);
+  if (g.one_latent)
+    for (int64_t b = 1; b < g.Bg; ++b)
+      WAN_CHECK(in.t[b] == in.t[0], "DiT GPU forward: one latent for every sample (DiTShape::one_latent) needs one "
+                "timestep, but sample ", b, " has ", in.t[b], " and sample 0 ", in.t[0]);
+  for (int64_t b = 0; b < g.Bg; ++b)
+    WAN_CHECK(in.ctx_lens[b] >= 0 && in.ctx_lens[b] <= in.ctx_rows, "DiT GPU forward: context length ",
+              in.ctx_lens[b], " of sample ", b, " outside [0, ", in.ctx_rows, "]");
+  // A shape smaller than the planned one may pick other cuDNN engines: their workspace must fit too.
+  if (m.attn)
+    for (const AttentionShape& a : attention_shapes(g, false))
+      WAN_CHECK(m.attn->workspace_size(a) <= m.attn_ws_bytes, "DiT GPU forward: cuDNN wants ",
+                m.attn->workspace_size(a), " B of workspace for this shape, the plan has ", m.attn_ws_bytes);
+
+  CUDA_CHECK(cudaSetDevice(m.opt.device));
+  m.allocate_arena();  // Options::defer_arena without warm_up(): now
+  cudaStream_t s = m.stream;
+  CUDA_CHECK(cudaEventRecord(m.ev_in, stream));
+  CUDA_CHECK(cudaStreamWaitEvent(s, m.ev_in, 0));
+  if (m.prof) m.prof->mark(s);  // the profiled forward's first event
+  m.stage_inputs(g, in, s);
+  const Impl::Key key = Impl::key_of(expert, shape, g);
+  const ExpertPtrs& w = m.ptrs[static_cast<size_t>(expert)];
+  if (!eager && m.opt.use_graphs && m.warmed.count(key)) {
+    auto it = m.graphs.find(key);
+    if (it == m.graphs.end()) {
+      m.capture(key, w, g, s);
+      it = m.graphs.find(key);
+    }
+    CUDA_CHECK(cudaGraphLaunch(it->second, s));
+  } else {
+    m.run_body(w, g, s);  // the warm-up: builds every GEMM and attention plan before any capture
+    m.warmed.insert(key);
+  }
+  CUDA_CHECK(cudaMemcpyAsync(out, m.out, static_cast<size_t>(g.Bg * g.Co * g.T * g.H * g.W) * 4, cudaMemcpyDefault, s));
+  if (m.prof) m.prof->mark(s);  // its last event
+  CUDA_CHECK(cudaEventRecord(m.ev_out, s));
+  CUDA_CHECK(cudaStreamWaitEvent(stream, m.ev_out, 0));
+}
+
+OpProfile DiTGpu::profile_forward(int expert, const DiTShape& shape, const DiTInputs& in, float* out,
+                                  cudaStream_t stream) {
+  Impl& m = *impl_;
+  CUDA_CHECK(cudaSetDevice(m.opt.device));
+  WAN_CHECK(m.opt.parallel.degrees().seq() == 1, "DiT GPU profile_forward: a sequence split over ",
+            m.opt.parallel.degrees().seq(), " ranks is not profiled (its self-attention is not bracketed); profile "
+            "the single-GPU or CFG-parallel forward");
+  // Events inside a capture would become graph nodes that the host cannot read per op afterwards.
+  for (cudaStream_t st : {stream, m.stream}) {
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    CUDA_CHECK(cudaStreamIsCapturing(st, &cs));
+    WAN_CHECK(cs == cudaStreamCaptureStatusNone, "DiT GPU profile_forward: the stream is being captured into a CUDA "
+              "graph; the op profile times an eager forward and reads its events on the host, so it cannot run "
+              "inside a capture (profile outside it)");
+  }
+  const Impl::Key key = Impl::key_of(expert, shape, geometry(m.cfg, shape, m.par));
+  if (!m.warmed.count(key)) m.forward(expert, shape, in, out, stream, true);  // builds the plans, untimed
+  if (!m.profiler) m.profiler = std::make_unique<Impl::OpProfiler>();
+  Impl::OpProfiler& p = *m.profiler;
+  p.reserve(Impl::profile_events(m.cfg.num_layers));
+  p.used = 0;
+  p.spans.clear();
+  p.spans.reserve(p.events.size() / 2);
+  m.prof = &p;
+  try {
+    m.forward(expert, shape, in, out, stream, true);
+  } catch (...) {
+    m.prof = nullptr;
+    throw;
+  }
+  m.prof = nullptr;
+  WAN_ASSERT(p.used >= 2, "op profiler: no events recorded");
+  CUDA_CHECK(cudaEventSynchronize(p.events[p.used - 1]));
+  auto elapsed = [&](size_t a, size_t b) {
+    float ms = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, p.events[a], p.events[b]));
+    return static_cast<double>(ms);
+  };
+  OpProfile r;
+  r.layers = m.cfg.num_layers;
+  r.total_ms = elapsed(0, p.used - 1);
+  for (const Impl::OpProfiler::Span& sp : p.spans) {
+    const double ms = elapsed(sp.begin, sp.end);
+    switch (sp.cat) {
+      case Impl::OpCat::Gemm: r.gemm_ms += ms, ++r.gemms; break;
+      case Impl::OpCat::SelfAttention: r.self_attention_ms += ms, ++r.self_attentions; break;
+      case Impl::OpCat::CrossAttention: r.cross_attention_ms += ms, ++r.cross_attentions; break;
+    }
+  }
+  return r;
+}
+
+DiTGpu::Attention DiTGpu::parse_attention(const std::string& s) {
+  if (s == "auto") return Attention::Auto;
+  if (s == "cudnn") return Attention::Cudnn;
+  if (s == "own") return Attention::Own;
+  WAN_THROW("--attention: expected auto, cudnn or own, got '", s, "'");
+}
+
+DiTGpu::Attention DiTGpu::resolve_attention(Attention a) {
+  if (a == Attention::Cudnn) return a;
+  const bool own_ok = OwnAttention::supported();
+  if (a == Attention::Own) {
+    WAN_CHECK(own_ok, "--attention own: the engine's attention kernel needs an sm_90 (Hopper) GPU built with the "
+                      "sm_90a target; use --attention cudnn");
+    return a;
+  }
+  return own_ok ? Attention::Own : Attention::Cudnn;
+}
+
+DiTGpu::Attention DiTGpu::attention() const { return impl_->opt.attention; }
+
+const MemoryPlan& DiTGpu::memory_plan() const { return impl_->plan; }
+const DiTConfig& DiTGpu::config() const { return impl_->cfg; }
+int DiTGpu::experts() const { return static_cast<int>(impl_->weights.size()); }
+void DiTGpu::set_use_graphs(bool on) { impl_->opt.use_graphs = on; }
+size_t DiTGpu::graphs_captured() const { return impl_->graphs.size(); }
+
+Tensor DiTGpu::download_weight(int expert, const std::string& official_name) const {
+  const Impl& m = *impl_;
+  WAN_CHECK(expert >= 0 && expert < static_cast<int>(m.weights.size()), "DiT GPU: expert ", expert, " of ",
+            m.weights.size());
+  CUDA_CHECK(cudaSetDevice(m.opt.device));
+  CUDA_CHECK(cudaStreamSynchronize(m.stream));
+  return dit_gpu_detail::download_weight(m.table, m.weights[static_cast<size_t>(expert)], official_name);
+}
+
+void* DiTGpu::weight_allocation(int expert, size_t* bytes) const {
+  const Impl& m = *impl_;
+  WAN_CHECK(expert >= 0 && expert < static_cast<int>(m.weights.size()), "DiT GPU: expert ", expert, " of ",
+            m.weights.size());
+  if (bytes) *bytes = m.table.bytes;
+  return m.weights[static_cast<size_t>(expert)];
+}
+
+std::vector<std::pair<size_t, size_t>> DiTGpu::weight_ranges(const DiTConfig& cfg, size_t* total_bytes) {
+  const WeightTable table = dit_gpu_detail::build_weight_table(cfg);
+  std::vector<std::pair<size_t, size_t>> ranges;
+  ranges.reserve(table.entries.size());
+  for (const dit_gpu_detail::WeightEntry& e : table.entries) ranges.emplace_back(e.offset, e.bytes);
+  if (total_bytes) *total_bytes = table.bytes;
+  return ranges;
+}
+
+int DiTGpu::add_weight_loads(int expert, size_t begin, size_t end, const DiTWeightGetter& get,
+                             const DiTWeightSpan& span, DeviceLoader& loader, int group) const {
+  size_t bytes = 0;
+  char* base = static_cast<char*>(weight_allocation(expert, &bytes));
+  const std::string what = cat("DiT expert ", expert);
+  int added = 0;
+  for (LoadTarget& t : dit_gpu_detail::weight_targets(impl_->table, base, get, what.c_str(), span, group)) {
+    const size_t off = static_cast<size_t>(static_cast<char*>(t.dst) - base);
+    if (off < begin || off >= end) continue;
+    loader.add(std::move(t));
+    ++added;
+  }
+  return added;
+}
+
+}  // namespace wan::cuda

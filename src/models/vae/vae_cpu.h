@@ -1,0 +1,112 @@
+// The Wan 2.1 and Wan 2.2 video VAEs on the CPU, float32 (spec §5, §6, §9 items 13-14).
+// Weights are named and shaped as in the official WanVAE_ state dict; the layout code maps other
+// checkpoint styles (diffusers AutoencoderKLWan) to those names and hands tensors over through a
+// callback. Execution reproduces the official chunked causal evaluation with the feature cache
+// (CACHE_T = 2): the encoder runs on pixel chunks of 1, 4, 4, ... frames, the decoder on one latent
+// frame at a time, including the skipped first time_conv of every temporal resampler, the "Rep"
+// rule of upsample3d and the first-chunk frame drop of Wan 2.2's DupUp3D shortcut.
+// Invariants: batch 1; public tensors are [C, T, H, W] (PyTorch order without the batch dim);
+// all maths in float32 (weights of any float dtype are up-cast at load).
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "models/config.h"
+#include "core/tensor.h"
+
+namespace wan {
+
+// A convolution's parameters: weight [Cout, Cin, kt, kh, kw] (CausalConv3d) or [Cout, Cin, kh, kw]
+// (Conv2d); bias [Cout]. Undefined weight = absent module (e.g. an identity shortcut).
+struct VaeConv {
+  Tensor weight, bias;
+  bool present() const { return weight.defined(); }
+};
+
+// ResidualBlock(Cin -> Cout): official "<prefix>.residual.{0,2,3,6}.*" and "<prefix>.shortcut.*".
+struct VaeResBlock {
+  Tensor norm1;        // residual.0.gamma  [Cin, 1, 1, 1]
+  VaeConv conv1;       // residual.2        [Cout, Cin, 3, 3, 3]
+  Tensor norm2;        // residual.3.gamma  [Cout, 1, 1, 1]
+  VaeConv conv2;       // residual.6        [Cout, Cout, 3, 3, 3]
+  VaeConv shortcut;    // shortcut          [Cout, Cin, 1, 1, 1], only when Cin != Cout
+};
+
+// AttentionBlock(C): official "<prefix>.{norm.gamma, to_qkv.*, proj.*}".
+struct VaeAttnBlock {
+  Tensor norm;         // norm.gamma [C, 1, 1]
+  VaeConv to_qkv;      // [3C, C, 1, 1]
+  VaeConv proj;        // [C, C, 1, 1]
+};
+
+enum class VaeResampleMode { None, Upsample2d, Upsample3d, Downsample2d, Downsample3d };
+
+// Resample(dim, mode): official "<prefix>.resample.1.*" (Conv2d) and "<prefix>.time_conv.*".
+struct VaeResample {
+  VaeResampleMode mode = VaeResampleMode::None;
+  VaeConv resample;    // resample.1: up [dim/2 (2.1) or dim (2.2), dim, 3, 3]; down [dim, dim, 3, 3]
+  VaeConv time_conv;   // 3d modes: up [2dim, dim, 3, 1, 1]; down [dim, dim, 3, 1, 1] (stride 2)
+};
+
+// One encoder down stage / decoder up stage: its residual blocks, then its resampler.
+// Wan 2.1 numbers these modules flatly ("encoder.downsamples.{n}"); Wan 2.2 nests them
+// ("encoder.downsamples.{stage}.downsamples.{j}") and adds a parameter-free shortcut over the whole
+// stage: AvgDown3D in the encoder (every stage), DupUp3D in the decoder (stages that up-sample).
+struct VaeStage {
+  std::vector<VaeResBlock> res;
+  VaeResample resample;
+  bool shortcut = false;       // Wan 2.2 AvgDown3D / DupUp3D
+  int64_t shortcut_out = 0;    // its output channels
+  int shortcut_ft = 1, shortcut_fs = 1;
+};
+
+// Encoder3d / Decoder3d: official "encoder.*" / "decoder.*".
+struct VaeCoder {
+  VaeConv conv1;               // conv1   [dims0, Cin, 3, 3, 3]
+  std::vector<VaeStage> stages;
+  VaeResBlock middle0;         // middle.0
+  VaeAttnBlock middle1;        // middle.1
+  VaeResBlock middle2;         // middle.2
+  Tensor head_norm;            // head.0.gamma [C, 1, 1, 1]
+  VaeConv head_conv;           // head.2 [Cout, C, 3, 3, 3]
+};
+
+struct VaeWeights {
+  VaeCoder encoder;
+  VaeCoder decoder;
+  VaeConv conv1;               // top-level conv1 [2z, 2z, 1, 1, 1]: encoder output -> mean | logvar
+  VaeConv conv2;               // top-level conv2 [z, z, 1, 1, 1]: latent -> decoder input
+};
+
+// Returns the tensor stored under an official name (any float dtype; throws wan::Error if absent).
+using VaeTensorSource = std::function<Tensor(const std::string& official_name)>;
+
+// Throws wan::Error on an inconsistent configuration (table sizes, widths, patch, version).
+void vae_validate(const VaeConfig& c);
+// Every official tensor name of this configuration with its expected shape, in load order.
+std::vector<std::pair<std::string, Shape>> vae_tensor_specs(const VaeConfig& c);
+// Loads (and up-casts to float32) every tensor of vae_tensor_specs(c) through get, checking shapes;
+// errors name the tensor.
+VaeWeights load_vae_weights(const VaeConfig& c, const VaeTensorSource& get);
+
+// Spatial / temporal compression of a configuration (8 or 16 / 4 for the released VAEs).
+int vae_spatial_factor(const VaeConfig& c);
+int vae_temporal_factor(const VaeConfig& c);
+
+// Called after each chunk with (chunks done, chunks total); may be empty.
+using VaeProgress = std::function<void(int, int)>;
+
+// latents [z, T_lat, H_lat, W_lat], normalised (any float dtype) -> video [3, F, H, W] float32 with
+// F = 1 + 4 (T_lat - 1), H = 8 H_lat (16 for Wan 2.2): un-normalise (z / (1/std) + mean), conv2,
+// decode one latent frame at a time, un-patchify, clamp to [-1, 1] unless clamp is false.
+Tensor vae_decode(const VaeConfig& c, const VaeWeights& w, const Tensor& latents, bool clamp = true,
+                  const VaeProgress& progress = {});
+// video [3, F, H, W] in [-1, 1] (any float dtype), F = 1 + 4k, H and W multiples of the spatial
+// factor -> normalised posterior mean [z, T_lat, H_lat, W_lat] float32: patchify, encode chunks of
+// 1, 4, 4, ... frames, conv1, take the mean half, (mu - mean) * (1/std).
+Tensor vae_encode(const VaeConfig& c, const VaeWeights& w, const Tensor& video, const VaeProgress& progress = {});
+
+}  // namespace wan

@@ -1,0 +1,301 @@
+// `wan make-checkpoint`: random-weight checkpoints in the official and diffusers layouts.
+// Layouts (spec §3.1, §3.3):
+//   official  A14B: high_noise_model/ low_noise_model/ {config.json, diffusion_pytorch_model*.safetensors}
+//             TI2V: config.json + diffusion_pytorch_model*.safetensors at the root
+//             all:  models_t5_umt5-xxl-enc-bf16.pth, Wan2.1_VAE.pth | Wan2.2_VAE.pth, google/umt5-xxl/
+//   diffusers model_index.json, transformer/ (+ transformer_2/ for A14B, the low-noise expert),
+//             text_encoder/, tokenizer/, vae/, scheduler/
+#include "testing/make_checkpoint.h"
+
+#include <stdlib.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <system_error>
+#include <unordered_map>
+
+#include "ckpt/names.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "testing/hf_configs.h"
+#include "testing/model_params.h"
+#include "testing/text_files.h"
+#include "testing/tokenizer_files.h"
+#include "formats/pth.h"
+#include "formats/safetensors.h"
+
+namespace wan::gen {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string lower(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+// ---- tensors under output names ----------------------------------------------------------------
+
+using NameMap = std::function<std::string(const std::string&)>;
+
+struct Renamed {
+  std::vector<TensorSpec> specs;
+  std::unordered_map<std::string, size_t> param_of;  // output name -> index into the ParamSpecs
+};
+
+Renamed rename(const std::vector<ParamSpec>& ps, DType dtype, const NameMap& map) {
+  Renamed r;
+  r.specs.reserve(ps.size());
+  for (size_t i = 0; i < ps.size(); ++i) {
+    std::string out = map ? map(ps[i].name) : ps[i].name;
+    WAN_ASSERT(!out.empty(), "no output name for tensor ", ps[i].name);
+    WAN_ASSERT(r.param_of.emplace(out, i).second, "two tensors named ", out);
+    r.specs.push_back({out, dtype, ps[i].shape});
+  }
+  return r;
+}
+
+TensorFill make_fill(const std::vector<ParamSpec>& ps, const Renamed& r, uint64_t seed) {
+  return [&ps, &r, seed](const TensorSpec& spec, void* dst) {
+    auto it = r.param_of.find(spec.name);
+    WAN_ASSERT(it != r.param_of.end(), "unknown tensor ", spec.name);
+    fill_param(ps[it->second], seed, spec.dtype, dst);
+  };
+}
+
+// ---- components -------------------------------------------------------------------------------
+
+void make_dir(const fs::path& d) {
+  std::error_code ec;
+  fs::create_directories(d, ec);
+  WAN_CHECK(!ec, d.string(), ": cannot create folder: ", ec.message());
+}
+
+void write_dit(const fs::path& dir, const DiTConfig& cfg, Layout layout, DType dtype, uint64_t seed,
+               uint64_t shard_bytes) {
+  make_dir(dir);
+  const bool official = layout == Layout::Official;
+  write_text_file((dir / "config.json").string(),
+                  official ? dit_config_to_official_json(cfg) : dit_config_to_diffusers_json(cfg));
+  const std::vector<ParamSpec> ps = dit_params(cfg);
+  const Renamed r = rename(ps, dtype, official ? NameMap() : NameMap(dit_official_to_diffusers));
+  write_safetensors_sharded(dir.string(), "diffusion_pytorch_model", r.specs, make_fill(ps, r, seed), shard_bytes);
+}
+
+void write_t5(const fs::path& root, const T5Config& cfg, Layout layout, uint64_t seed, uint64_t shard_bytes) {
+  const std::vector<ParamSpec> ps = t5_params(cfg);
+  if (layout == Layout::Official) {
+    const Renamed r = rename(ps, DType::BF16, nullptr);
+    write_pth((root / "models_t5_umt5-xxl-enc-bf16.pth").string(), r.specs, make_fill(ps, r, seed));
+    return;
+  }
+  const fs::path dir = root / "text_encoder";
+  make_dir(dir);
+  write_text_file((dir / "config.json").string(), t5_config_hf_json(cfg));
+  const Renamed r = rename(ps, DType::BF16, t5_official_to_hf);
+  write_safetensors_sharded(dir.string(), "model", r.specs, make_fill(ps, r, seed), shard_bytes);
+}
+
+void write_vae(const fs::path& root, const VaeConfig& cfg, Layout layout, uint64_t seed, uint64_t shard_bytes) {
+  const std::vector<ParamSpec> ps = vae_params(cfg);
+  if (layout == Layout::Official) {
+    const Renamed r = rename(ps, DType::F32, nullptr);
+    const char* file = cfg.version == 22 ? "Wan2.2_VAE.pth" : "Wan2.1_VAE.pth";
+    write_pth((root / file).string(), r.specs, make_fill(ps, r, seed));
+    return;
+  }
+  const fs::path dir = root / "vae";
+  make_dir(dir);
+  write_text_file((dir / "config.json").string(), vae_config_diffusers_json(cfg));
+  const int version = cfg.version;
+  const Renamed r =
+      rename(ps, DType::F32, [version](const std::string& n) { return vae_official_to_diffusers(n, version); });
+  write_safetensors_sharded(dir.string(), "diffusion_pytorch_model", r.specs, make_fill(ps, r, seed), shard_bytes);
+}
+
+void write_all(const fs::path& root, const GenPlan& plan, const MakeCheckpointOptions& o) {
+  const bool official = o.layout == Layout::Official;
+  const bool experts = plan.task != Task::TI2V_5B;
+  if (experts) {
+    LOG_INFO("make-checkpoint: high-noise expert (", plan.dit.num_layers, " layers)");
+    write_dit(root / (official ? "high_noise_model" : "transformer"), plan.dit, o.layout, o.dtype,
+              dit_seed(o.seed, plan.task, true), o.max_shard_bytes);
+    if (o.dit_only) return;
+    LOG_INFO("make-checkpoint: low-noise expert");
+    write_dit(root / (official ? "low_noise_model" : "transformer_2"), plan.dit, o.layout, o.dtype,
+              dit_seed(o.seed, plan.task, false), o.max_shard_bytes);
+  } else {
+    LOG_INFO("make-checkpoint: DiT (", plan.dit.num_layers, " layers)");
+    write_dit(official ? root : root / "transformer", plan.dit, o.layout, o.dtype, dit_seed(o.seed, plan.task, true),
+              o.max_shard_bytes);
+    if (o.dit_only) return;
+  }
+  LOG_INFO("make-checkpoint: text encoder");
+  write_t5(root, plan.t5, o.layout, component_seed(o.seed, "t5"), o.max_shard_bytes);
+  LOG_INFO("make-checkpoint: VAE ", plan.vae.version == 22 ? "2.2" : "2.1");
+  write_vae(root, plan.vae, o.layout, component_seed(o.seed, "vae"), o.max_shard_bytes);
+
+  const fs::path tok = official ? root / "google" / "umt5-xxl" : root / "tokenizer";
+  make_dir(tok);
+  write_tokenizer_dir(tok.string());
+  if (!official) {
+    write_text_file((root / "model_index.json").string(), model_index_json(plan.task));
+    make_dir(root / "scheduler");
+    write_text_file((root / "scheduler" / "scheduler_config.json").string(), scheduler_config_json(plan.task));
+  }
+}
+
+// ---- output folder ----------------------------------------------------------------------------
+
+bool is_empty_dir(const fs::path& p) {
+  std::error_code ec;
+  auto it = fs::directory_iterator(p, ec);
+  WAN_CHECK(!ec, p.string(), ": cannot read folder: ", ec.message());
+  return it == fs::directory_iterator();
+}
+
+// A fresh folder "<base>.<tag>-XXXXXX" next to base (same file system, so rename is atomic).
+fs::path make_unique_dir(const fs::path& base, const char* tag) {
+  std::string templ = base.string() + "." + tag + "-XXXXXX";
+  std::vector<char> buf(templ.begin(), templ.end());
+  buf.push_back('\0');
+  WAN_CHECK(::mkdtemp(buf.data()) != nullptr, templ, ": cannot create folder: ", std::strerror(errno));
+  fs::path p(buf.data());
+  // mkdtemp makes the folder private (0700); a checkpoint is an ordinary folder.
+  ::chmod(p.c_str(), 0755);
+  return p;
+}
+
+void remove_tree(const fs::path& p) {
+  std::error_code ec;
+  fs::remove_all(p, ec);
+  if (ec) LOG_WARN("cannot remove ", p.string(), ": ", ec.message());
+}
+
+// Moves the finished partial folder to out, replacing an empty (or, with force, any) folder there.
+void install(const fs::path& partial, const fs::path& out, bool force) {
+  std::error_code ec;
+  fs::path old;
+  if (fs::exists(fs::symlink_status(out))) {
+    if (is_empty_dir(out)) {
+      fs::remove(out, ec);
+      WAN_CHECK(!ec, out.string(), ": cannot replace the empty folder: ", ec.message());
+    } else {
+      WAN_ASSERT(force, "non-empty output without --force");
+      old = make_unique_dir(out, "old");
+      fs::remove(old, ec);  // rename needs the target name free
+      fs::rename(out, old, ec);
+      WAN_CHECK(!ec, out.string(), ": cannot move the old folder aside: ", ec.message());
+    }
+  }
+  fs::rename(partial, out, ec);
+  if (ec) {
+    if (!old.empty()) {
+      std::error_code ec2;
+      fs::rename(old, out, ec2);  // put the previous checkpoint back
+    }
+    WAN_THROW(out.string(), ": cannot move the finished checkpoint into place: ", ec.message());
+  }
+  if (!old.empty()) remove_tree(old);
+}
+
+}  // namespace
+
+std::vector<std::string> plan_names() {
+  return {"tiny", "tiny-t2v", "tiny-i2v", "tiny-ti2v", "t2v-A14B", "i2v-A14B", "ti2v-5B"};
+}
+
+GenPlan make_plan(const std::string& config, int layers) {
+  GenPlan p;
+  p.name = lower(config);
+  const std::string& n = p.name;
+  if (n == "tiny" || n == "tiny-t2v") {
+    p.task = Task::T2V_A14B;
+  } else if (n == "tiny-i2v") {
+    p.task = Task::I2V_A14B;
+  } else if (n == "tiny-ti2v") {
+    p.task = Task::TI2V_5B;
+  } else if (n == "t2v-a14b" || n == "i2v-a14b" || n == "ti2v-5b") {
+    p.task = task_from_name(n);
+  } else {
+    std::string valid;
+    for (const std::string& s : plan_names()) valid += (valid.empty() ? "" : ", ") + s;
+    WAN_THROW("unknown --config '", config, "' (valid: ", valid, ")");
+  }
+  p.tiny = n.rfind("tiny", 0) == 0;
+  const bool v22 = p.task == Task::TI2V_5B;
+  if (p.tiny) {
+    p.dit = dit_preset(n == "tiny-t2v" ? "tiny" : n);
+    p.t5 = t5_preset("tiny");
+    p.vae = vae_preset(v22 ? "tiny2.2" : "tiny2.1");
+    // The DiT consumes the T5 output: keep the tiny components chainable.
+    p.dit.text_dim = p.t5.dim;
+  } else {
+    p.dit = dit_preset(task_name(p.task));
+    p.t5 = t5_preset("umt5-xxl");
+    p.vae = vae_preset(v22 ? "wan2.2" : "wan2.1");
+  }
+  if (layers != 0) {
+    WAN_CHECK(layers > 0 && layers <= 1000, "--layers ", layers, ": expected 1..1000");
+    p.dit.num_layers = layers;
+  }
+  p.dit.validate();
+  return p;
+}
+
+uint64_t dit_seed(uint64_t seed, Task task, bool high_noise) {
+  if (task == Task::TI2V_5B) return component_seed(seed, "dit");
+  return component_seed(seed, high_noise ? "high_noise_model" : "low_noise_model");
+}
+
+MakeCheckpointResult make_checkpoint(const MakeCheckpointOptions& o) {
+  const GenPlan plan = make_plan(o.config, o.layers);
+  WAN_CHECK(o.layout == Layout::Official || o.layout == Layout::Diffusers,
+            "make-checkpoint writes the official or the diffusers layout");
+  WAN_CHECK(o.dtype == DType::F32 || o.dtype == DType::BF16, "--dtype must be fp32 or bf16");
+  WAN_CHECK(!o.out.empty(), "missing output folder (--out)");
+  WAN_CHECK(o.max_shard_bytes > 0, "shard size must be positive");
+
+  fs::path out = fs::path(o.out).lexically_normal();
+  if (out.filename().empty()) out = out.parent_path();  // "dir/" -> "dir"
+  WAN_CHECK(!out.empty() && out.filename() != "." && out.filename() != "..", o.out, ": not a usable output folder");
+  fs::path parent = out.parent_path();
+  if (parent.empty()) parent = ".";
+  make_dir(parent);
+  {
+    std::error_code ec;
+    auto st = fs::symlink_status(out, ec);
+    if (fs::exists(st)) {
+      WAN_CHECK(fs::is_directory(st), out.string(), ": exists and is not a folder");
+      WAN_CHECK(o.force || is_empty_dir(out), out.string(), ": exists and is not empty (use --force to replace it)");
+    }
+  }
+
+  const fs::path partial = make_unique_dir(out, "partial");
+  try {
+    write_all(partial, plan, o);
+    install(partial, out, o.force);
+  } catch (...) {
+    remove_tree(partial);
+    throw;
+  }
+
+  MakeCheckpointResult res;
+  res.root = out.string();
+  std::error_code ec;
+  for (auto it = fs::recursive_directory_iterator(out, ec); !ec && it != fs::recursive_directory_iterator();
+       it.increment(ec)) {
+    if (!it->is_regular_file()) continue;
+    res.files.push_back(fs::relative(it->path(), out).string());
+    res.bytes += it->file_size();
+  }
+  std::sort(res.files.begin(), res.files.end());
+  return res;
+}
+
+}  // namespace wan::gen

@@ -1,0 +1,60 @@
+// Random-weight checkpoints of every component of a Wan 2.2 task, in the official release layout or
+// the diffusers layout (spec §3), for tests and benchmarks without the real weights.
+// Invariants:
+// - Deterministic: the same options give byte-identical files. A tensor's values depend only on
+//   (seed, component, official tensor name), so the two layouts hold the same values, and the two
+//   A14B experts differ (their components are "high_noise_model" and "low_noise_model").
+// - Streaming: one tensor is in memory at a time (a real A14B expert is 57 GB in fp32).
+// - All or nothing: everything is written under "<out>.partial-XXXXXX" next to <out> and renamed to
+//   <out> at the end; on failure the partial folder is removed and <out> is left as it was.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ckpt/layout.h"
+#include "models/config.h"
+#include "core/dtype.h"
+
+namespace wan::gen {
+
+// What a --config name stands for: the task, the three component configs, and the name of each.
+struct GenPlan {
+  std::string name;  // as given (lower-cased)
+  Task task = Task::T2V_A14B;
+  DiTConfig dit;
+  T5Config t5;
+  VaeConfig vae;
+  bool tiny = false;
+};
+// Names: t2v-A14B, i2v-A14B, ti2v-5B (real shapes) and tiny, tiny-t2v, tiny-i2v, tiny-ti2v (the tiny
+// presets of config.h with the same structure; the tiny DiT's text_dim is the tiny T5's width so that
+// the components chain). layers > 0 overrides the DiT depth only. Throws wan::Error for unknown names.
+GenPlan make_plan(const std::string& config, int layers = 0);
+std::vector<std::string> plan_names();
+
+struct MakeCheckpointOptions {
+  std::string config;                // a make_plan name
+  Layout layout = Layout::Official;  // Official or Diffusers
+  int layers = 0;                    // > 0: DiT num_layers override
+  DType dtype = DType::F32;          // DiT weights (F32 or BF16); T5 is bf16, VAE fp32 as released
+  uint64_t seed = 0;
+  std::string out;                           // output folder
+  bool force = false;                        // replace a non-empty <out>
+  bool dit_only = false;                     // only the (high-noise) DiT + config (not a whole checkpoint)
+  uint64_t max_shard_bytes = 5000000000ull;  // "5GB" as Hugging Face counts it
+};
+
+struct MakeCheckpointResult {
+  std::string root;
+  std::vector<std::string> files;  // relative to root, sorted
+  uint64_t bytes = 0;
+};
+
+MakeCheckpointResult make_checkpoint(const MakeCheckpointOptions& o);
+
+// Component seeds (exposed for tests): A14B experts use "high_noise_model" / "low_noise_model",
+// the TI2V-5B DiT "dit", then "t5" and "vae".
+uint64_t dit_seed(uint64_t seed, Task task, bool high_noise);
+
+}  // namespace wan::gen
