@@ -4,7 +4,7 @@
 //
 // What is measured (say it, so numbers are never mistaken for something else):
 // - weights: the Wan 2.1 VAE preset (base 96, z 16, dim_mult 1 2 4 4) drawn exactly as `wan make-checkpoint`
-//   draws its VAE (gen::vae_params + gen::fill_param, component "vae" of --seed; PyTorch-default-like
+//   draws its VAE (vae_weight_table + fill_init, component "vae" of --seed; PyTorch-default-like
 //   U(±1/√fan_in)), in memory, no files;
 // - input: one latent [16, T, H/8, W/8] f32 ~ N(0, 1) (Philox, --seed + 1) on the device, T = (F - 1)/4 + 1;
 // - time: VaeDecoderGpu::decode of the whole latent (un-normalise, conv2, the decoder chunk by chunk,
@@ -35,8 +35,8 @@
 #include "models/config.h"
 #include "core/error.h"
 #include "core/philox.h"
-#include "testing/model_params.h"
-#include "testing/weight_init.h"
+#include "models/vae/weights.h"
+#include "models/weight_spec.h"
 #include "models/vae/vae_cpu.h"
 
 #ifdef WAN_HAVE_CUDA
@@ -76,15 +76,15 @@ size_t device_used() {
 
 // The VAE make-checkpoint writes for --seed (same names, shapes and values), as f32 tensors in memory.
 VaeWeights make_checkpoint_vae(const VaeConfig& c, uint64_t seed) {
-  const std::vector<gen::ParamSpec> ps = gen::vae_params(c);
-  std::unordered_map<std::string, const gen::ParamSpec*> by_name;
-  for (const gen::ParamSpec& p : ps) by_name.emplace(p.name, &p);
-  const uint64_t cs = gen::component_seed(seed, "vae");
+  const WeightTable ps = vae_weight_table(c);
+  std::unordered_map<std::string, const WeightSpec*> by_name;
+  for (const WeightSpec& p : ps) by_name.emplace(p.name, &p);
+  const uint64_t cs = component_seed(seed, "vae");
   return load_vae_weights(c, [&](const std::string& name) {
     const auto it = by_name.find(name);
     WAN_ASSERT(it != by_name.end(), "bench-vae: no generated tensor ", name);
     Tensor t = Tensor::f32(it->second->shape);
-    gen::fill_param(*it->second, cs, DType::F32, t.f32());
+    fill_init(*it->second, cs, DType::F32, t.f32());
     return t;
   });
 }

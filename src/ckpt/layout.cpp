@@ -611,44 +611,4 @@ std::unique_ptr<WeightStore> open_weights(const CheckpointInfo& info, Role role)
   WAN_THROW(c->path, ": the tokenizer has no tensors");
 }
 
-std::map<std::string, Shape> dit_expected_shapes(const DiTConfig& c) {
-  const int64_t D = c.dim, F = c.ffn_dim;
-  const int64_t P = static_cast<int64_t>(c.patch[0]) * c.patch[1] * c.patch[2];
-  std::map<std::string, Shape> s;
-  s["patch_embedding.weight"] = Shape{D, c.in_dim, c.patch[0], c.patch[1], c.patch[2]};
-  s["patch_embedding.bias"] = Shape{D};
-  s["text_embedding.0.weight"] = Shape{D, c.text_dim};
-  s["text_embedding.0.bias"] = Shape{D};
-  s["text_embedding.2.weight"] = Shape{D, D};
-  s["text_embedding.2.bias"] = Shape{D};
-  s["time_embedding.0.weight"] = Shape{D, c.freq_dim};
-  s["time_embedding.0.bias"] = Shape{D};
-  s["time_embedding.2.weight"] = Shape{D, D};
-  s["time_embedding.2.bias"] = Shape{D};
-  s["time_projection.1.weight"] = Shape{6 * D, D};
-  s["time_projection.1.bias"] = Shape{6 * D};
-  s["head.modulation"] = Shape{1, 2, D};
-  s["head.head.weight"] = Shape{c.out_dim * P, D};
-  s["head.head.bias"] = Shape{c.out_dim * P};
-  for (int i = 0; i < c.num_layers; ++i) {
-    const std::string b = cat("blocks.", i, ".");
-    s[b + "modulation"] = Shape{1, 6, D};
-    for (const char* a : {"self_attn.", "cross_attn."}) {
-      for (const char* p : {"q", "k", "v", "o"}) {
-        s[b + a + p + ".weight"] = Shape{D, D};
-        s[b + a + p + ".bias"] = Shape{D};
-      }
-      s[b + a + "norm_q.weight"] = Shape{D};
-      s[b + a + "norm_k.weight"] = Shape{D};
-    }
-    s[b + "norm3.weight"] = Shape{D};
-    s[b + "norm3.bias"] = Shape{D};
-    s[b + "ffn.0.weight"] = Shape{F, D};
-    s[b + "ffn.0.bias"] = Shape{F};
-    s[b + "ffn.2.weight"] = Shape{D, F};
-    s[b + "ffn.2.bias"] = Shape{D};
-  }
-  return s;
-}
-
 }  // namespace wan

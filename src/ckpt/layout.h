@@ -12,8 +12,9 @@
 #include <string>
 #include <vector>
 
-#include "models/config.h"
 #include "core/tensor.h"
+#include "models/config.h"
+#include "models/dit/weights.h"  // dit_expected_shapes: what a DiT of a config must hold
 
 namespace wan {
 
@@ -83,9 +84,6 @@ class WeightStore {
   }
 };
 std::unique_ptr<WeightStore> open_weights(const CheckpointInfo& info, Role role);
-
-// Expected DiT tensor names (official naming) and shapes for a config.
-std::map<std::string, Shape> dit_expected_shapes(const DiTConfig& c);
 
 // The DiT roles, in the order a pipeline uses them (high-noise expert first).
 bool role_is_dit(Role r);

@@ -13,7 +13,7 @@ namespace {
 
 void usage() {
   std::string names;
-  for (const std::string& n : gen::plan_names()) names += (names.empty() ? "" : "|") + n;
+  for (const std::string& n : model_preset_names()) names += (names.empty() ? "" : "|") + n;
   std::printf(
       "usage: wan make-checkpoint --config %s\n"
       "                           --layout official|diffusers --out DIR\n"

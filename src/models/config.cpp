@@ -443,4 +443,49 @@ int t5_relative_bucket(int64_t rel, int num_buckets, int max_distance) {
   return base + static_cast<int>(std::min<int64_t>(large, half - 1));
 }
 
+// ---------------------------------------------------------------------------------------------
+// Model presets
+
+std::vector<std::string> model_preset_names() {
+  return {"tiny", "tiny-t2v", "tiny-i2v", "tiny-ti2v", "t2v-A14B", "i2v-A14B", "ti2v-5B"};
+}
+
+ModelPreset model_preset(const std::string& config, int layers) {
+  ModelPreset p;
+  p.name = lower(config);
+  const std::string& n = p.name;
+  if (n == "tiny" || n == "tiny-t2v") {
+    p.task = Task::T2V_A14B;
+  } else if (n == "tiny-i2v") {
+    p.task = Task::I2V_A14B;
+  } else if (n == "tiny-ti2v") {
+    p.task = Task::TI2V_5B;
+  } else if (n == "t2v-a14b" || n == "i2v-a14b" || n == "ti2v-5b") {
+    p.task = task_from_name(n);
+  } else {
+    std::string valid;
+    for (const std::string& s : model_preset_names()) valid += (valid.empty() ? "" : ", ") + s;
+    WAN_THROW("unknown --config '", config, "' (valid: ", valid, ")");
+  }
+  p.tiny = n.rfind("tiny", 0) == 0;
+  const bool v22 = p.task == Task::TI2V_5B;
+  if (p.tiny) {
+    p.dit = dit_preset(n == "tiny-t2v" ? "tiny" : n);
+    p.t5 = t5_preset("tiny");
+    p.vae = vae_preset(v22 ? "tiny2.2" : "tiny2.1");
+    // The DiT consumes the T5 output: keep the tiny components chainable.
+    p.dit.text_dim = p.t5.dim;
+  } else {
+    p.dit = dit_preset(task_name(p.task));
+    p.t5 = t5_preset("umt5-xxl");
+    p.vae = vae_preset(v22 ? "wan2.2" : "wan2.1");
+  }
+  if (layers != 0) {
+    WAN_CHECK(layers > 0 && layers <= 1000, "--layers ", layers, ": expected 1..1000");
+    p.dit.num_layers = layers;
+  }
+  p.dit.validate();
+  return p;
+}
+
 }  // namespace wan

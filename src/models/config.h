@@ -74,4 +74,20 @@ struct VaeConfig {
 };
 VaeConfig vae_preset(const std::string& name);  // "wan2.1", "wan2.2", "tiny2.1", "tiny2.2"
 
+// What a model name stands for (make-checkpoint's --config, `--weights random` sizes): the task and
+// the three component configs. Names: t2v-A14B, i2v-A14B, ti2v-5B (real shapes) and tiny, tiny-t2v,
+// tiny-i2v, tiny-ti2v (the tiny presets with the same structure; the tiny DiT's text_dim is the tiny
+// T5's width so the components chain). layers > 0 overrides the DiT depth only. Throws wan::Error for
+// unknown names.
+struct ModelPreset {
+  std::string name;  // as given (lower-cased)
+  Task task = Task::T2V_A14B;
+  DiTConfig dit;
+  T5Config t5;
+  VaeConfig vae;
+  bool tiny = false;
+};
+ModelPreset model_preset(const std::string& name, int layers = 0);
+std::vector<std::string> model_preset_names();
+
 }  // namespace wan

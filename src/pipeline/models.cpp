@@ -15,9 +15,10 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/philox.h"
-#include "testing/make_checkpoint.h"
-#include "testing/model_params.h"
-#include "testing/weight_init.h"
+#include "models/dit/weights.h"
+#include "models/umt5/weights.h"
+#include "models/vae/weights.h"
+#include "models/weight_spec.h"
 #include "text/clean.h"
 
 namespace wan {
@@ -263,155 +264,49 @@ Tensor encode_prompt(const TextEncoder& te, const std::string& prompt) {
 
 // ---- random weights ----
 
-uint64_t random_expert_seed(uint64_t seed, Task task, bool high_noise) { return gen::dit_seed(seed, task, high_noise); }
-
-uint64_t random_weight_key(uint64_t seed, const std::string& official_name) {
-  // cuda::random_weight_seed (dit_gpu_weights.cpp), reproduced for hosts without CUDA. Its FNV-1a offset
-  // basis is 1469598103934665603, not FNV's 14695981039346656037: kept, since the GPU's draws use it.
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : official_name) {
-    h ^= c;
-    h *= 1099511628211ull;
-  }
-  return gen::splitmix64(gen::splitmix64(seed) ^ h);
-}
-uint64_t random_t5_seed(uint64_t seed) { return gen::component_seed(seed, "t5"); }
-uint64_t random_vae_seed(uint64_t seed) { return gen::component_seed(seed, "vae"); }
-
-namespace {
-
-// The GPU DiT's random-weight rule for one tensor (dit_gpu_weights.cpp build_weight_table): the scale
-// and offset of the normal draw and whether the GPU stores it in bf16.
-struct DitDraw {
-  float scale = 0, offset = 0;
-  bool bf16 = true;
-};
-
-bool ends_with(const std::string& s, const char* suffix) {
-  const size_t n = std::strlen(suffix);
-  return s.size() >= n && s.compare(s.size() - n, n, suffix) == 0;
-}
-
-DitDraw dit_draw_rule(const DiTConfig& c, const std::string& name) {
-  auto linear = [](int64_t fan_in) { return static_cast<float>(1.0 / std::sqrt(3.0 * static_cast<double>(fan_in))); };
-  const int64_t D = c.dim, P = static_cast<int64_t>(c.patch[0]) * c.patch[1] * c.patch[2];
-  const float mod = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
-  constexpr float kNorm = 0.05f;
-  if (name.rfind("patch_embedding.", 0) == 0) return {linear(c.in_dim * P), 0, true};
-  if (name.rfind("text_embedding.0.", 0) == 0) return {linear(c.text_dim), 0, true};
-  if (name.rfind("text_embedding.2.", 0) == 0) return {linear(D), 0, true};
-  if (name.rfind("time_embedding.0.", 0) == 0) return {linear(c.freq_dim), 0, false};
-  if (name.rfind("time_embedding.2.", 0) == 0 || name.rfind("time_projection.1.", 0) == 0) return {linear(D), 0, false};
-  if (name == "head.modulation") return {mod, 0, false};
-  if (name.rfind("head.head.", 0) == 0) return {linear(D), 0, false};
-  if (name.rfind("blocks.", 0) == 0) {
-    if (ends_with(name, ".modulation")) return {mod, 0, false};
-    if (ends_with(name, ".norm3.weight")) return {kNorm, 1.0f, false};
-    if (ends_with(name, ".norm3.bias")) return {kNorm, 0, false};
-    if (ends_with(name, ".norm_q.weight") || ends_with(name, ".norm_k.weight")) return {kNorm, 1.0f, true};
-    if (name.find(".ffn.2.") != std::string::npos) return {linear(c.ffn_dim), 0, true};
-    if (name.find("_attn.") != std::string::npos || name.find(".ffn.0.") != std::string::npos)
-      return {linear(D), 0, true};
-  }
-  WAN_THROW("random DiT weights: no rule for tensor ", name);
-}
-
-// One tensor as the GPU's draw_random_weights makes it (dit_gpu_weights.cpp), returned in f32: fp32
-// tensors normal·scale + offset; bf16 ones bf16(normal·scale) or, with an offset, bf16(normal·scale +
-// offset). Separate fp32 multiply and add (-ffp-contract=off), as the GPU's _rn intrinsics.
-Tensor draw_like_gpu(uint64_t component, const std::string& name, const Shape& shape, const DitDraw& r) {
-  Tensor t = Tensor::empty(DType::F32, shape);
-  float* p = t.f32();
-  const size_t n = static_cast<size_t>(t.numel());
-  philox_normal_fill(random_weight_key(component, name), 0, p, n);
-  for (size_t i = 0; i < n; ++i) {
-    if (!r.bf16) {
-      p[i] = p[i] * r.scale + r.offset;
-    } else {
-      float v = p[i] * r.scale;
-      if (r.offset != 0.0f) v = v + r.offset;
-      p[i] = bf16_to_f32(f32_to_bf16(v));
-    }
-  }
-  return t;
-}
-
-Tensor draw_dit_tensor(const DiTConfig& c, uint64_t expert_seed, const std::string& name, const Shape& shape) {
-  return draw_like_gpu(expert_seed, name, shape, dit_draw_rule(c, name));
-}
-
-// The GPU text encoder's rule (t5_gpu.h): Linear N(0, 1/(3·fan_in)), token and relative-position
-// embeddings N(0, 1), norm weights 1 + N(0, 0.05²); bf16 except the norms and position tables.
-DitDraw t5_draw_rule(const T5Config& c, const std::string& name) {
-  auto linear = [](int64_t fan_in) { return static_cast<float>(1.0 / std::sqrt(3.0 * static_cast<double>(fan_in))); };
-  if (name == "token_embedding.weight") return {1.0f, 0, true};
-  if (name == "norm.weight" || ends_with(name, ".norm1.weight") || ends_with(name, ".norm2.weight"))
-    return {0.05f, 1.0f, false};
-  if (ends_with(name, ".pos_embedding.embedding.weight")) return {1.0f, 0, false};
-  if (ends_with(name, ".attn.o.weight")) return {linear(c.dim_attn), 0, true};
-  if (ends_with(name, ".ffn.fc2.weight")) return {linear(c.dim_ffn), 0, true};
-  if (ends_with(name, ".attn.q.weight") || ends_with(name, ".attn.k.weight") || ends_with(name, ".attn.v.weight") ||
-      ends_with(name, ".ffn.gate.0.weight") || ends_with(name, ".ffn.fc1.weight"))
-    return {linear(c.dim), 0, true};
-  WAN_THROW("random text encoder weights: no rule for tensor ", name);
-}
-
-}  // namespace
+uint64_t random_expert_seed(uint64_t seed, Task task, bool high_noise) { return dit_seed(seed, task, high_noise); }
+uint64_t random_t5_seed(uint64_t seed) { return component_seed(seed, "t5"); }
+uint64_t random_vae_seed(uint64_t seed) { return component_seed(seed, "vae"); }
 
 Tensor random_dit_tensor(const DiTConfig& c, uint64_t expert_seed, const std::string& name) {
-  const std::map<std::string, Shape> shapes = dit_expected_shapes(c);
-  auto it = shapes.find(name);
-  WAN_CHECK(it != shapes.end(), "random DiT weights: no tensor named ", name);
-  return draw_dit_tensor(c, expert_seed, name, it->second);
-}
-
-DiTWeights random_dit_weights(const DiTConfig& c, uint64_t expert_seed) {
-  const std::map<std::string, Shape> shapes = dit_expected_shapes(c);
-  DiTWeights w;
-  WAN_WITH_CONTEXT("drawing random DiT weights", {
-    w = load_dit_weights(c, [&](const std::string& name) {
-      auto it = shapes.find(name);
-      WAN_CHECK(it != shapes.end(), "no tensor named ", name);
-      return draw_dit_tensor(c, expert_seed, name, it->second);
-    });
-  });
-  return w;
+  return draw_random_weight(find_weight(dit_weight_table(c), name, "random DiT"), expert_seed);
 }
 
 namespace {
-// Getter over gen parameter specs: each tensor drawn (f32) when asked for.
-std::function<Tensor(const std::string&)> gen_getter(const std::vector<gen::ParamSpec>& specs, uint64_t seed,
-                                                     const char* what) {
-  auto index = std::make_shared<std::map<std::string, const gen::ParamSpec*>>();
-  for (const gen::ParamSpec& p : specs) (*index)[p.name] = &p;
-  return [index, seed, what](const std::string& name) {
+// Getter over a weight table: each tensor drawn (f32) when asked for, by the engine's rule (`engine`)
+// or make-checkpoint's (fill_init).
+std::function<Tensor(const std::string&)> table_getter(WeightTable table, uint64_t seed, bool engine) {
+  auto index = std::make_shared<std::map<std::string, WeightSpec>>();
+  for (WeightSpec& w : table) (*index)[w.name] = std::move(w);
+  return [index, seed, engine](const std::string& name) {
     auto it = index->find(name);
-    WAN_CHECK(it != index->end(), "random ", what, " weights: no tensor named ", name);
-    Tensor t = Tensor::empty(DType::F32, it->second->shape);
-    gen::fill_param(*it->second, seed, DType::F32, t.data());
+    WAN_CHECK(it != index->end(), "no tensor named ", name);
+    if (engine) return draw_random_weight(it->second, seed);
+    Tensor t = Tensor::empty(DType::F32, it->second.shape);
+    fill_init(it->second, seed, DType::F32, t.data());
     return t;
   };
 }
 }  // namespace
 
+DiTWeights random_dit_weights(const DiTConfig& c, uint64_t expert_seed) {
+  DiTWeights w;
+  WAN_WITH_CONTEXT("drawing random DiT weights",
+                   w = load_dit_weights(c, table_getter(dit_weight_table(c), expert_seed, true)));
+  return w;
+}
+
 T5Weights random_t5_weights(const T5Config& c, uint64_t t5_seed) {
-  std::map<std::string, Shape> shapes;
-  for (const gen::ParamSpec& s : gen::t5_params(c)) shapes[s.name] = s.shape;
   T5Weights w;
-  WAN_WITH_CONTEXT("drawing random text encoder weights", {
-    w = load_t5_weights(c, [&](const std::string& name) {
-      auto it = shapes.find(name);
-      WAN_CHECK(it != shapes.end(), "no tensor named ", name);
-      return draw_like_gpu(t5_seed, name, it->second, t5_draw_rule(c, name));
-    });
-  });
+  WAN_WITH_CONTEXT("drawing random text encoder weights",
+                   w = load_t5_weights(c, table_getter(umt5_weight_table(c), t5_seed, true)));
   return w;
 }
 
 VaeWeights random_vae_weights(const VaeConfig& c, uint64_t vae_seed) {
-  const std::vector<gen::ParamSpec> specs = gen::vae_params(c);
   VaeWeights w;
-  WAN_WITH_CONTEXT("drawing random VAE weights", w = load_vae_weights(c, gen_getter(specs, vae_seed, "VAE")));
+  WAN_WITH_CONTEXT("drawing random VAE weights",
+                   w = load_vae_weights(c, table_getter(vae_weight_table(c), vae_seed, false)));
   return w;
 }
 

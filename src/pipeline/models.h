@@ -76,21 +76,16 @@ Tensor encode_prompt(const TextEncoder& te, const std::string& prompt);
 
 // ---- `--weights random`: every weight drawn from the engine RNG at the real sizes, no files ----
 // Component seeds of --weights-seed S (the component names of `wan make-checkpoint`): the experts
-// gen::dit_seed(S, task, high), the text encoder component_seed(S, "t5"), the VAE component_seed(S, "vae").
+// dit_seed(S, task, high), the text encoder component_seed(S, "t5"), the VAE component_seed(S, "vae").
 uint64_t random_expert_seed(uint64_t seed, Task task, bool high_noise);
 uint64_t random_t5_seed(uint64_t seed);
 uint64_t random_vae_seed(uint64_t seed);
-// The Philox key of tensor `name` in the GPU's random draws: equals cuda::random_weight_seed (dit_gpu.h),
-// available in builds without CUDA.
-uint64_t random_weight_key(uint64_t seed, const std::string& official_name);
-// A DiT expert on the host with the GPU's rule (wan::cuda::DiTGpu random weights, dit_gpu.h): tensor
-// `name` element i = philox_normal(random_weight_key(expert_seed, name), i) · scale + offset in fp32,
-// rounded to bf16 where the GPU stores bf16: the values are bit-identical to the GPU's draw.
+// Host copies of the random weights. The DiT and the text encoder with the engine's rule (normal_draw of
+// each row's init rule, keyed by random_weight_key(seed, name), rounded to the row's device dtype):
+// bit-identical to the GPU's draw. The VAE with make-checkpoint's rule (fill_init, f32) for both devices:
+// it is small (0.5 GB at the real size).
 Tensor random_dit_tensor(const DiTConfig& c, uint64_t expert_seed, const std::string& name);
 DiTWeights random_dit_weights(const DiTConfig& c, uint64_t expert_seed);
-// The text encoder on the host with the GPU text encoder's rule (cuda::T5WeightSource::random,
-// t5_gpu.h), bit-identical to its draw in the same way. The VAE on the host with make-checkpoint's rule
-// (gen::fill_param of gen::vae_params, f32) for both devices: it is small (0.5 GB at the real size).
 T5Weights random_t5_weights(const T5Config& c, uint64_t t5_seed);
 VaeWeights random_vae_weights(const VaeConfig& c, uint64_t vae_seed);
 TextEncoder random_text_encoder(const T5Config& c, uint64_t t5_seed, PromptTokenizer tokens);

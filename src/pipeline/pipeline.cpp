@@ -25,10 +25,9 @@
 
 #include "core/clock.h"
 #include "core/error.h"
+#include "core/hash.h"
 #include "core/philox.h"
 #include "models/dit/dit_cpu.h"
-#include "testing/make_checkpoint.h"
-#include "testing/weight_init.h"
 #include "pipeline/files.h"
 #include "pipeline/models.h"
 #include "pipeline/startup.h"
@@ -102,7 +101,7 @@ using pipeline_detail::uses_expert;
 std::string hash_hex(const void* data, size_t n) {
   char buf[20];
   snprintf(buf, sizeof buf, "%016llx",
-           static_cast<unsigned long long>(gen::fnv1a64(std::string_view(static_cast<const char*>(data), n))));
+           static_cast<unsigned long long>(fnv1a64(std::string_view(static_cast<const char*>(data), n))));
   return buf;
 }
 
@@ -309,7 +308,7 @@ GeneratePlan plan_generate(const GenerateOptions& o) {
   // Weights: the checkpoint's, or random at the sizes of the checkpoint or of a configuration.
   p.random_weights = o.random_weights;
   p.weights_seed = o.weights_seed;
-  std::optional<gen::GenPlan> sizes;  // random weights without a model
+  std::optional<ModelPreset> sizes;  // random weights without a model
   if (!o.random_weights) {
     WAN_CHECK(o.config.empty(), "--config NAME needs --weights random (a checkpoint has its own sizes)");
     WAN_CHECK(o.layers == 0, "--layers N needs --weights random (a checkpoint has its own sizes)");
@@ -319,10 +318,10 @@ GeneratePlan plan_generate(const GenerateOptions& o) {
               "--config / --layers: with --model the random weights take the checkpoint's sizes");
   } else {
     const Task task = o.task.value_or(Task::T2V_A14B);
-    sizes = gen::make_plan(o.config.empty() ? std::string(task_name(task)) : o.config, o.layers);
+    sizes = model_preset(o.config.empty() ? std::string(task_name(task)) : o.config, o.layers);
     WAN_CHECK(!o.task || *o.task == sizes->task, "--task ", task_name(*o.task), ": --config ", o.config, " is a ",
               task_name(sizes->task), " configuration");
-    const std::string task_sizes = task_name(sizes->task);  // "t2v-A14B", not make_plan's lower case
+    const std::string task_sizes = task_name(sizes->task);  // "t2v-A14B", not model_preset's lower case
     std::string name = sizes->name;
     for (char& ch : name) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
     std::string lower_task = task_sizes;

@@ -22,8 +22,11 @@
 #include "ckpt/names.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "models/dit/weights.h"
+#include "models/umt5/weights.h"
+#include "models/vae/weights.h"
+#include "models/weight_spec.h"
 #include "testing/hf_configs.h"
-#include "testing/model_params.h"
 #include "testing/text_files.h"
 #include "testing/tokenizer_files.h"
 #include "formats/pth.h"
@@ -34,21 +37,16 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string lower(std::string s) {
-  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return s;
-}
-
 // ---- tensors under output names ----------------------------------------------------------------
 
 using NameMap = std::function<std::string(const std::string&)>;
 
 struct Renamed {
   std::vector<TensorSpec> specs;
-  std::unordered_map<std::string, size_t> param_of;  // output name -> index into the ParamSpecs
+  std::unordered_map<std::string, size_t> param_of;  // output name -> index into the weight table
 };
 
-Renamed rename(const std::vector<ParamSpec>& ps, DType dtype, const NameMap& map) {
+Renamed rename(const WeightTable& ps, DType dtype, const NameMap& map) {
   Renamed r;
   r.specs.reserve(ps.size());
   for (size_t i = 0; i < ps.size(); ++i) {
@@ -60,11 +58,11 @@ Renamed rename(const std::vector<ParamSpec>& ps, DType dtype, const NameMap& map
   return r;
 }
 
-TensorFill make_fill(const std::vector<ParamSpec>& ps, const Renamed& r, uint64_t seed) {
+TensorFill make_fill(const WeightTable& ps, const Renamed& r, uint64_t seed) {
   return [&ps, &r, seed](const TensorSpec& spec, void* dst) {
     auto it = r.param_of.find(spec.name);
     WAN_ASSERT(it != r.param_of.end(), "unknown tensor ", spec.name);
-    fill_param(ps[it->second], seed, spec.dtype, dst);
+    fill_init(ps[it->second], seed, spec.dtype, dst);
   };
 }
 
@@ -82,13 +80,14 @@ void write_dit(const fs::path& dir, const DiTConfig& cfg, Layout layout, DType d
   const bool official = layout == Layout::Official;
   write_text_file((dir / "config.json").string(),
                   official ? dit_config_to_official_json(cfg) : dit_config_to_diffusers_json(cfg));
-  const std::vector<ParamSpec> ps = dit_params(cfg);
+  cfg.validate();
+  const WeightTable ps = dit_weight_table(cfg);
   const Renamed r = rename(ps, dtype, official ? NameMap() : NameMap(dit_official_to_diffusers));
   write_safetensors_sharded(dir.string(), "diffusion_pytorch_model", r.specs, make_fill(ps, r, seed), shard_bytes);
 }
 
 void write_t5(const fs::path& root, const T5Config& cfg, Layout layout, uint64_t seed, uint64_t shard_bytes) {
-  const std::vector<ParamSpec> ps = t5_params(cfg);
+  const WeightTable ps = umt5_weight_table(cfg);
   if (layout == Layout::Official) {
     const Renamed r = rename(ps, DType::BF16, nullptr);
     write_pth((root / "models_t5_umt5-xxl-enc-bf16.pth").string(), r.specs, make_fill(ps, r, seed));
@@ -102,7 +101,7 @@ void write_t5(const fs::path& root, const T5Config& cfg, Layout layout, uint64_t
 }
 
 void write_vae(const fs::path& root, const VaeConfig& cfg, Layout layout, uint64_t seed, uint64_t shard_bytes) {
-  const std::vector<ParamSpec> ps = vae_params(cfg);
+  const WeightTable ps = vae_weight_table(cfg);
   if (layout == Layout::Official) {
     const Renamed r = rename(ps, DType::F32, nullptr);
     const char* file = cfg.version == 22 ? "Wan2.2_VAE.pth" : "Wan2.1_VAE.pth";
@@ -118,7 +117,7 @@ void write_vae(const fs::path& root, const VaeConfig& cfg, Layout layout, uint64
   write_safetensors_sharded(dir.string(), "diffusion_pytorch_model", r.specs, make_fill(ps, r, seed), shard_bytes);
 }
 
-void write_all(const fs::path& root, const GenPlan& plan, const MakeCheckpointOptions& o) {
+void write_all(const fs::path& root, const ModelPreset& plan, const MakeCheckpointOptions& o) {
   const bool official = o.layout == Layout::Official;
   const bool experts = plan.task != Task::TI2V_5B;
   if (experts) {
@@ -206,55 +205,9 @@ void install(const fs::path& partial, const fs::path& out, bool force) {
 
 }  // namespace
 
-std::vector<std::string> plan_names() {
-  return {"tiny", "tiny-t2v", "tiny-i2v", "tiny-ti2v", "t2v-A14B", "i2v-A14B", "ti2v-5B"};
-}
-
-GenPlan make_plan(const std::string& config, int layers) {
-  GenPlan p;
-  p.name = lower(config);
-  const std::string& n = p.name;
-  if (n == "tiny" || n == "tiny-t2v") {
-    p.task = Task::T2V_A14B;
-  } else if (n == "tiny-i2v") {
-    p.task = Task::I2V_A14B;
-  } else if (n == "tiny-ti2v") {
-    p.task = Task::TI2V_5B;
-  } else if (n == "t2v-a14b" || n == "i2v-a14b" || n == "ti2v-5b") {
-    p.task = task_from_name(n);
-  } else {
-    std::string valid;
-    for (const std::string& s : plan_names()) valid += (valid.empty() ? "" : ", ") + s;
-    WAN_THROW("unknown --config '", config, "' (valid: ", valid, ")");
-  }
-  p.tiny = n.rfind("tiny", 0) == 0;
-  const bool v22 = p.task == Task::TI2V_5B;
-  if (p.tiny) {
-    p.dit = dit_preset(n == "tiny-t2v" ? "tiny" : n);
-    p.t5 = t5_preset("tiny");
-    p.vae = vae_preset(v22 ? "tiny2.2" : "tiny2.1");
-    // The DiT consumes the T5 output: keep the tiny components chainable.
-    p.dit.text_dim = p.t5.dim;
-  } else {
-    p.dit = dit_preset(task_name(p.task));
-    p.t5 = t5_preset("umt5-xxl");
-    p.vae = vae_preset(v22 ? "wan2.2" : "wan2.1");
-  }
-  if (layers != 0) {
-    WAN_CHECK(layers > 0 && layers <= 1000, "--layers ", layers, ": expected 1..1000");
-    p.dit.num_layers = layers;
-  }
-  p.dit.validate();
-  return p;
-}
-
-uint64_t dit_seed(uint64_t seed, Task task, bool high_noise) {
-  if (task == Task::TI2V_5B) return component_seed(seed, "dit");
-  return component_seed(seed, high_noise ? "high_noise_model" : "low_noise_model");
-}
 
 MakeCheckpointResult make_checkpoint(const MakeCheckpointOptions& o) {
-  const GenPlan plan = make_plan(o.config, o.layers);
+  const ModelPreset plan = model_preset(o.config, o.layers);
   WAN_CHECK(o.layout == Layout::Official || o.layout == Layout::Diffusers,
             "make-checkpoint writes the official or the diffusers layout");
   WAN_CHECK(o.dtype == DType::F32 || o.dtype == DType::BF16, "--dtype must be fp32 or bf16");

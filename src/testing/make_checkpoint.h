@@ -18,23 +18,8 @@
 
 namespace wan::gen {
 
-// What a --config name stands for: the task, the three component configs, and the name of each.
-struct GenPlan {
-  std::string name;  // as given (lower-cased)
-  Task task = Task::T2V_A14B;
-  DiTConfig dit;
-  T5Config t5;
-  VaeConfig vae;
-  bool tiny = false;
-};
-// Names: t2v-A14B, i2v-A14B, ti2v-5B (real shapes) and tiny, tiny-t2v, tiny-i2v, tiny-ti2v (the tiny
-// presets of config.h with the same structure; the tiny DiT's text_dim is the tiny T5's width so that
-// the components chain). layers > 0 overrides the DiT depth only. Throws wan::Error for unknown names.
-GenPlan make_plan(const std::string& config, int layers = 0);
-std::vector<std::string> plan_names();
-
 struct MakeCheckpointOptions {
-  std::string config;                // a make_plan name
+  std::string config;                // a model_preset name
   Layout layout = Layout::Official;  // Official or Diffusers
   int layers = 0;                    // > 0: DiT num_layers override
   DType dtype = DType::F32;          // DiT weights (F32 or BF16); T5 is bf16, VAE fp32 as released
@@ -52,9 +37,5 @@ struct MakeCheckpointResult {
 };
 
 MakeCheckpointResult make_checkpoint(const MakeCheckpointOptions& o);
-
-// Component seeds (exposed for tests): A14B experts use "high_noise_model" / "low_noise_model",
-// the TI2V-5B DiT "dit", then "t5" and "vae".
-uint64_t dit_seed(uint64_t seed, Task task, bool high_noise);
 
 }  // namespace wan::gen

@@ -18,7 +18,8 @@
 #include <sstream>
 
 #include "core/philox.h"
-#include "testing/weight_init.h"
+#include "core/hash.h"
+#include "models/weight_spec.h"
 #include "pipeline/files.h"
 #include "pipeline/models.h"
 #include "pipeline/pipeline.h"
@@ -111,13 +112,12 @@ TEST(GenerateRandom, HostDitDrawFollowsTheGpuRule) {
   const DiTConfig c = dit_preset("tiny");
   const uint64_t seed = random_expert_seed(5, Task::T2V_A14B, true);
   EXPECT_NE(seed, random_expert_seed(5, Task::T2V_A14B, false));
-  // The GPU's key (cuda::random_weight_seed, checked against it in tests/gpu/test_generate_random_gpu.cu):
-  // splitmix(splitmix(seed) ^ h) with h the FNV-1a hash of the name from offset basis 1469598103934665603.
+  // The engine's key: splitmix(splitmix(seed) ^ h) with h the FNV-1a 64 hash of the name.
   const std::string q = "blocks.1.self_attn.q.weight";
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char ch : q) h = (h ^ ch) * 1099511628211ull;
-  const uint64_t key = gen::splitmix64(gen::splitmix64(seed) ^ h);
-  EXPECT_EQ(random_weight_key(seed, q), key);
+  uint64_t h = 0xCBF29CE484222325ull;
+  for (unsigned char ch : q) h = (h ^ ch) * 0x100000001B3ull;
+  const uint64_t key = random_weight_key(seed, q);
+  EXPECT_EQ(key, splitmix64(splitmix64(seed) ^ h));
   EXPECT_NE(random_weight_key(seed, q), random_weight_key(seed, "blocks.0.self_attn.q.weight"));
   // bf16 GEMM weight: bf16(normal * 1/sqrt(3 fan_in)).
   const Tensor w = random_dit_tensor(c, seed, q);

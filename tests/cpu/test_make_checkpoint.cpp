@@ -28,12 +28,14 @@
 
 #include "ckpt/names.h"
 #include "models/config.h"
+#include "models/dit/weights.h"
+#include "models/umt5/weights.h"
+#include "models/vae/weights.h"
+#include "models/weight_spec.h"
 #include "core/error.h"
 #include "testing/hf_configs.h"
 #include "testing/make_checkpoint.h"
-#include "testing/model_params.h"
 #include "testing/tokenizer_files.h"
-#include "testing/weight_init.h"
 #include "formats/safetensors.h"
 #include "test_util.h"
 
@@ -87,13 +89,13 @@ std::vector<std::string> siblings_with(const std::string& dir, const std::string
   return v;
 }
 
-int64_t count_params(const std::vector<ParamSpec>& ps) {
+int64_t count_params(const std::vector<WeightSpec>& ps) {
   int64_t n = 0;
   for (const auto& p : ps) n += p.shape.numel();
   return n;
 }
 
-std::map<std::string, Shape> by_name(const std::vector<ParamSpec>& ps) {
+std::map<std::string, Shape> by_name(const std::vector<WeightSpec>& ps) {
   std::map<std::string, Shape> m;
   for (const auto& p : ps) m[p.name] = p.shape;
   return m;
@@ -113,10 +115,10 @@ MakeCheckpointOptions opts(const std::string& config, Layout layout, const std::
 
 TEST(MakeCheckpointParams, DiTCountsMatchTheSpec) {
   // Spec §2.1: parameter counts computed from the release shapes.
-  EXPECT_EQ(count_params(dit_params(dit_preset("t2v-A14B"))), 14288491584LL);
-  EXPECT_EQ(count_params(dit_params(dit_preset("i2v-A14B"))), 14288901184LL);
-  EXPECT_EQ(count_params(dit_params(dit_preset("ti2v-5B"))), 4999787712LL);
-  auto m = by_name(dit_params(dit_preset("ti2v-5B")));
+  EXPECT_EQ(count_params(dit_weight_table(dit_preset("t2v-A14B"))), 14288491584LL);
+  EXPECT_EQ(count_params(dit_weight_table(dit_preset("i2v-A14B"))), 14288901184LL);
+  EXPECT_EQ(count_params(dit_weight_table(dit_preset("ti2v-5B"))), 4999787712LL);
+  auto m = by_name(dit_weight_table(dit_preset("ti2v-5B")));
   EXPECT_EQ(m.at("patch_embedding.weight"), (Shape{3072, 48, 1, 2, 2}));
   EXPECT_EQ(m.at("time_projection.1.weight"), (Shape{18432, 3072}));
   EXPECT_EQ(m.at("head.head.weight"), (Shape{192, 3072}));
@@ -130,12 +132,12 @@ TEST(MakeCheckpointParams, DiTNamesAgreeWithTheLayoutModule) {
   for (const char* p : {"t2v-A14B", "i2v-A14B", "ti2v-5B", "tiny"}) {
     DiTConfig c = dit_preset(p);
     c.num_layers = 3;
-    EXPECT_EQ(by_name(dit_params(c)), dit_expected_shapes(c)) << p;
+    EXPECT_EQ(by_name(dit_weight_table(c)), dit_expected_shapes(c)) << p;
   }
 }
 
 TEST(MakeCheckpointParams, T5CountAndNamesMatchTheSpec) {
-  auto ps = t5_params(t5_preset("umt5-xxl"));
+  auto ps = umt5_weight_table(t5_preset("umt5-xxl"));
   EXPECT_EQ(count_params(ps), 5680910336LL);  // spec §4.1
   auto m = by_name(ps);
   EXPECT_EQ(m.size(), 2u + 24u * 10u);
@@ -147,7 +149,7 @@ TEST(MakeCheckpointParams, T5CountAndNamesMatchTheSpec) {
 }
 
 TEST(MakeCheckpointParams, VaeShapesMatchTheSpec) {
-  auto m21 = by_name(vae_params(vae_preset("wan2.1")));
+  auto m21 = by_name(vae_weight_table(vae_preset("wan2.1")));
   EXPECT_EQ(m21.size(), 194u);
   EXPECT_EQ(m21.at("encoder.downsamples.3.residual.2.weight"), (Shape{192, 96, 3, 3, 3}));
   EXPECT_EQ(m21.at("encoder.downsamples.3.shortcut.weight"), (Shape{192, 96, 1, 1, 1}));
@@ -164,7 +166,7 @@ TEST(MakeCheckpointParams, VaeShapesMatchTheSpec) {
   EXPECT_EQ(m21.count("encoder.downsamples.2.time_conv.weight"), 0u);  // downsample2d
   EXPECT_EQ(m21.count("decoder.upsamples.11.time_conv.weight"), 0u);   // upsample2d
 
-  auto m22 = by_name(vae_params(vae_preset("wan2.2")));
+  auto m22 = by_name(vae_weight_table(vae_preset("wan2.2")));
   EXPECT_EQ(m22.size(), 196u);
   EXPECT_EQ(m22.at("encoder.conv1.weight"), (Shape{160, 12, 3, 3, 3}));
   EXPECT_EQ(m22.at("encoder.downsamples.1.downsamples.0.shortcut.weight"), (Shape{320, 160, 1, 1, 1}));
@@ -185,7 +187,7 @@ TEST(MakeCheckpointParams, VaeShapesMatchTheSpec) {
 
 TEST(MakeCheckpointNames, T5RoundTripsAndSpecTable) {
   std::set<std::string> hf;
-  for (const auto& p : t5_params(t5_preset("umt5-xxl"))) {
+  for (const auto& p : umt5_weight_table(t5_preset("umt5-xxl"))) {
     std::string h = t5_official_to_hf(p.name);
     ASSERT_FALSE(h.empty()) << p.name;
     EXPECT_EQ(t5_hf_to_official(h), p.name);
@@ -210,7 +212,7 @@ TEST(MakeCheckpointNames, VaeRoundTripsForEveryPreset) {
   for (const char* preset : {"wan2.1", "wan2.2", "tiny2.1", "tiny2.2"}) {
     VaeConfig c = vae_preset(preset);
     std::set<std::string> seen;
-    for (const auto& p : vae_params(c)) {
+    for (const auto& p : vae_weight_table(c)) {
       std::string d = vae_official_to_diffusers(p.name, c.version);
       ASSERT_FALSE(d.empty()) << preset << " " << p.name;
       EXPECT_EQ(vae_diffusers_to_official(d, c.version), p.name) << preset << " " << d;
@@ -286,10 +288,10 @@ TEST(MakeCheckpointNames, VaeSpecExamplesAndRejections) {
 // Initialisation
 
 TEST(MakeCheckpointInit, ValuesDependOnlyOnSeedNameAndIndex) {
-  ParamSpec p{"blocks.0.ffn.0.weight", Shape{300, 1000}, init_fan_in(1000)};
+  WeightSpec p{"blocks.0.ffn.0.weight", Shape{300, 1000}, WeightClass::GemmWeight, init_fan_in(1000)};
   std::vector<float> a(p.shape.numel()), b(p.shape.numel());
-  fill_param(p, 11, DType::F32, a.data());
-  fill_param(p, 11, DType::F32, b.data());
+  fill_init(p, 11, DType::F32, a.data());
+  fill_init(p, 11, DType::F32, b.data());
   EXPECT_EQ(a, b);
   const uint64_t key = tensor_key(11, p.name);
   for (int64_t i : {0LL, 1LL, 12345LL, 299999LL}) EXPECT_EQ(a[i], init_value(p.init, key, i));  // order independent
@@ -303,17 +305,17 @@ TEST(MakeCheckpointInit, ValuesDependOnlyOnSeedNameAndIndex) {
   EXPECT_NEAR(sum / a.size(), 0.0, 0.01 * bound);
   EXPECT_NEAR(sq / a.size(), bound * bound / 3.0, 0.01 * bound * bound);
   // Another seed, another name, another component: unrelated values.
-  fill_param(p, 12, DType::F32, b.data());
+  fill_init(p, 12, DType::F32, b.data());
   EXPECT_NE(a, b);
-  ParamSpec q = p;
+  WeightSpec q = p;
   q.name = "blocks.1.ffn.0.weight";
-  fill_param(q, 11, DType::F32, b.data());
+  fill_init(q, 11, DType::F32, b.data());
   EXPECT_NE(a, b);
   EXPECT_NE(component_seed(0, "high_noise_model"), component_seed(0, "low_noise_model"));
   EXPECT_NE(dit_seed(0, Task::T2V_A14B, true), dit_seed(0, Task::T2V_A14B, false));
   // bf16 output is the rounded f32 value.
   std::vector<uint16_t> h(p.shape.numel());
-  fill_param(p, 11, DType::BF16, h.data());
+  fill_init(p, 11, DType::BF16, h.data());
   for (int64_t i : {0LL, 77LL, 299999LL}) EXPECT_EQ(h[i], f32_to_bf16(a[i]));
 }
 
@@ -331,9 +333,9 @@ TEST(MakeCheckpointInit, BellDrawHasUnitMoments) {
   EXPECT_NEAR(s2 / n, 1.0, 0.01);
   EXPECT_NEAR(s4 / n, 2.7, 0.06);  // Irwin-Hall n=4 kurtosis (a normal has 3)
   EXPECT_LT(mx, 3.47);
-  ParamSpec g{"norm.weight", Shape{4096}, init_norm_scale()};
+  WeightSpec g{"norm.weight", Shape{4096}, WeightClass::Norm, init_norm_scale()};
   std::vector<float> v(4096);
-  fill_param(g, 5, DType::F32, v.data());
+  fill_init(g, 5, DType::F32, v.data());
   for (float x : v) ASSERT_TRUE(x > 0.8f && x < 1.2f) << x;
 }
 
@@ -389,20 +391,20 @@ TEST(MakeCheckpointConfigs, PipelineAttributesPerTask) {
 }
 
 TEST(MakeCheckpointPlan, NamesAndOverrides) {
-  GenPlan p = make_plan("tiny");
+  ModelPreset p = model_preset("tiny");
   EXPECT_EQ(p.task, Task::T2V_A14B);
   EXPECT_EQ(p.dit.text_dim, p.t5.dim);  // chainable tiny components
   EXPECT_EQ(p.vae.version, 21);
-  EXPECT_EQ(make_plan("tiny-ti2v").vae.version, 22);
-  EXPECT_EQ(make_plan("tiny-i2v").dit.in_dim, 36);
-  GenPlan r = make_plan("T2V-A14B", 4);
+  EXPECT_EQ(model_preset("tiny-ti2v").vae.version, 22);
+  EXPECT_EQ(model_preset("tiny-i2v").dit.in_dim, 36);
+  ModelPreset r = model_preset("T2V-A14B", 4);
   EXPECT_EQ(r.dit.num_layers, 4);
   EXPECT_EQ(r.dit.dim, 5120);
   EXPECT_EQ(r.t5.num_layers, 24);  // --layers is the DiT's only
-  EXPECT_EQ(make_plan("ti2v-5B").vae.z_dim, 48);
-  EXPECT_THROW(make_plan("t2v-14B"), Error);
-  EXPECT_THROW(make_plan("tiny", -1), Error);
-  EXPECT_THROW(make_plan("tiny", 1001), Error);
+  EXPECT_EQ(model_preset("ti2v-5B").vae.z_dim, 48);
+  EXPECT_THROW(model_preset("t2v-14B"), Error);
+  EXPECT_THROW(model_preset("tiny", -1), Error);
+  EXPECT_THROW(model_preset("tiny", 1001), Error);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -441,8 +443,8 @@ TEST(MakeCheckpointFiles, BothLayoutsHaveTheReleaseFileNames) {
   make_checkpoint(opts("tiny-ti2v", Layout::Official, t / "ti"));
   EXPECT_TRUE(fs::exists(t / "ti/config.json"));
   EXPECT_TRUE(fs::exists(t / "ti/Wan2.2_VAE.pth"));
-  EXPECT_EQ(dit_config_from_json(slurp(t / "ti/config.json")), make_plan("tiny-ti2v").dit);
-  EXPECT_EQ(dit_config_from_json(slurp(t / "dif/transformer/config.json")), make_plan("tiny-ti2v").dit);
+  EXPECT_EQ(dit_config_from_json(slurp(t / "ti/config.json")), model_preset("tiny-ti2v").dit);
+  EXPECT_EQ(dit_config_from_json(slurp(t / "dif/transformer/config.json")), model_preset("tiny-ti2v").dit);
   // A small shard limit gives the sharded form with an index.
   MakeCheckpointOptions o = opts("tiny", Layout::Diffusers, t / "sharded");
   o.max_shard_bytes = 2000000;
@@ -451,7 +453,7 @@ TEST(MakeCheckpointFiles, BothLayoutsHaveTheReleaseFileNames) {
   EXPECT_FALSE(fs::exists(t / "sharded/transformer/diffusion_pytorch_model.safetensors"));
   auto set = SafetensorsSet::open(t / "sharded/transformer");
   EXPECT_GT(set.files().size(), 1u);
-  EXPECT_EQ(set.names().size(), dit_params(make_plan("tiny").dit).size());
+  EXPECT_EQ(set.names().size(), dit_weight_table(model_preset("tiny").dit).size());
   EXPECT_TRUE(siblings_with(t.str(), "partial").empty());
 }
 
@@ -562,7 +564,7 @@ TEST(MakeCheckpointCli, FailureMidwayLeavesNothingBehind) {
 // real-size configs, mapped to the diffusers / transformers names.
 json real_shapes() {
   json j;
-  auto tensors = [](const std::vector<ParamSpec>& ps, const std::function<std::string(const std::string&)>& map) {
+  auto tensors = [](const std::vector<WeightSpec>& ps, const std::function<std::string(const std::string&)>& map) {
     json t = json::object();
     for (const auto& p : ps) t[map(p.name)] = p.shape.vec();
     return t;
@@ -572,17 +574,17 @@ json real_shapes() {
     c.num_layers = 2;  // every block has the same tensors; the meta model is built with the same depth
     j[std::string("dit_") + task] = {{"kind", "dit"},
                                      {"config", json::parse(dit_config_to_diffusers_json(c))},
-                                     {"tensors", tensors(dit_params(c), dit_official_to_diffusers)}};
+                                     {"tensors", tensors(dit_weight_table(c), dit_official_to_diffusers)}};
   }
   T5Config t5 = t5_preset("umt5-xxl");
   j["t5_umt5-xxl"] = {{"kind", "t5"},
                       {"config", json::parse(t5_config_hf_json(t5))},
-                      {"tensors", tensors(t5_params(t5), t5_official_to_hf)}};
+                      {"tensors", tensors(umt5_weight_table(t5), t5_official_to_hf)}};
   for (const char* v : {"wan2.1", "wan2.2"}) {
     VaeConfig c = vae_preset(v);
     j[std::string("vae_") + v] = {{"kind", "vae"},
                                   {"config", json::parse(vae_config_diffusers_json(c))},
-                                  {"tensors", tensors(vae_params(c), [&](const std::string& n) {
+                                  {"tensors", tensors(vae_weight_table(c), [&](const std::string& n) {
                                      return vae_official_to_diffusers(n, c.version);
                                    })}};
   }

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "ckpt/names.h"
+#include "models/weight_spec.h"
 #include "models/config.h"
 #include "core/dtype.h"
 #include "core/philox.h"
@@ -301,7 +302,7 @@ TEST(GpuDit, RandomWeightsAreTheCpuRngStream) {
                         Probe{"time_projection.1.weight", s_lin, 0.0f, false},
                         Probe{"blocks.1.modulation", static_cast<float>(1.0 / std::sqrt(5120.0)), 0.0f, false}}) {
     const Tensor w = gpu.download_weight(0, p.name);
-    const uint64_t seed = cuda::random_weight_seed(kWeightSeed, p.name);
+    const uint64_t seed = random_weight_key(kWeightSeed, p.name);
     const size_t n = std::min<size_t>(static_cast<size_t>(w.numel()), 8192);
     size_t mismatches = 0;
     double sum2 = 0;
@@ -316,8 +317,8 @@ TEST(GpuDit, RandomWeightsAreTheCpuRngStream) {
     EXPECT_NEAR(std_dev, p.scale, 0.05 * p.scale) << p.name;
   }
   // Different tensors draw different streams.
-  EXPECT_NE(cuda::random_weight_seed(kWeightSeed, "blocks.0.ffn.0.weight"),
-            cuda::random_weight_seed(kWeightSeed, "blocks.1.ffn.0.weight"));
+  EXPECT_NE(random_weight_key(kWeightSeed, "blocks.0.ffn.0.weight"),
+            random_weight_key(kWeightSeed, "blocks.1.ffn.0.weight"));
 }
 
 TEST(GpuDit, FullWidth14BTwoBlocksMatchesCpu) {

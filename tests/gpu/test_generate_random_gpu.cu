@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "gpu_test_model.h"
+#include "models/weight_spec.h"
 #include "models/dit/dit_gpu.h"
 #include "models/umt5/umt5_gpu.h"
 #include "ckpt/layout.h"
@@ -63,8 +64,6 @@ TEST(GenerateRandomGpu, HostDrawsAreTheGpuDraws) {
   // DiT: every tensor of a random expert on the GPU equals the host draw bit for bit.
   const DiTConfig c = dit_preset("tiny");
   const uint64_t seed = random_expert_seed(21, Task::T2V_A14B, false);
-  for (const auto& [name, shape] : dit_expected_shapes(c))
-    ASSERT_EQ(cuda::random_weight_seed(seed, name), random_weight_key(seed, name)) << name;
   cuda::DiTGpu dit = cuda::DiTGpu::create(c, {cuda::DiTWeightSource::random_weights(seed)}, cuda::DiTShape{2, 3, 6, 8});
   int64_t compared = 0;
   for (const auto& [name, shape] : dit_expected_shapes(c)) {

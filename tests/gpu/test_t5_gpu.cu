@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "models/config.h"
+#include "models/weight_spec.h"
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/philox.h"
@@ -375,7 +376,7 @@ TEST(T5Gpu, RandomWeightsMatchHostFormula) {
     else if (ends("ffn.fc2.weight")) s = {D, F}, scale = lin(F);
     else if (ends("pos_embedding.embedding.weight")) s = {c.num_buckets, c.num_heads}, scale = 1.0f, bf = false;
     else ADD_FAILURE() << "unexpected name " << name;
-    const uint64_t ws = cuda::random_weight_seed(seed, name);
+    const uint64_t ws = random_weight_key(seed, name);
     Tensor t = Tensor::empty(DType::F32, s);
     for (int64_t i = 0; i < s.numel(); ++i) {
       const float v = philox_normal(ws, static_cast<uint64_t>(i)) * scale;

@@ -6,37 +6,47 @@
 
 #include <cmath>
 #include <cstring>
+#include <map>
 
 #include "core/error.h"
+#include "models/dit/weights.h"
 #include "ops/cpu_ops.h"
 
 namespace wan {
 
 namespace {
 
-Tensor load(const DiTWeightFn& get, const std::string& name, const Shape& want) {
-  Tensor t;
-  WAN_WITH_CONTEXT(cat("DiT weight ", name), t = get(name));
-  WAN_CHECK(t.defined(), "DiT weight ", name, ": missing");
-  WAN_CHECK(t.shape() == want, "DiT weight ", name, ": shape ", t.shape().str(), ", expected ", want.str());
-  if (t.dtype() != DType::F32 || !t.view().is_contiguous()) t = t.to_f32();
-  return t;
-}
+// Loads by name with the shape the weight table gives (models/dit/weights.h), checked and up-cast to f32.
+class Loader {
+ public:
+  Loader(const DiTConfig& cfg, const DiTWeightFn& get) : shapes_(dit_expected_shapes(cfg)), get_(get) {}
+  Tensor operator()(const std::string& name) const {
+    auto it = shapes_.find(name);
+    WAN_ASSERT(it != shapes_.end(), "DiT weight ", name, " is not in the weight table");
+    Tensor t;
+    WAN_WITH_CONTEXT(cat("DiT weight ", name), t = get_(name));
+    WAN_CHECK(t.defined(), "DiT weight ", name, ": missing");
+    WAN_CHECK(t.shape() == it->second, "DiT weight ", name, ": shape ", t.shape().str(), ", expected ",
+              it->second.str());
+    if (t.dtype() != DType::F32 || !t.view().is_contiguous()) t = t.to_f32();
+    return t;
+  }
+  DiTLinear linear(const std::string& name) const { return {(*this)(name + ".weight"), (*this)(name + ".bias")}; }
+  DiTAttention attention(const std::string& p) const {
+    DiTAttention a;
+    a.q = linear(p + ".q");
+    a.k = linear(p + ".k");
+    a.v = linear(p + ".v");
+    a.o = linear(p + ".o");
+    a.norm_q = (*this)(p + ".norm_q.weight");
+    a.norm_k = (*this)(p + ".norm_k.weight");
+    return a;
+  }
 
-DiTLinear load_linear(const DiTWeightFn& get, const std::string& name, int64_t out, int64_t in) {
-  return {load(get, name + ".weight", {out, in}), load(get, name + ".bias", {out})};
-}
-
-DiTAttention load_attention(const DiTWeightFn& get, const std::string& p, int64_t D) {
-  DiTAttention a;
-  a.q = load_linear(get, p + ".q", D, D);
-  a.k = load_linear(get, p + ".k", D, D);
-  a.v = load_linear(get, p + ".v", D, D);
-  a.o = load_linear(get, p + ".o", D, D);
-  a.norm_q = load(get, p + ".norm_q.weight", {D});
-  a.norm_k = load(get, p + ".norm_k.weight", {D});
-  return a;
-}
+ private:
+  std::map<std::string, Shape> shapes_;
+  const DiTWeightFn& get_;
+};
 
 const float* fp(const Tensor& t) { return static_cast<const float*>(t.data()); }
 
@@ -58,31 +68,29 @@ void linear(const float* x, const DiTLinear& l, float* y, int64_t rows) {
 }  // namespace
 
 DiTWeights load_dit_weights(const DiTConfig& cfg, const DiTWeightFn& get) {
-  const int64_t D = cfg.dim, F = cfg.ffn_dim;
-  const int64_t P = static_cast<int64_t>(cfg.patch[0]) * cfg.patch[1] * cfg.patch[2];
+  const Loader load(cfg, get);
   DiTWeights w;
-  w.patch_embedding_weight =
-      load(get, "patch_embedding.weight", {D, cfg.in_dim, cfg.patch[0], cfg.patch[1], cfg.patch[2]});
-  w.patch_embedding_bias = load(get, "patch_embedding.bias", {D});
-  w.text_embedding_0 = load_linear(get, "text_embedding.0", D, cfg.text_dim);
-  w.text_embedding_2 = load_linear(get, "text_embedding.2", D, D);
-  w.time_embedding_0 = load_linear(get, "time_embedding.0", D, cfg.freq_dim);
-  w.time_embedding_2 = load_linear(get, "time_embedding.2", D, D);
-  w.time_projection_1 = load_linear(get, "time_projection.1", 6 * D, D);
+  w.patch_embedding_weight = load("patch_embedding.weight");
+  w.patch_embedding_bias = load("patch_embedding.bias");
+  w.text_embedding_0 = load.linear("text_embedding.0");
+  w.text_embedding_2 = load.linear("text_embedding.2");
+  w.time_embedding_0 = load.linear("time_embedding.0");
+  w.time_embedding_2 = load.linear("time_embedding.2");
+  w.time_projection_1 = load.linear("time_projection.1");
   w.blocks.resize(static_cast<size_t>(cfg.num_layers));
   for (int i = 0; i < cfg.num_layers; ++i) {
     const std::string p = cat("blocks.", i, ".");
     DiTBlock& b = w.blocks[i];
-    b.modulation = load(get, p + "modulation", {1, 6, D});
-    b.self_attn = load_attention(get, p + "self_attn", D);
-    b.cross_attn = load_attention(get, p + "cross_attn", D);
-    b.norm3_weight = load(get, p + "norm3.weight", {D});
-    b.norm3_bias = load(get, p + "norm3.bias", {D});
-    b.ffn_0 = load_linear(get, p + "ffn.0", F, D);
-    b.ffn_2 = load_linear(get, p + "ffn.2", D, F);
+    b.modulation = load(p + "modulation");
+    b.self_attn = load.attention(p + "self_attn");
+    b.cross_attn = load.attention(p + "cross_attn");
+    b.norm3_weight = load(p + "norm3.weight");
+    b.norm3_bias = load(p + "norm3.bias");
+    b.ffn_0 = load.linear(p + "ffn.0");
+    b.ffn_2 = load.linear(p + "ffn.2");
   }
-  w.head_modulation = load(get, "head.modulation", {1, 2, D});
-  w.head_head = load_linear(get, "head.head", cfg.out_dim * P, D);
+  w.head_modulation = load("head.modulation");
+  w.head_head = load.linear("head.head");
   return w;
 }
 

@@ -28,7 +28,7 @@
 #include "kernels/attention_cudnn.h"
 #include "kernels/attention_own.h"
 #include "kernels/check.h"
-#include "models/dit/dit_gpu_weights.h"
+#include "models/weights_gpu.h"
 #include "kernels/dit_kernels.h"
 #include "kernels/seq_parallel_kernels.h"
 #include "models/dit/seq_attention_gpu.h"
@@ -36,7 +36,7 @@
 
 namespace wan::cuda {
 
-using dit_gpu_detail::WeightTable;
+using dit_gpu_detail::DeviceTable;
 
 namespace {
 
@@ -209,7 +209,7 @@ struct ExpertPtrs {
   const float *hmod, *head_w, *head_b;                        // [2D], [OP, D], [OP]
 };
 
-ExpertPtrs resolve(const WeightTable& t, const void* base, int layers) {
+ExpertPtrs resolve(const DeviceTable& t, const void* base, int layers) {
   auto at = [&](const std::string& n) { return static_cast<const char*>(base) + t.at(n).offset; };
   auto b = [&](const std::string& n) { return reinterpret_cast<const bf16*>(at(n)); };
   auto f = [&](const std::string& n) { return reinterpret_cast<const float*>(at(n)); };
@@ -234,7 +234,7 @@ ExpertPtrs resolve(const WeightTable& t, const void* base, int layers) {
     k.cnq = b(p + "cross_attn.norm_q.weight"), k.cnk = b(p + "cross_attn.norm_k.weight");
     k.f0_w = b(p + "ffn.0.weight"), k.f0_b = b(p + "ffn.0.bias");
     k.f2_w = b(p + "ffn.2.weight"), k.f2_b = b(p + "ffn.2.bias");
-    // The fused GEMMs rely on the table's placement (dit_gpu_weights.h).
+    // The fused GEMMs rely on the table's placement (weights_gpu.h).
     WAN_ASSERT(b(p + "self_attn.v.weight") == k.qkv_w + 2 * t.at(p + "self_attn.q.weight").shape.numel() &&
                    b(p + "self_attn.v.bias") == k.qkv_b + 2 * t.at(p + "self_attn.q.bias").shape.numel() &&
                    b(p + "cross_attn.v.weight") == k.ckv_w + t.at(p + "cross_attn.k.weight").shape.numel() &&
@@ -296,7 +296,7 @@ ParallelDegrees DiTGpu::Options::Parallel::degrees() const {
 MemoryPlan DiTGpu::plan(const DiTConfig& cfg, const DiTShape& shape, int experts, size_t attn_workspace,
                         const ParallelDegrees& par) {
   WAN_CHECK(experts >= 1, "DiT GPU: at least one expert");
-  const WeightTable wt = dit_gpu_detail::build_weight_table(cfg);  // also checks the config
+  const DeviceTable wt = dit_gpu_detail::build_weight_table(cfg);  // also checks the config
   const Geometry g = geometry(cfg, shape, par);
   MemoryPlan p;
   p.shape = shape;
@@ -354,7 +354,7 @@ struct DiTGpu::Impl {
   Geometry max_geo{};
   Options opt;
   MemoryPlan plan;
-  WeightTable table;
+  DeviceTable table;
   std::vector<void*> weights;  // one allocation per expert
   std::vector<ExpertPtrs> ptrs;
   char* arena = nullptr;
@@ -954,10 +954,10 @@ void* DiTGpu::weight_allocation(int expert, size_t* bytes) const {
 }
 
 std::vector<std::pair<size_t, size_t>> DiTGpu::weight_ranges(const DiTConfig& cfg, size_t* total_bytes) {
-  const WeightTable table = dit_gpu_detail::build_weight_table(cfg);
+  const DeviceTable table = dit_gpu_detail::build_weight_table(cfg);
   std::vector<std::pair<size_t, size_t>> ranges;
   ranges.reserve(table.entries.size());
-  for (const dit_gpu_detail::WeightEntry& e : table.entries) ranges.emplace_back(e.offset, e.bytes);
+  for (const dit_gpu_detail::DeviceEntry& e : table.entries) ranges.emplace_back(e.offset, e.bytes);
   if (total_bytes) *total_bytes = table.bytes;
   return ranges;
 }

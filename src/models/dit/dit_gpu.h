@@ -38,7 +38,7 @@
 //   the hooks cost one null-pointer test each. It refuses a stream that is being captured and a split
 //   sequence (the sequence-parallel self-attention is not bracketed; CFG-parallel is fine).
 // - Not thread-safe; one object per device. Files: dit_gpu.cpp (plan, forward, graphs),
-//   dit_gpu_weights.cpp (weight table, upload, random draw), dit_gpu_kernels.cu (init kernels).
+//   models/weights_gpu.cpp (placement of the weight table, upload, random draw), kernels/affine.cu (init kernels).
 #pragma once
 #include <cuda_runtime.h>
 
@@ -108,11 +108,9 @@ struct DiTWeightSource {
   }
 };
 
-// Random weights: tensor `name` element i = round(philox_normal(random_weight_seed(seed, name), i) ·
-// scale + offset) to its storage dtype. Scales follow PyTorch's default init in spirit: Linear/Conv
-// weights and biases U(-1/√fan_in, 1/√fan_in) approximated by N(0, 1/(3·fan_in)); modulation tables
-// N(0, 1/dim) (the official init); norm weights 1 + N(0, 0.05²); norm3 bias N(0, 0.05²).
-uint64_t random_weight_seed(uint64_t seed, const std::string& official_name);
+// Random weights: tensor `name` element i = round(philox_normal(random_weight_key(seed, name), i) ·
+// scale + offset) to its storage dtype, scale and offset from the weight table's init rule (normal_draw,
+// models/weight_spec.h).
 
 // Degrees of a parallel forward (issue 5, spec §8): cfg = 2 splits the batch-2 CFG forward into one
 // sample per half of the ranks; ulysses x ring ranks share each sample's token sequence (Ulysses:
@@ -261,7 +259,7 @@ class DiTGpu {
   // A copy of one weight as stored on the device, converted to an F32 host tensor with its official
   // shape (for CPU references of random-weight models).
   Tensor download_weight(int expert, const std::string& official_name) const;
-  // Expert `expert`'s weight allocation (laid out as dit_gpu_weights.h's WeightTable) and its size in
+  // Expert `expert`'s weight allocation (laid out as weights_gpu.h's DeviceTable) and its size in
   // *bytes: for filling an external source and for collectives over the weights (issue 5).
   void* weight_allocation(int expert, size_t* bytes = nullptr) const;
 

@@ -18,29 +18,13 @@
 #include <string>
 #include <vector>
 
-#include "models/config.h"
 #include "core/tensor.h"
+#include "models/config.h"
+#include "models/umt5/weights.h"
 
 namespace wan {
 
 class SafetensorsSet;
-
-struct T5Block {                // official prefix "blocks.{i}."
-  Tensor norm1;                 // [dim]                   norm1.weight
-  Tensor q, k, v;               // [dim_attn, dim]         attn.{q,k,v}.weight
-  Tensor o;                     // [dim, dim_attn]         attn.o.weight
-  Tensor pos_embedding;         // [num_buckets, heads]    pos_embedding.embedding.weight
-  Tensor norm2;                 // [dim]                   norm2.weight
-  Tensor ffn_gate;              // [dim_ffn, dim]          ffn.gate.0.weight (GELU branch)
-  Tensor ffn_fc1;               // [dim_ffn, dim]          ffn.fc1.weight (linear branch)
-  Tensor ffn_fc2;               // [dim, dim_ffn]          ffn.fc2.weight
-};
-
-struct T5Weights {
-  Tensor token_embedding;       // [vocab, dim]            token_embedding.weight
-  std::vector<T5Block> blocks;  // num_layers
-  Tensor norm;                  // [dim]                   norm.weight
-};
 
 // Returns the tensor stored under an official name (spec §4.4), as f32 (other float dtypes are
 // converted on load); throws wan::Error when it is missing.

@@ -13,18 +13,17 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "kernels/check.h"
-#include "models/dit/dit_gpu.h"
-#include "models/dit/dit_gpu_weights.h"
 #include "kernels/gemm.h"
 #include "kernels/t5_kernels.h"
-#include "models/umt5/umt5_cpu.h"  // T5Weights (plain data: no wan_text symbol is used)
+#include "models/dit/dit_gpu.h"
+#include "models/weights_gpu.h"
+#include "models/umt5/weights.h"
 
 namespace wan::cuda {
 
 using bf16 = __nv_bfloat16;
-using dit_gpu_detail::WeightEntry;
-using dit_gpu_detail::TableBuilder;
-using dit_gpu_detail::WeightTable;
+using dit_gpu_detail::DeviceEntry;
+using dit_gpu_detail::DeviceTable;
 using dit_gpu_detail::align_up;
 using t5_gpu_detail::kMaxTokens;
 
@@ -46,31 +45,11 @@ void check_config(const T5Config& c) {
   WAN_CHECK(c.eps > 0.0f, "T5 GPU: eps must be positive");
 }
 
-// The weight table, DiT-style (dit_gpu_weights.h): each tensor one range of one allocation; q|k|v and
-// gate|fc1 placed back to back (fused GEMM operands). Scales/offsets are the random init (t5_gpu.h).
-WeightTable build_table(const T5Config& c) {
+// The weight table (models/umt5/weights.h) placed DiT-style (weights_gpu.h): each tensor one range of
+// one allocation; q|k|v and gate|fc1 back to back (fused GEMM operands).
+DeviceTable build_table(const T5Config& c) {
   check_config(c);
-  const int64_t D = c.dim, A = c.dim_attn, F = c.dim_ffn;
-  const DType bf = DType::BF16, f32 = DType::F32;
-  constexpr float kNormScale = 0.05f;
-  const auto linear_scale = TableBuilder::linear_scale;
-  TableBuilder t;
-  t.add("token_embedding.weight", bf, {c.vocab, D}, 1.0f);
-  for (int i = 0; i < c.num_layers; ++i) {
-    const std::string p = cat("blocks.", i, ".");
-    t.add(p + "attn.q.weight", bf, {A, D}, linear_scale(D));
-    t.append(p + "attn.k.weight", bf, {A, D}, linear_scale(D));
-    t.append(p + "attn.v.weight", bf, {A, D}, linear_scale(D));
-    t.add(p + "attn.o.weight", bf, {D, A}, linear_scale(A));
-    t.add(p + "ffn.gate.0.weight", bf, {F, D}, linear_scale(D));
-    t.append(p + "ffn.fc1.weight", bf, {F, D}, linear_scale(D));
-    t.add(p + "ffn.fc2.weight", bf, {D, F}, linear_scale(F));
-    t.add(p + "norm1.weight", f32, {D}, kNormScale, 1.0f);
-    t.add(p + "norm2.weight", f32, {D}, kNormScale, 1.0f);
-    t.add(p + "pos_embedding.embedding.weight", f32, {c.num_buckets, c.num_heads}, 1.0f);
-  }
-  t.add("norm.weight", f32, {D}, kNormScale, 1.0f);
-  return t.take();
+  return dit_gpu_detail::place_weights(umt5_weight_table(c));
 }
 
 // The activation arena for kMaxTokens tokens (byte offsets).
@@ -115,7 +94,7 @@ struct BlockPtrs {
 struct T5EncoderGpu::Impl {
   T5Config cfg;
   int device = 0;
-  WeightTable table;
+  DeviceTable table;
   Arena arena_plan{};
   void* weights = nullptr;
   char* arena = nullptr;

@@ -34,8 +34,8 @@
 #include <cstdint>
 #include <memory>
 
-#include "ckpt/layout.h"      // RawSpan (plain data)
-#include "models/config.h"  // T5Config (plain data)
+#include "ckpt/layout.h"  // RawSpan
+#include "models/config.h"
 #include "core/tensor.h"
 
 #include <functional>

@@ -14,72 +14,11 @@
 #include <utility>
 #include <vector>
 
-#include "models/config.h"
 #include "core/tensor.h"
+#include "models/config.h"
+#include "models/vae/weights.h"
 
 namespace wan {
-
-// A convolution's parameters: weight [Cout, Cin, kt, kh, kw] (CausalConv3d) or [Cout, Cin, kh, kw]
-// (Conv2d); bias [Cout]. Undefined weight = absent module (e.g. an identity shortcut).
-struct VaeConv {
-  Tensor weight, bias;
-  bool present() const { return weight.defined(); }
-};
-
-// ResidualBlock(Cin -> Cout): official "<prefix>.residual.{0,2,3,6}.*" and "<prefix>.shortcut.*".
-struct VaeResBlock {
-  Tensor norm1;        // residual.0.gamma  [Cin, 1, 1, 1]
-  VaeConv conv1;       // residual.2        [Cout, Cin, 3, 3, 3]
-  Tensor norm2;        // residual.3.gamma  [Cout, 1, 1, 1]
-  VaeConv conv2;       // residual.6        [Cout, Cout, 3, 3, 3]
-  VaeConv shortcut;    // shortcut          [Cout, Cin, 1, 1, 1], only when Cin != Cout
-};
-
-// AttentionBlock(C): official "<prefix>.{norm.gamma, to_qkv.*, proj.*}".
-struct VaeAttnBlock {
-  Tensor norm;         // norm.gamma [C, 1, 1]
-  VaeConv to_qkv;      // [3C, C, 1, 1]
-  VaeConv proj;        // [C, C, 1, 1]
-};
-
-enum class VaeResampleMode { None, Upsample2d, Upsample3d, Downsample2d, Downsample3d };
-
-// Resample(dim, mode): official "<prefix>.resample.1.*" (Conv2d) and "<prefix>.time_conv.*".
-struct VaeResample {
-  VaeResampleMode mode = VaeResampleMode::None;
-  VaeConv resample;    // resample.1: up [dim/2 (2.1) or dim (2.2), dim, 3, 3]; down [dim, dim, 3, 3]
-  VaeConv time_conv;   // 3d modes: up [2dim, dim, 3, 1, 1]; down [dim, dim, 3, 1, 1] (stride 2)
-};
-
-// One encoder down stage / decoder up stage: its residual blocks, then its resampler.
-// Wan 2.1 numbers these modules flatly ("encoder.downsamples.{n}"); Wan 2.2 nests them
-// ("encoder.downsamples.{stage}.downsamples.{j}") and adds a parameter-free shortcut over the whole
-// stage: AvgDown3D in the encoder (every stage), DupUp3D in the decoder (stages that up-sample).
-struct VaeStage {
-  std::vector<VaeResBlock> res;
-  VaeResample resample;
-  bool shortcut = false;       // Wan 2.2 AvgDown3D / DupUp3D
-  int64_t shortcut_out = 0;    // its output channels
-  int shortcut_ft = 1, shortcut_fs = 1;
-};
-
-// Encoder3d / Decoder3d: official "encoder.*" / "decoder.*".
-struct VaeCoder {
-  VaeConv conv1;               // conv1   [dims0, Cin, 3, 3, 3]
-  std::vector<VaeStage> stages;
-  VaeResBlock middle0;         // middle.0
-  VaeAttnBlock middle1;        // middle.1
-  VaeResBlock middle2;         // middle.2
-  Tensor head_norm;            // head.0.gamma [C, 1, 1, 1]
-  VaeConv head_conv;           // head.2 [Cout, C, 3, 3, 3]
-};
-
-struct VaeWeights {
-  VaeCoder encoder;
-  VaeCoder decoder;
-  VaeConv conv1;               // top-level conv1 [2z, 2z, 1, 1, 1]: encoder output -> mean | logvar
-  VaeConv conv2;               // top-level conv2 [z, z, 1, 1, 1]: latent -> decoder input
-};
 
 // Returns the tensor stored under an official name (any float dtype; throws wan::Error if absent).
 using VaeTensorSource = std::function<Tensor(const std::string& official_name)>;

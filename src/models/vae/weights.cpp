@@ -1,23 +1,20 @@
-// Parameter lists of WanModel, T5Encoder and WanVAE_ (2.1 and 2.2) from their configs.
-// Shapes are PyTorch's: Linear [out, in], Conv3d [out, in, kt, kh, kw], Conv2d [out, in, kh, kw].
-#include "testing/model_params.h"
+// The VAE weight table (see weights.h). Shapes are PyTorch's: Conv3d [out, in, kt, kh, kw], Conv2d
+// [out, in, kh, kw], RMS_norm gamma [C, 1, 1, 1] (video) or [C, 1, 1] (images).
+#include "models/vae/weights.h"
 
-#include <cmath>
+#include <initializer_list>
 #include <string>
 
 #include "core/error.h"
 
-namespace wan::gen {
+namespace wan {
 namespace {
 
 struct Builder {
-  std::vector<ParamSpec> out;
+  WeightTable out;
 
-  void add(std::string name, Shape shape, InitRule init) { out.push_back({std::move(name), shape, init}); }
-  // nn.Linear(in, out) with or without bias.
-  void linear(const std::string& m, int64_t in, int64_t o, bool bias = true) {
-    add(m + ".weight", {o, in}, init_fan_in(in));
-    if (bias) add(m + ".bias", {o}, init_fan_in(in));
+  void add(std::string name, Shape shape, WeightClass cls, InitRule init) {
+    out.push_back({std::move(name), shape, cls, init, DType::F32, {}});
   }
   // Conv with kernel dims k (3 for Conv3d, 2 for Conv2d).
   void conv(const std::string& m, int64_t in, int64_t o, std::initializer_list<int64_t> k) {
@@ -27,13 +24,13 @@ struct Builder {
       dims.push_back(x);
       vol *= x;
     }
-    add(m + ".weight", Shape(dims), init_fan_in(in * vol));
-    add(m + ".bias", {o}, init_fan_in(in * vol));
+    add(m + ".weight", Shape(dims), WeightClass::Conv, init_fan_in(in * vol));
+    add(m + ".bias", {o}, WeightClass::ConvBias, init_fan_in(in * vol));
   }
   void conv3(const std::string& m, int64_t in, int64_t o, int64_t k) { conv(m, in, o, {k, k, k}); }
   // VAE RMS_norm: gamma [C,1,1,1] (5-D inputs) or [C,1,1] (images).
   void rms_gamma(const std::string& m, int64_t c, bool images) {
-    add(m + ".gamma", images ? Shape{c, 1, 1} : Shape{c, 1, 1, 1}, init_norm_scale());
+    add(m + ".gamma", images ? Shape{c, 1, 1} : Shape{c, 1, 1, 1}, WeightClass::Norm, init_norm_scale());
   }
   // VAE ResidualBlock(in, out).
   void res_block(const std::string& m, int64_t in, int64_t o) {
@@ -58,68 +55,7 @@ struct Builder {
 
 }  // namespace
 
-std::vector<ParamSpec> dit_params(const DiTConfig& c) {
-  c.validate();
-  const int64_t D = c.dim, F = c.ffn_dim;
-  const int64_t patch_vol = static_cast<int64_t>(c.patch[0]) * c.patch[1] * c.patch[2];
-  Builder b;
-  b.add("patch_embedding.weight", {D, c.in_dim, c.patch[0], c.patch[1], c.patch[2]}, init_fan_in(c.in_dim * patch_vol));
-  b.add("patch_embedding.bias", {D}, init_fan_in(c.in_dim * patch_vol));
-  b.linear("text_embedding.0", c.text_dim, D);
-  b.linear("text_embedding.2", D, D);
-  b.linear("time_embedding.0", c.freq_dim, D);
-  b.linear("time_embedding.2", D, D);
-  b.linear("time_projection.1", D, 6 * D);
-  const InitRule modulation = init_normal(static_cast<float>(1.0 / std::sqrt(static_cast<double>(D))));
-  for (int i = 0; i < c.num_layers; ++i) {
-    const std::string p = "blocks." + std::to_string(i) + ".";
-    for (const char* a : {"self_attn", "cross_attn"}) {
-      const std::string m = p + a;
-      b.linear(m + ".q", D, D);
-      b.linear(m + ".k", D, D);
-      b.linear(m + ".v", D, D);
-      b.linear(m + ".o", D, D);
-      b.add(m + ".norm_q.weight", {D}, init_norm_scale());
-      b.add(m + ".norm_k.weight", {D}, init_norm_scale());
-      if (a[0] == 's') {
-        // norm3 (the affine cross-attention pre-norm) is registered between the two attentions.
-        b.add(p + "norm3.weight", {D}, init_norm_scale());
-        b.add(p + "norm3.bias", {D}, init_norm_bias());
-      }
-    }
-    b.linear(p + "ffn.0", D, F);
-    b.linear(p + "ffn.2", F, D);
-    b.add(p + "modulation", {1, 6, D}, modulation);
-  }
-  b.linear("head.head", D, static_cast<int64_t>(c.out_dim) * patch_vol);
-  b.add("head.modulation", {1, 2, D}, modulation);
-  return std::move(b.out);
-}
-
-std::vector<ParamSpec> t5_params(const T5Config& c) {
-  WAN_CHECK(c.dim > 0 && c.dim_attn > 0 && c.dim_ffn > 0 && c.num_heads > 0 && c.num_layers > 0 && c.vocab > 0 &&
-                c.dim_attn % c.num_heads == 0,
-            "invalid T5 config (dim ", c.dim, ", dim_attn ", c.dim_attn, ", heads ", c.num_heads, ")");
-  Builder b;
-  b.add("token_embedding.weight", {c.vocab, c.dim}, init_normal(1.0f));
-  for (int i = 0; i < c.num_layers; ++i) {
-    const std::string p = "blocks." + std::to_string(i) + ".";
-    b.add(p + "norm1.weight", {c.dim}, init_norm_scale());
-    b.linear(p + "attn.q", c.dim, c.dim_attn, false);
-    b.linear(p + "attn.k", c.dim, c.dim_attn, false);
-    b.linear(p + "attn.v", c.dim, c.dim_attn, false);
-    b.linear(p + "attn.o", c.dim_attn, c.dim, false);
-    b.add(p + "norm2.weight", {c.dim}, init_norm_scale());
-    b.linear(p + "ffn.gate.0", c.dim, c.dim_ffn, false);
-    b.linear(p + "ffn.fc1", c.dim, c.dim_ffn, false);
-    b.linear(p + "ffn.fc2", c.dim_ffn, c.dim, false);
-    b.add(p + "pos_embedding.embedding.weight", {c.num_buckets, c.num_heads}, init_normal(1.0f));
-  }
-  b.add("norm.weight", {c.dim}, init_norm_scale());
-  return std::move(b.out);
-}
-
-std::vector<ParamSpec> vae_params(const VaeConfig& c) {
+WeightTable vae_weight_table(const VaeConfig& c) {
   WAN_CHECK(c.version == 21 || c.version == 22, "VAE version ", c.version, " (expected 21 or 22)");
   WAN_CHECK(c.dim_mult.size() == 4 && c.num_res_blocks == 2 && c.temporal_downsample.size() == 3,
             "VAE config: only the released structure (4 stages, 2 residual blocks) can be generated");
@@ -191,4 +127,4 @@ std::vector<ParamSpec> vae_params(const VaeConfig& c) {
   return std::move(b.out);
 }
 
-}  // namespace wan::gen
+}  // namespace wan

@@ -1,6 +1,6 @@
 // The GPU DiT's weight allocation: table of official tensors (dtype, shape, placement), host upload,
-// random draw on the GPU, download. See dit_gpu_weights.h for the layout rules.
-#include "models/dit/dit_gpu_weights.h"
+// random draw on the GPU, download. See weights_gpu.h for the layout rules.
+#include "models/weights_gpu.h"
 
 #include <algorithm>
 #include <cmath>
@@ -9,34 +9,13 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
-#include "kernels/check.h"
 #include "kernels/affine.h"
-#include "runtime/load_gpu.h"
+#include "kernels/check.h"
 #include "kernels/rng.h"
+#include "models/dit/weights.h"
+#include "runtime/load_gpu.h"
 
 namespace wan::cuda {
-
-namespace {
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-uint64_t fnv1a64(const std::string& s) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : s) {
-    h ^= c;
-    h *= 1099511628211ull;
-  }
-  return h;
-}
-}  // namespace
-
-uint64_t random_weight_seed(uint64_t seed, const std::string& official_name) {
-  return splitmix64(splitmix64(seed) ^ fnv1a64(official_name));
-}
-
 namespace dit_gpu_detail {
 
 namespace {
@@ -47,29 +26,40 @@ constexpr size_t kStagingFloats = size_t{8} << 20;  // host bf16 conversion chun
 
 size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
-float TableBuilder::linear_scale(int64_t fan_in) { return static_cast<float>(1.0 / std::sqrt(3.0 * fan_in)); }
-
-void TableBuilder::append(const std::string& name, DType t, Shape s, float scale, float offset) {
-  WAN_ASSERT(table_.bytes % 16 == 0, "weight ", name, " would start unaligned at byte ", table_.bytes);
-  put(name, t, s, scale, offset, table_.bytes);
+DeviceTable place_weights(const WeightTable& rows) {
+  DeviceTable t;
+  auto put = [&](const WeightSpec& w, size_t at) {
+    DeviceEntry e;
+    e.name = w.name;
+    e.dtype = w.device_dtype;
+    e.shape = w.shape;
+    e.offset = at;
+    e.bytes = static_cast<size_t>(w.shape.numel()) * dtype_size(w.device_dtype);
+    const NormalDraw d = normal_draw(w.init);
+    e.scale = d.scale;
+    e.offset_value = d.offset;
+    WAN_ASSERT(!t.index.count(w.name), "duplicate weight ", w.name);
+    t.index[w.name] = t.entries.size();
+    t.entries.push_back(e);
+    t.bytes = at + e.bytes;
+  };
+  std::vector<bool> placed(rows.size(), false);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    if (placed[i]) continue;
+    put(rows[i], align_up(t.bytes, kGroupAlign));
+    if (rows[i].fused.empty()) continue;
+    for (size_t j = i + 1; j < rows.size(); ++j) {
+      if (rows[j].fused != rows[i].fused) continue;
+      WAN_ASSERT(t.bytes % 16 == 0, "weight ", rows[j].name, " would start unaligned at byte ", t.bytes);
+      put(rows[j], t.bytes);
+      placed[j] = true;
+    }
+  }
+  t.bytes = align_up(t.bytes, kGroupAlign);
+  return t;
 }
 
-void TableBuilder::put(const std::string& name, DType t, Shape s, float scale, float offset, size_t at) {
-  WeightEntry e;
-  e.name = name;
-  e.dtype = t;
-  e.shape = s;
-  e.offset = at;
-  e.bytes = static_cast<size_t>(s.numel()) * dtype_size(t);
-  e.scale = scale;
-  e.offset_value = offset;
-  WAN_ASSERT(!table_.index.count(name), "duplicate weight ", name);
-  table_.index[name] = table_.entries.size();
-  table_.entries.push_back(e);
-  table_.bytes = at + e.bytes;
-}
-
-const WeightEntry& WeightTable::at(const std::string& name) const {
+const DeviceEntry& DeviceTable::at(const std::string& name) const {
   auto it = index.find(name);
   WAN_CHECK(it != index.end(), "DiT GPU weights: no tensor named '", name, "'");
   return entries[it->second];
@@ -89,55 +79,12 @@ void check_config(const DiTConfig& c) {
   WAN_CHECK(c.eps > 0.0f, "DiT GPU: eps must be positive");
 }
 
-WeightTable build_weight_table(const DiTConfig& c) {
+DeviceTable build_weight_table(const DiTConfig& c) {
   check_config(c);
-  const int64_t D = c.dim, F = c.ffn_dim, P = static_cast<int64_t>(c.patch[0]) * c.patch[1] * c.patch[2];
-  const float sD = TableBuilder::linear_scale(D);
-  const float mod_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
-  constexpr float kNormScale = 0.05f;
-  const DType bf = DType::BF16, f32 = DType::F32;
-  TableBuilder t;
-  const float s_patch = TableBuilder::linear_scale(c.in_dim * P);
-  t.add("patch_embedding.weight", bf, {D, c.in_dim, c.patch[0], c.patch[1], c.patch[2]}, s_patch);
-  t.add("patch_embedding.bias", bf, {D}, s_patch);
-  t.linear("text_embedding.0", bf, D, c.text_dim);
-  t.linear("text_embedding.2", bf, D, D);
-  t.linear("time_embedding.0", f32, D, c.freq_dim);
-  t.linear("time_embedding.2", f32, D, D);
-  t.linear("time_projection.1", f32, 6 * D, D);
-  for (int i = 0; i < c.num_layers; ++i) {
-    const std::string p = cat("blocks.", i, ".");
-    t.add(p + "modulation", f32, {1, 6, D}, mod_scale);
-    // self-attention q|k|v weights [3D, D], then q|k|v biases [3D]: one fused GEMM
-    t.add(p + "self_attn.q.weight", bf, {D, D}, sD);
-    t.append(p + "self_attn.k.weight", bf, {D, D}, sD);
-    t.append(p + "self_attn.v.weight", bf, {D, D}, sD);
-    t.add(p + "self_attn.q.bias", bf, {D}, sD);
-    t.append(p + "self_attn.k.bias", bf, {D}, sD);
-    t.append(p + "self_attn.v.bias", bf, {D}, sD);
-    t.linear(p + "self_attn.o", bf, D, D);
-    t.add(p + "self_attn.norm_q.weight", bf, {D}, kNormScale, 1.0f);
-    t.add(p + "self_attn.norm_k.weight", bf, {D}, kNormScale, 1.0f);
-    t.add(p + "norm3.weight", f32, {D}, kNormScale, 1.0f);
-    t.add(p + "norm3.bias", f32, {D}, kNormScale);
-    t.linear(p + "cross_attn.q", bf, D, D);
-    // cross-attention k|v weights [2D, D] and biases [2D]: one fused GEMM over the text context
-    t.add(p + "cross_attn.k.weight", bf, {D, D}, sD);
-    t.append(p + "cross_attn.v.weight", bf, {D, D}, sD);
-    t.add(p + "cross_attn.k.bias", bf, {D}, sD);
-    t.append(p + "cross_attn.v.bias", bf, {D}, sD);
-    t.linear(p + "cross_attn.o", bf, D, D);
-    t.add(p + "cross_attn.norm_q.weight", bf, {D}, kNormScale, 1.0f);
-    t.add(p + "cross_attn.norm_k.weight", bf, {D}, kNormScale, 1.0f);
-    t.linear(p + "ffn.0", bf, F, D);
-    t.linear(p + "ffn.2", bf, D, F);
-  }
-  t.add("head.modulation", f32, {1, 2, D}, mod_scale);
-  t.linear("head.head", f32, c.out_dim * P, D);
-  return t.take();
+  return place_weights(dit_weight_table(c));
 }
 
-void upload_weights(const WeightTable& table, void* dev, const DiTWeightGetter& get, const char* what,
+void upload_weights(const DeviceTable& table, void* dev, const DiTWeightGetter& get, const char* what,
                     const DiTWeightSpan& span, DeviceLoader* loader, int group) {
   WAN_CHECK(static_cast<bool>(get), what, " GPU weights: no weight callback");
   if (span || loader) {  // streaming (load_gpu.h)
@@ -152,7 +99,7 @@ void upload_weights(const WeightTable& table, void* dev, const DiTWeightGetter& 
     return;
   }
   std::vector<uint16_t> staging;
-  for (const WeightEntry& e : table.entries) {
+  for (const DeviceEntry& e : table.entries) {
     Tensor t;
     WAN_WITH_CONTEXT(cat(what, " weight ", e.name), t = get(e.name));
     WAN_CHECK(t.defined(), what, " weight ", e.name, ": missing");
@@ -181,11 +128,11 @@ void upload_weights(const WeightTable& table, void* dev, const DiTWeightGetter& 
   }
 }
 
-std::vector<LoadTarget> weight_targets(const WeightTable& table, void* dev, const DiTWeightGetter& get, const char* what,
+std::vector<LoadTarget> weight_targets(const DeviceTable& table, void* dev, const DiTWeightGetter& get, const char* what,
                                        const DiTWeightSpan& span, int group) {
   std::vector<LoadTarget> targets;
   targets.reserve(table.entries.size());
-  for (const WeightEntry& e : table.entries) {
+  for (const DeviceEntry& e : table.entries) {
     LoadTarget t;
     t.name = cat(what, " weight ", e.name);
     if (span) WAN_WITH_CONTEXT(t.name, t.span = span(e.name));
@@ -199,17 +146,17 @@ std::vector<LoadTarget> weight_targets(const WeightTable& table, void* dev, cons
   return targets;
 }
 
-size_t max_small_floats(const WeightTable& table) {
+size_t max_small_floats(const DeviceTable& table) {
   size_t m = 0;
-  for (const WeightEntry& e : table.entries)
+  for (const DeviceEntry& e : table.entries)
     if (e.dtype == DType::BF16 && e.offset_value != 0.0f) m = std::max(m, static_cast<size_t>(e.shape.numel()));
   return m;
 }
 
-void draw_random_weights(const WeightTable& table, void* dev, uint64_t seed, float* scratch, size_t scratch_floats,
+void draw_random_weights(const DeviceTable& table, void* dev, uint64_t seed, float* scratch, size_t scratch_floats,
                          cudaStream_t stream) {
-  for (const WeightEntry& e : table.entries) {
-    const uint64_t s = random_weight_seed(seed, e.name);
+  for (const DeviceEntry& e : table.entries) {
+    const uint64_t s = random_weight_key(seed, e.name);
     const int64_t n = e.shape.numel();
     void* p = static_cast<char*>(dev) + e.offset;
     if (e.dtype == DType::F32) {
@@ -225,8 +172,8 @@ void draw_random_weights(const WeightTable& table, void* dev, uint64_t seed, flo
   }
 }
 
-Tensor download_weight(const WeightTable& table, const void* dev, const std::string& name) {
-  const WeightEntry& e = table.at(name);
+Tensor download_weight(const DeviceTable& table, const void* dev, const std::string& name) {
+  const DeviceEntry& e = table.at(name);
   Tensor out = Tensor::empty(DType::F32, e.shape);
   if (e.dtype == DType::F32) {
     CUDA_CHECK(cudaMemcpy(out.data(), static_cast<const char*>(dev) + e.offset, e.bytes, cudaMemcpyDeviceToHost));

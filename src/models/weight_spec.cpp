@@ -1,40 +1,52 @@
-// Deterministic random weights: per-tensor Philox keys and parallel, order-independent fills.
-#include "testing/weight_init.h"
+// Weight-table rows and the two random draws (see weight_spec.h).
+#include "models/weight_spec.h"
 
 #include <cmath>
 
 #include "core/error.h"
+#include "core/hash.h"
 #include "core/philox.h"
 #include "core/thread_pool.h"
 
-namespace wan::gen {
+namespace wan {
 
 InitRule init_fan_in(int64_t fan_in) {
   WAN_ASSERT(fan_in > 0, "fan_in ", fan_in);
-  return {InitKind::Uniform, static_cast<float>(1.0 / std::sqrt(static_cast<double>(fan_in)))};
+  return {InitKind::Uniform, static_cast<float>(1.0 / std::sqrt(static_cast<double>(fan_in))), fan_in};
 }
 InitRule init_normal(float std) { return {InitKind::Normal, std}; }
 InitRule init_norm_scale() { return {InitKind::NormalAround1, 0.05f}; }
 InitRule init_norm_bias() { return {InitKind::Normal, 0.05f}; }
 
-uint64_t fnv1a64(std::string_view s) {
-  uint64_t h = 0xCBF29CE484222325ull;
-  for (unsigned char c : s) {
-    h ^= c;
-    h *= 0x100000001B3ull;
-  }
-  return h;
+std::map<std::string, Shape> shape_map(const WeightTable& t) {
+  std::map<std::string, Shape> m;
+  for (const WeightSpec& w : t) m.emplace(w.name, w.shape);
+  return m;
 }
 
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
+int64_t param_count(const WeightTable& t) {
+  int64_t n = 0;
+  for (const WeightSpec& w : t) n += w.shape.numel();
+  return n;
+}
+
+uint64_t total_bytes(const WeightTable& t, DType dtype) {
+  return static_cast<uint64_t>(param_count(t)) * dtype_size(dtype);
+}
+
+const WeightSpec& find_weight(const WeightTable& t, const std::string& name, const char* what) {
+  for (const WeightSpec& w : t)
+    if (w.name == name) return w;
+  WAN_THROW(what, " weights: no tensor named '", name, "'");
 }
 
 uint64_t component_seed(uint64_t seed, std::string_view component) {
   return splitmix64(splitmix64(seed) ^ fnv1a64(component));
+}
+
+uint64_t dit_seed(uint64_t seed, Task task, bool high_noise) {
+  if (task == Task::TI2V_5B) return component_seed(seed, "dit");
+  return component_seed(seed, high_noise ? "high_noise_model" : "low_noise_model");
 }
 
 uint64_t tensor_key(uint64_t component_seed, std::string_view name) {
@@ -68,7 +80,7 @@ float init_value(const InitRule& rule, uint64_t key, uint64_t index) {
   return 0.f;
 }
 
-void fill_param(const ParamSpec& p, uint64_t component_seed, DType dtype, void* dst) {
+void fill_init(const WeightSpec& p, uint64_t component_seed, DType dtype, void* dst) {
   WAN_ASSERT(dtype == DType::F32 || dtype == DType::BF16 || dtype == DType::F16, "dtype ", dtype_name(dtype));
   const uint64_t key = tensor_key(component_seed, p.name);
   const int64_t n = p.shape.numel();
@@ -94,10 +106,37 @@ void fill_param(const ParamSpec& p, uint64_t component_seed, DType dtype, void* 
   });
 }
 
-uint64_t total_bytes(const std::vector<ParamSpec>& ps, DType dtype) {
-  uint64_t t = 0;
-  for (const ParamSpec& p : ps) t += static_cast<uint64_t>(p.shape.numel()) * dtype_size(dtype);
+
+NormalDraw normal_draw(const InitRule& r) {
+  switch (r.kind) {
+    case InitKind::Uniform:  // U(±1/sqrt(fan_in)) has variance 1/(3·fan_in)
+      if (r.fan_in > 0) return {static_cast<float>(1.0 / std::sqrt(3.0 * static_cast<double>(r.fan_in))), 0.f};
+      return {static_cast<float>(static_cast<double>(r.scale) / std::sqrt(3.0)), 0.f};
+    case InitKind::Normal:
+      return {r.scale, 0.f};
+    case InitKind::NormalAround1:
+      return {r.scale, 1.f};
+  }
+  return {};
+}
+
+uint64_t random_weight_key(uint64_t seed, std::string_view official_name) {
+  return splitmix64(splitmix64(seed) ^ fnv1a64(official_name));
+}
+
+Tensor draw_random_weight(const WeightSpec& w, uint64_t seed) {
+  const NormalDraw d = normal_draw(w.init);
+  Tensor t = Tensor::empty(DType::F32, w.shape);
+  float* p = t.f32();
+  const size_t n = static_cast<size_t>(t.numel());
+  philox_normal_fill(random_weight_key(seed, w.name), 0, p, n);
+  const bool bf16 = w.device_dtype == DType::BF16;
+  for (size_t i = 0; i < n; ++i) {
+    float v = p[i] * d.scale;
+    if (!bf16 || d.offset != 0.0f) v = v + d.offset;
+    p[i] = bf16 ? bf16_to_f32(f32_to_bf16(v)) : v;
+  }
   return t;
 }
 
-}  // namespace wan::gen
+}  // namespace wan
