@@ -212,7 +212,7 @@ void check_layout(const PL& l, DiTGpu::Attention attention) {
     opt.attention = attention;
     opt.parallel = groups.view();
     DiTGpu gpu = DiTGpu::create(c, {DiTWeightSource::random_weights(kWeightSeed)}, in.shape, opt);
-    EXPECT_EQ(gpu.memory_plan().parallel, (cuda::ParallelDegrees{l.cfg, l.ulysses, l.ring}));
+    EXPECT_EQ(gpu.memory_plan().parallel, (dist::Layout{l.cfg, l.ulysses, l.ring}));
     RankResult& rr = res[static_cast<size_t>(rank)];
     rr.deterministic = true;
     for (int rep = 0; rep < 3; ++rep) {  // eager (sets up every NCCL connection), capture + replay, replay
@@ -266,7 +266,7 @@ TEST(DistDit, EightGpuLayoutsMatchSingleGpu) {
 // A layout whose Ulysses degree does not divide the heads is refused before anything is allocated.
 TEST(DistDit, BadLayoutIsOneClearError) {
   const DiTConfig c = model_cfg();
-  cuda::ParallelDegrees d;
+  dist::Layout d;
   d.ulysses = 3;
   try {
     (void)DiTGpu::plan(c, {2, 5, 30, 26}, 1, 0, d);

@@ -58,7 +58,7 @@ struct Geometry {
   int64_t D, F, NH, TL, TD, FQ;
   int64_t Bg;                  // the global batch (forward()'s inputs and output)
   int64_t S, Lpad;             // tokens per sample on this rank (its slice), padded tokens per sample
-  ParallelDegrees par;
+  dist::Layout par;
   bool one_latent = false;  // DiTShape::one_latent
   bool seq_parallel() const { return par.seq() > 1; }
   // The first block's self-attention part can run for sample 0 alone (DiTGpu::Impl::block): more than
@@ -67,7 +67,7 @@ struct Geometry {
   bool share_first() const { return one_latent && can_share_first(); }
 };
 
-Geometry geometry(const DiTConfig& c, const DiTShape& s, const ParallelDegrees& par = {}) {
+Geometry geometry(const DiTConfig& c, const DiTShape& s, const dist::Layout& par = {}) {
   Geometry g{};
   g.B = s.batch, g.C = c.in_dim, g.Co = c.out_dim, g.T = s.frames, g.H = s.height, g.W = s.width;
   g.pt = c.patch[0], g.ph = c.patch[1], g.pw = c.patch[2];
@@ -160,7 +160,7 @@ std::string gib(size_t b) {
 
 // Throws when the plan of (shape, experts) does not fit `free_bytes`, naming the frames that would.
 void check_fit(const DiTConfig& cfg, const DiTShape& shape, int experts, size_t attn_ws, size_t free_bytes,
-               int device, const ParallelDegrees& par = {}) {
+               int device, const dist::Layout& par = {}) {
   const MemoryPlan p = DiTGpu::plan(cfg, shape, experts, attn_ws, par);
   if (p.total_bytes() <= free_bytes) return;
   const int64_t pt = cfg.patch[0];
@@ -285,8 +285,8 @@ SeqSplit seq_split(int64_t tokens, int seq_ranks) {
   return s;
 }
 
-ParallelDegrees DiTGpu::Options::Parallel::degrees() const {
-  ParallelDegrees d;
+dist::Layout DiTGpu::Options::Parallel::degrees() const {
+  dist::Layout d;
   d.cfg = cfg ? cfg->size() : 1;
   d.ulysses = ulysses ? ulysses->size() : 1;
   d.ring = ring ? ring->size() : 1;
@@ -294,7 +294,7 @@ ParallelDegrees DiTGpu::Options::Parallel::degrees() const {
 }
 
 MemoryPlan DiTGpu::plan(const DiTConfig& cfg, const DiTShape& shape, int experts, size_t attn_workspace,
-                        const ParallelDegrees& par) {
+                        const dist::Layout& par) {
   WAN_CHECK(experts >= 1, "DiT GPU: at least one expert");
   const DeviceTable wt = dit_gpu_detail::build_weight_table(cfg);  // also checks the config
   const Geometry g = geometry(cfg, shape, par);
@@ -364,7 +364,7 @@ struct DiTGpu::Impl {
   std::unique_ptr<CudnnAttention> attn;  // null when the own kernel runs the attention
   std::unique_ptr<GemmRunner> gemm;
   // Parallel forward (null / 0 / 1 on one GPU): the groups, this rank's place, the split self-attention.
-  ParallelDegrees par;
+  dist::Layout par;
   int cfg_rank = 0, seq_rank = 0;
   std::unique_ptr<SeqParallelAttention> spa;
   float* head_seq = nullptr;
@@ -735,7 +735,7 @@ DiTGpu DiTGpu::create(const DiTConfig& cfg, const std::vector<DiTWeightSource>& 
   WAN_CHECK(!experts.empty(), "DiT GPU: no expert weights given");
   const int n = static_cast<int>(experts.size());
   // Everything checkable on the host first: config, shape, the plan without cuDNN's workspace.
-  const ParallelDegrees par = opt.parallel.degrees();
+  const dist::Layout par = opt.parallel.degrees();
   MemoryPlan p = plan(cfg, max_shape, n, 0, par);
   CUDA_CHECK(cudaSetDevice(opt.device));
   size_t free_bytes = 0, total_bytes = 0;

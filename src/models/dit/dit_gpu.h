@@ -55,6 +55,7 @@
 #include "models/config.h"  // DiTConfig (used as plain data: wan_cuda does not link wan_config)
 #include "core/tensor.h"
 #include "kernels/seq_comm.h"
+#include "runtime/dist/parallel_layout.h"
 
 namespace wan::cuda {
 
@@ -112,19 +113,12 @@ struct DiTWeightSource {
 // scale + offset) to its storage dtype, scale and offset from the weight table's init rule (normal_draw,
 // models/weight_spec.h).
 
-// Degrees of a parallel forward (issue 5, spec §8): cfg = 2 splits the batch-2 CFG forward into one
+// A parallel forward (dist::Layout, spec §8): cfg = 2 splits the batch-2 CFG forward into one
 // sample per half of the ranks; ulysses x ring ranks share each sample's token sequence (Ulysses:
 // all-to-all over heads, ulysses must divide the heads; Ring: key/value blocks passed around the ring,
 // partial results merged with the log-sum-exp). The sequence is padded to a multiple of ulysses·ring
 // tokens and each rank holds one contiguous slice of it. All 1: the single-GPU forward.
-struct ParallelDegrees {
-  int cfg = 1, ulysses = 1, ring = 1;
-  int seq() const { return ulysses * ring; }
-  int world() const { return cfg * ulysses * ring; }
-  bool active() const { return world() > 1; }
-  bool operator==(const ParallelDegrees&) const = default;
-};
-
+//
 // The token split of one sample's sequence of `tokens` real tokens over `seq` ranks: padded length,
 // tokens per rank.
 struct SeqSplit {
@@ -142,7 +136,7 @@ struct MemoryPlan {
   };
   DiTShape shape;
   int experts = 1;
-  ParallelDegrees parallel;  // the plan of one rank of this layout (all 1: one GPU)
+  dist::Layout parallel;  // the plan of one rank of this layout (all 1: one GPU)
   std::vector<Buffer> buffers;
   size_t arena_bytes = 0;   // activations + workspaces
   size_t weight_bytes = 0;  // one expert
@@ -204,7 +198,7 @@ class DiTGpu {
       SeqComm* ulysses = nullptr;
       SeqComm* ring = nullptr;
       SeqComm* seq = nullptr;  // required when ulysses·ring > 1
-      ParallelDegrees degrees() const;
+      dist::Layout degrees() const;
     };
     Parallel parallel;
   };
@@ -228,7 +222,7 @@ class DiTGpu {
   // `par`: the per-rank plan of a parallel forward (activations of this rank's sample(s) and token slice
   // plus the communication buffers); shape stays the global one.
   static MemoryPlan plan(const DiTConfig& cfg, const DiTShape& shape, int experts, size_t attn_workspace = 0,
-                         const ParallelDegrees& par = {});
+                         const dist::Layout& par = {});
 
   DiTGpu(DiTGpu&&) noexcept;
   DiTGpu& operator=(DiTGpu&&) noexcept;

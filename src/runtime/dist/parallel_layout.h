@@ -1,4 +1,4 @@
-// Parallel layouts of the DiT forward (issue 5): CFG-parallel x Ulysses x Ring over the ranks of a launch,
+// Parallel layouts of the DiT forward: CFG-parallel x Ulysses x Ring over the ranks of a launch,
 // which rank plays which part, and the automatic choice. Host-only (no CUDA, no NCCL), so the CLI can
 // check options on any build.
 //
@@ -16,10 +16,12 @@
 
 namespace wan::dist {
 
+// The one parallel-layout type: the launcher, the pipeline and the DiT's memory plan and forward all take it.
 struct Layout {
   int cfg = 1, ulysses = 1, ring = 1;
   int world() const { return cfg * ulysses * ring; }
   int seq() const { return ulysses * ring; }
+  bool active() const { return world() > 1; }
   bool operator==(const Layout&) const = default;
 };
 
