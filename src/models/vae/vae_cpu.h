@@ -20,21 +20,6 @@
 
 namespace wan {
 
-// Returns the tensor stored under an official name (any float dtype; throws wan::Error if absent).
-using VaeTensorSource = std::function<Tensor(const std::string& official_name)>;
-
-// Throws wan::Error on an inconsistent configuration (table sizes, widths, patch, version).
-void vae_validate(const VaeConfig& c);
-// Every official tensor name of this configuration with its expected shape, in load order.
-std::vector<std::pair<std::string, Shape>> vae_tensor_specs(const VaeConfig& c);
-// Loads (and up-casts to float32) every tensor of vae_tensor_specs(c) through get, checking shapes;
-// errors name the tensor.
-VaeWeights load_vae_weights(const VaeConfig& c, const VaeTensorSource& get);
-
-// Spatial / temporal compression of a configuration (8 or 16 / 4 for the released VAEs).
-int vae_spatial_factor(const VaeConfig& c);
-int vae_temporal_factor(const VaeConfig& c);
-
 // Called after each chunk with (chunks done, chunks total); may be empty.
 using VaeProgress = std::function<void(int, int)>;
 

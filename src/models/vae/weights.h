@@ -4,6 +4,9 @@
 // network (vae_tensor_specs in vae_weights.cpp); tests check the two name/shape lists are equal.
 // The GPU decoder reads VaeWeights (bf16 filters made at upload), so device_dtype (F32: host weights) matters only to random draws.
 #pragma once
+#include <functional>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "core/tensor.h"
@@ -12,7 +15,9 @@
 
 namespace wan {
 
-WeightTable vae_weight_table(const VaeConfig& c);  // throws wan::Error for other structures
+// Rows in registration order: RMS_norm gammas (Norm), conv weights and biases (Conv, ConvBias), each
+// with PyTorch's default init. Throws wan::Error on an inconsistent config (vae_validate).
+WeightTable vae_weight_table(const VaeConfig& c);
 
 // A convolution's parameters: weight [Cout, Cin, kt, kh, kw] (CausalConv3d) or [Cout, Cin, kh, kw]
 // (Conv2d); bias [Cout]. Undefined weight = absent module (e.g. an identity shortcut).
@@ -75,5 +80,20 @@ struct VaeWeights {
   VaeConv conv1;               // top-level conv1 [2z, 2z, 1, 1, 1]: encoder output -> mean | logvar
   VaeConv conv2;               // top-level conv2 [z, z, 1, 1, 1]: latent -> decoder input
 };
+
+// Returns the tensor stored under an official name (any float dtype; throws wan::Error if absent).
+using VaeTensorSource = std::function<Tensor(const std::string& official_name)>;
+
+// Throws wan::Error on an inconsistent configuration (table sizes, widths, patch, version).
+void vae_validate(const VaeConfig& c);
+// Every official tensor name of this configuration with its expected shape, in load order.
+std::vector<std::pair<std::string, Shape>> vae_tensor_specs(const VaeConfig& c);
+// Loads (and up-casts to float32) every tensor of vae_tensor_specs(c) through get, checking shapes;
+// errors name the tensor.
+VaeWeights load_vae_weights(const VaeConfig& c, const VaeTensorSource& get);
+
+// Spatial / temporal compression of a configuration (8 or 16 / 4 for the released VAEs).
+int vae_spatial_factor(const VaeConfig& c);
+int vae_temporal_factor(const VaeConfig& c);
 
 }  // namespace wan
