@@ -27,3 +27,29 @@ void write_json_file(const std::string& path, const nlohmann::json& j) {
 }
 
 }  // namespace wan::cli
+
+namespace wan::cli {
+
+api::Option bench_device_option() {
+  api::Option o =
+      api::option("device", api::Kind::Device, "cuda[:i]", "cuda:0", "the CUDA device (a bare index i is cuda:i)");
+  o.gpu_index = true;
+  o.check = [](const std::string& s) {
+    return api::parse_device(s, "device", true) < 0 ? cat("{} ", s, ": the benchmarks run on a GPU") : std::string();
+  };
+  return o;
+}
+
+api::Option bench_json_option() {
+  return api::option("json", api::Kind::Path, "FILE", "", "write the results as JSON (commit from $WAN_COMMIT)");
+}
+
+api::Option bench_int_option(const std::string& name, const std::string& def, double min, double max,
+                             const std::string& help, const std::string& meta) {
+  api::Option o = api::option(name, api::Kind::Int, meta, def, help);
+  o.min = min;
+  o.max = max;
+  return o;
+}
+
+}  // namespace wan::cli

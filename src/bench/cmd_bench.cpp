@@ -18,7 +18,7 @@
 //   eager forwards of the same batch-2 step through DiTGpu::profile_forward, CUDA events around every
 //   GEMM and attention of the production code path, at the clocks the step ran at; median per
 //   category. "other" = first event to last minus GEMMs and attentions: every other kernel, the input
-//   and output copies and the gaps. Its share is the direct measurement of issue 4's "time outside
+//   and output copies and the gaps. Its share is the direct measurement of the "time outside
 //   attention and GEMMs"; the profiled eager total is printed next to the graph-replayed step time.
 // - FLOPs (ANCHORS.md): self-attention 4·L²·dim per block per sample; linear layers 2·L·(6·dim² +
 //   2·dim·ffn) per block per sample (q, k, v, o, cross q, o, FFN). Cross-attention, the text k/v and
@@ -36,7 +36,6 @@
 #include <string>
 #include <vector>
 
-#include "cli/args.h"
 #include "bench/bench_common.h"
 #include "cli/commands.h"
 #include "models/config.h"
@@ -57,38 +56,6 @@
 
 namespace wan::cli {
 namespace {
-
-void print_help() {
-  printf(
-      "usage: wan bench [options]\n"
-      "  Times DiT denoising steps on the GPU with random weights at the real width (batch 2: CFG).\n"
-      "  --task NAME          t2v-A14B | i2v-A14B | ti2v-5B (default t2v-A14B; config preset)\n"
-      "  --size WxH           pixel size (default 1280x720)\n"
-      "  --frames N           pixel frames, 4n+1 (default 81)\n"
-      "  --layers N[,M...]    blocks to build (default: the preset's 40). Fewer: the 40-layer step is\n"
-      "                       extrapolated (two counts: ANCHORS.md's (t_b - t_a)/(b - a) x 40)\n"
-      "  --steps N            timed forwards per layer count (default 3)\n"
-      "  --warmup N           untimed forwards first (default 2: eager plan building, graph capture)\n"
-      "  --batch N            samples per forward (default 2)\n"
-      "  --distinct-latents   one random latent per sample; default: one latent for all samples, as the\n"
-      "                       samplers' CFG steps run (the first block's self-attention then runs once)\n"
-      "  --seed N             weight and input seed (default 0)\n"
-      "  --no-graphs          eager forwards instead of CUDA-graph replay\n"
-      "  --no-breakdown       skip the per-op breakdown (it needs an activation arena of its own)\n"
-      "  --breakdown-reps N   repetitions of the isolated op sequence (default 3; median)\n"
-      "  --profile-reps N     eager forwards of the step with events around every GEMM and attention\n"
-      "                       after the timed steps (default 2; median; 0: no in-step breakdown; one GPU)\n"
-      "  --device N           CUDA device (default 0)\n"
-      "  --attention K        auto (default: the engine's own kernel on sm_90, cuDNN elsewhere) | own | cudnn\n"
-      "  --json FILE          write the results as JSON (commit from $WAN_COMMIT)\n"
-      "  --verbose            print the memory plan\n"
-      "Multi-GPU (issue 5; one thread per GPU, or one process per GPU under mpirun/srun/WAN_RANK):\n"
-      "  --gpus N | --devices 0,1,...  run the step on these GPUs (no per-op breakdown)\n"
-      "  --cfg-parallel       cond and uncond on two halves of the GPUs\n"
-      "  --ulysses U          all-to-all sequence parallel over U GPUs (U divides the heads)\n"
-      "  --ring R             ring attention over R GPUs (Ulysses inside, ring across)\n"
-      "                       none of the three: automatic (cfg first, then Ulysses, then ring)\n");
-}
 
 struct Geometry {
   int64_t width = 0, height = 0, frames = 0;  // pixels
@@ -176,7 +143,7 @@ void put_header(nlohmann::json& J, const cuda::BenchDevice& bd, const std::strin
 // rank times its own forwards (CUDA events, as one GPU); a step's time is the maximum of the ranks'
 // medians (the slowest rank sets the pace). The 40-layer figure is measured or extrapolated like the
 // single-GPU bench, by the same method, so the two are comparable (efficiency = t1 / (N · tN)).
-int bench_parallel(const Args& args, const std::string& task, const DiTConfig& full, const Geometry& geo,
+int bench_parallel(const api::Values& args, const std::string& task, const DiTConfig& full, const Geometry& geo,
                    const std::vector<int>& layer_counts, int steps, int warmup, int64_t batch, uint64_t seed,
                    bool graphs, bool verbose, const std::string& json_path, const std::string& attention_name) {
 #ifndef WAN_HAVE_NCCL
@@ -301,13 +268,90 @@ int bench_parallel(const Args& args, const std::string& task, const DiTConfig& f
 
 }  // namespace
 
+const api::CommandSpec& bench_spec() {
+  static const api::CommandSpec s = [] {
+    using api::Kind;
+    using api::Option;
+    api::CommandSpec c;
+    c.name = "bench";
+    c.summary = "time DiT denoising steps on the GPU with random weights (s/step, breakdown)";
+    c.usage = {"bench [options]", "bench --load PATH [options]   (the load benchmark: see 'wan help bench-load')"};
+    c.about = "Times DiT denoising steps on the GPU with random weights at the real width (batch 2: CFG).";
+    api::Option task =
+        api::option("task", Kind::String, "NAME", "t2v-A14B", "t2v-A14B | i2v-A14B | ti2v-5B (config preset)");
+    task.check = [](const std::string& t) -> std::string {
+      try {
+        (void)task_from_name(t);
+        return "";
+      } catch (const Error& e) {
+        return cat("{}: ", e.what());
+      }
+    };
+    Option frames = bench_int_option("frames", "81", 1, 1e6, "pixel frames, 4n+1");
+    frames.check = [](const std::string& f) {
+      return (std::stoll(f) - 1) % 4 == 0 ? std::string() : cat("{} ", f, ": must be 4n+1");
+    };
+    api::Option attention = api::option("attention", Kind::Enum, "K", "auto",
+                                        "auto (the engine's own kernel on sm_90, cuDNN elsewhere) | own | cudnn");
+    attention.choices = {"auto", "own", "cudnn"};
+    Option profile = bench_int_option("profile-reps", "2", 0, 100,
+                                      "eager forwards of the step with events around every GEMM and attention after "
+                                      "the timed steps (median; 0: no in-step breakdown; one GPU)");
+    profile.range_note = "0: no in-step breakdown";
+    Option warmup =
+        bench_int_option("warmup", "2", 1, 100, "untimed forwards first (eager plan building, graph capture)");
+    warmup.range_note = "the first forward builds plans";
+    Option seed = bench_int_option("seed", "0", 0, 9.2e18, "weight and input seed");
+    api::Option gpus =
+        api::option("gpus", Kind::String, "N", "",
+                    "run the step on these GPUs (no per-op breakdown): one thread per GPU, or one process per "
+                    "GPU under mpirun / srun / WAN_RANK");
+    gpus.synopsis = "--gpus N | --devices 0,1,...";
+    api::Option devices = api::option("devices", Kind::String, "0,1,...", "", "");
+    devices.hidden = true;  // documented in the --gpus row
+    c.options = {
+        task,
+        api::option("size", Kind::Size, "", "1280x720", "pixel size"),
+        frames,
+        api::option("layers", Kind::String, "N[,M...]", "the preset's 40",
+                    "blocks to build. Fewer: the 40-layer step is extrapolated (two counts: (t_b - t_a)/(b - a) "
+                    "x 40)"),
+        bench_int_option("steps", "3", 1, 1000, "timed forwards per layer count"),
+        warmup,
+        bench_int_option("batch", "2", 1, 64, "samples per forward"),
+        api::option("distinct-latents", Kind::Flag, "", "",
+                    "one random latent per sample; default: one latent for all samples, as the samplers' CFG "
+                    "steps run (the first block's self-attention then runs once)"),
+        seed,
+        api::option("no-graphs", Kind::Flag, "", "", "eager forwards instead of CUDA-graph replay"),
+        api::option("no-breakdown", Kind::Flag, "", "",
+                    "skip the per-op breakdown (it needs an activation arena of its own)"),
+        bench_int_option("breakdown-reps", "3", 1, 100, "repetitions of the isolated op sequence (median)"),
+        profile,
+        bench_device_option(),
+        attention,
+        bench_json_option(),
+        api::option("verbose", Kind::Flag, "", "", "print the memory plan"),
+        api::option("load", Kind::Path, "PATH", "",
+                    "time loading the checkpoint at PATH to the GPU instead (start-up: page-cache read, H2D, "
+                    "file to GPU weights); its options: 'wan help bench-load'"),
+        gpus,
+        devices,
+        api::option("cfg-parallel", Kind::Flag, "", "", "cond and uncond on two halves of the GPUs"),
+        api::option("ulysses", Kind::Int, "U", "", "all-to-all sequence parallel over U GPUs (U divides the heads)"),
+        api::option("ring", Kind::Int, "R", "",
+                    "ring attention over R GPUs (Ulysses inside, ring across). None of the three: automatic (cfg "
+                    "first, then Ulysses, then ring)"),
+    };
+    return c;
+  }();
+  return s;
+}
+
 int cmd_bench(int argc, char** argv) {
-  const Args args(argc, argv,
-                  {"task", "size", "frames", "layers", "steps", "warmup", "batch", "seed", "breakdown-reps", "device",
-                   "json", "attention", "gpus", "devices", "ulysses", "ring", "profile-reps"},
-                  {"help", "no-graphs", "no-breakdown", "verbose", "cfg-parallel", "distinct-latents"});
-  if (args.flag("help")) {
-    print_help();
+  const api::Values args = api::parse_argv(bench_spec(), argc, argv);
+  if (args.help()) {
+    printf("%s", api::help_text(bench_spec()).c_str());
     return 0;
   }
   const std::string task = task_name(task_from_name(args.get_or("task", "t2v-A14B")));
@@ -317,21 +361,12 @@ int cmd_bench(int argc, char** argv) {
                                                      full.num_layers);
   const long long steps = args.get_int("steps", 3), warmup = args.get_int("warmup", 2);
   const long long batch = args.get_int("batch", 2), seed = args.get_int("seed", 0);
-  const long long reps = args.get_int("breakdown-reps", 3), device = args.get_int("device", 0);
-  WAN_CHECK(steps >= 1 && steps <= 1000, "--steps ", steps, ": expected 1..1000");
-  WAN_CHECK(warmup >= 1 && warmup <= 100, "--warmup ", warmup, ": expected 1..100 (the first forward builds plans)");
-  WAN_CHECK(batch >= 1 && batch <= 64, "--batch ", batch, ": expected 1..64");
-  WAN_CHECK(seed >= 0, "--seed ", seed, ": must be >= 0");
-  WAN_CHECK(reps >= 1 && reps <= 100, "--breakdown-reps ", reps, ": expected 1..100");
+  const long long reps = args.get_int("breakdown-reps", 3), device = args.device("device");
   const long long profile_reps = args.get_int("profile-reps", 2);
-  WAN_CHECK(profile_reps >= 0 && profile_reps <= 100, "--profile-reps ", profile_reps,
-            ": expected 0..100 (0: no in-step breakdown)");
   const bool graphs = !args.flag("no-graphs"), breakdown = !args.flag("no-breakdown");
   const bool verbose = args.flag("verbose");
   const std::string json_path = args.get_or("json", "");
-  const std::string attention_name = args.get_or("attention", "auto");
-  WAN_CHECK(attention_name == "auto" || attention_name == "cudnn" || attention_name == "own", "--attention: expected "
-            "auto, cudnn or own, got '", attention_name, "'");
+  const std::string attention_name = args.str("attention");
 
 #ifndef WAN_HAVE_CUDA
   (void)geo, (void)layer_counts, (void)steps, (void)warmup, (void)batch, (void)seed, (void)reps, (void)device;

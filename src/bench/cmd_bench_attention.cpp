@@ -38,7 +38,6 @@
 #include <string>
 #include <vector>
 
-#include "cli/args.h"
 #include "bench/bench_common.h"
 #include "cli/commands.h"
 #include "core/dtype.h"
@@ -82,25 +81,6 @@ std::string case_names() {
   return s;
 }
 
-void print_help() {
-  printf(
-      "usage: wan bench-attention [options]\n"
-      "  Times the engine's own Hopper attention kernel and cuDNN's fused attention (the engine's two paths)\n"
-      "  on random bf16 inputs at the DiT's shapes: B = 2, H = 40, D = 128.\n"
-      "  --cases A,B,...      cases to run (default all):\n"
-      "                       %s\n"
-      "  --reps N             timed calls of each kernel, interleaved own/cuDNN (default 10; median and min)\n"
-      "  --warmup N           untimed calls of each kernel first (default 2)\n"
-      "  --device N           CUDA device (default 0)\n"
-      "  --input-std S        standard deviation of the random Q/K/V (default 1; the scores' spread, and with\n"
-      "                       it the softmax's sharpness and the tensor cores' power draw, follow it)\n"
-      "  --json FILE          write the results as JSON (commit from $WAN_COMMIT)\n"
-      "  self-*: Q/K/V are views of one fused [B, L, 3, H, 128] buffer (the engine layout);\n"
-      "  cross-*: dense Q [B, Lq, H, 128] and dense K, V [B, 512, H, 128]; cross-masked: k_lens {300, 512}.\n"
-      "  TFLOP/s = 4*B*H*Lq*Lk*D / time (masked: the valid keys). Needs an sm_90 GPU for the own kernel;\n"
-      "  elsewhere only cuDNN is timed.\n",
-      case_names().c_str());
-}
 
 std::vector<std::string> split_commas(const std::string& s) {
   std::vector<std::string> out;
@@ -185,14 +165,47 @@ std::vector<uint16_t> sample_rows(const uint16_t* d, int64_t rows, int64_t row_e
 
 }  // namespace
 
+const api::CommandSpec& bench_attention_spec() {
+  static const api::CommandSpec s = [] {
+    using api::Kind;
+    api::CommandSpec c;
+    c.name = "bench-attention";
+    c.summary = "time the own and the cuDNN attention kernels (ms, TFLOP/s)";
+    c.usage = {"bench-attention [options]"};
+    c.about =
+        "Times the engine's own Hopper attention kernel and cuDNN's fused attention (the engine's two paths) "
+        "on random bf16 inputs at the DiT's shapes: B = 2, H = 40, D = 128.";
+    api::Option input_std = api::option("input-std", Kind::Float, "S", "1",
+                                        "standard deviation of the random Q/K/V (the scores' spread, and with it the "
+                                        "softmax's sharpness and the tensor cores' power draw, follow it)");
+    input_std.check = [](const std::string& t) {
+      const double v = std::strtod(t.c_str(), nullptr);
+      return v > 0 && v <= 64 ? std::string() : cat("{} ", t, ": expected a value in (0, 64]");
+    };
+    c.options = {
+        api::option("cases", Kind::List, "", "all", "cases to run: " + case_names()),
+        bench_int_option("reps", "10", 1, 1000, "timed calls of each kernel, interleaved own/cuDNN (median and min)"),
+        bench_int_option("warmup", "2", 0, 100, "untimed calls of each kernel first"),
+        bench_device_option(),
+        input_std,
+        bench_json_option(),
+    };
+    c.epilog =
+        "self-*: Q/K/V are views of one fused [B, L, 3, H, 128] buffer (the engine layout);\n"
+        "cross-*: dense Q [B, Lq, H, 128] and dense K, V [B, 512, H, 128]; cross-masked: k_lens {300, 512}.\n"
+        "TFLOP/s = 4*B*H*Lq*Lk*D / time (masked: the valid keys). Needs an sm_90 GPU for the own kernel;\n"
+        "elsewhere only cuDNN is timed.\n";
+    return c;
+  }();
+  return s;
+}
+
 int cmd_bench_attention(int argc, char** argv) {
-  const Args args(argc, argv, {"cases", "reps", "warmup", "device", "json", "input-std"}, {"help"});
-  if (args.flag("help")) {
-    print_help();
+  const api::Values args = api::parse_argv(bench_attention_spec(), argc, argv);
+  if (args.help()) {
+    printf("%s", api::help_text(bench_attention_spec()).c_str());
     return 0;
   }
-  WAN_CHECK(args.positional().empty(), "bench-attention: unexpected argument '", args.positional()[0],
-            "' (see --help)");
   std::vector<CaseDef> cases;
   if (const auto sel = args.get("cases")) {
     for (const std::string& name : split_commas(*sel)) {
@@ -207,12 +220,8 @@ int cmd_bench_attention(int argc, char** argv) {
     cases = all_cases();
   }
   const long long reps = args.get_int("reps", 10), warmup = args.get_int("warmup", 2);
-  const long long device = args.get_int("device", 0);
-  WAN_CHECK(reps >= 1 && reps <= 1000, "--reps ", reps, ": expected 1..1000");
-  WAN_CHECK(warmup >= 0 && warmup <= 100, "--warmup ", warmup, ": expected 0..100");
-  WAN_CHECK(device >= 0, "--device ", device, ": must be >= 0");
+  const long long device = args.device("device");
   const double input_std = args.get_double("input-std", 1.0);
-  WAN_CHECK(input_std > 0 && input_std <= 64, "--input-std ", input_std, ": expected a value in (0, 64]");
   const std::string json_path = args.get_or("json", "");
 
 #ifndef WAN_HAVE_CUDA

@@ -50,7 +50,6 @@
 #include <vector>
 
 #include "ckpt/layout.h"
-#include "cli/args.h"
 #include "bench/bench_common.h"
 #include "cli/commands.h"
 #include "models/config.h"
@@ -71,27 +70,6 @@
 
 namespace wan::cli {
 namespace {
-
-void print_help() {
-  printf(
-      "usage: wan bench --load PATH [options]\n"
-      "  Measures checkpoint loading on the GPU against the hardware: page-cache read bandwidth (1 thread,\n"
-      "  all threads), pinned host-to-device bandwidth, and the engine's file -> GPU weights speed per\n"
-      "  component and all together (the text encoder and the DiT experts), as a fraction of\n"
-      "  min(parallel read, H2D). The files are read once first to warm the page cache.\n"
-      "  --threads N          loader reader threads (default: its tuned count, hardware threads - 4 in [2, 8])\n"
-      "  --read-threads N     threads of the parallel read test (default: all hardware threads)\n"
-      "  --buffers K          loader staging buffers (default threads + 4)\n"
-      "  --buffer-mb M        loader staging buffer size in MB (default 8)\n"
-      "  --sweep              also time the combined load with other reader / buffer settings\n"
-      "  --read1-gb G         bytes for the 1-thread read test (default 8)\n"
-      "  --first-step         also run `wan generate` as a child: process start to the first step and\n"
-      "                       its critical path\n"
-      "  --size WxH           its video size (default 832x480)\n"
-      "  --frames N           its frames (default 5)\n"
-      "  --device N           CUDA device (default 0)\n"
-      "  --json FILE          write the results as JSON (commit from $WAN_COMMIT)\n");
-}
 
 constexpr double kGB = 1e9;
 
@@ -391,20 +369,57 @@ void print_critical_path(const FirstStep& f, double cuda_context_s) {
 
 }  // namespace
 
+const api::CommandSpec& bench_load_spec() {
+  static const api::CommandSpec s = [] {
+    using api::Kind;
+    using api::Option;
+    api::CommandSpec c;
+    c.name = "bench-load";
+    c.summary = "checkpoint load to the GPU vs page-cache read and H2D (= bench --load)";
+    c.usage = {"bench --load PATH [options]", "bench-load PATH [options]"};
+    c.about =
+        "Measures checkpoint loading on the GPU against the hardware: page-cache read bandwidth (1 thread, all "
+        "threads), pinned host-to-device bandwidth, and the engine's file -> GPU weights speed per component "
+        "and all together (the text encoder and the DiT experts), as a fraction of min(parallel read, H2D). "
+        "The files are read once first to warm the page cache.";
+    Option threads = bench_int_option("threads", "its tuned count, hardware threads - 4 in [2, 8]", 1, 1024,
+                                      "loader reader threads");
+    Option read_threads =
+        bench_int_option("read-threads", "all hardware threads", 1, 4096, "threads of the parallel read test");
+    c.options = {
+        api::option("load", Kind::Path, "PATH", "", "the checkpoint (or give PATH alone)"),
+        threads,
+        read_threads,
+        bench_int_option("buffers", "threads + 4", 2, 1024, "loader staging buffers", "K"),
+        api::option("buffer-mb", Kind::Float, "M", "8", "loader staging buffer size in MB"),
+        api::option("sweep", Kind::Flag, "", "", "also time the combined load with other reader / buffer settings"),
+        api::option("read1-gb", Kind::Float, "G", "8", "bytes for the 1-thread read test"),
+        api::option("first-step", Kind::Flag, "", "",
+                    "also run `wan generate` as a child: process start to the first step and its critical path"),
+        api::option("size", Kind::Size, "", "832x480", "its video size"),
+        bench_int_option("frames", "5", 1, 1e6, "its frames"),
+        bench_device_option(),
+        bench_json_option(),
+    };
+    c.max_positional = 1;
+    c.positional_name = "PATH";
+    return c;
+  }();
+  return s;
+}
+
 int cmd_bench_load(int argc, char** argv) {
   // `wan bench --load PATH ...` arrives here with argv[0] = "bench"; `--load` may also be given as the
   // positional PATH of `wan bench-load`.
-  const Args args(argc, argv,
-                  {"load", "threads", "read-threads", "buffers", "buffer-mb", "read1-gb", "size", "frames", "device", "json"},
-                  {"help", "sweep", "first-step"});
-  if (args.flag("help")) {
-    print_help();
+  const api::Values args = api::parse_argv(bench_load_spec(), argc, argv);
+  if (args.help()) {
+    printf("%s", api::help_text(bench_load_spec()).c_str());
     return 0;
   }
   std::string path = args.get_or("load", "");
   if (path.empty() && !args.positional().empty()) path = args.positional()[0];
   WAN_CHECK(!path.empty(), "wan bench --load PATH: missing the checkpoint PATH");
-  const int device = static_cast<int>(args.get_int("device", 0));
+  const int device = args.device("device");
   const std::string json_path = args.get_or("json", "");
 #ifndef WAN_HAVE_CUDA
   (void)device;

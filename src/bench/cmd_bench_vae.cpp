@@ -29,7 +29,6 @@
 #include <unordered_map>
 #include <vector>
 
-#include "cli/args.h"
 #include "bench/bench_common.h"
 #include "cli/commands.h"
 #include "models/config.h"
@@ -48,21 +47,6 @@
 
 namespace wan::cli {
 namespace {
-
-void print_help() {
-  printf(
-      "usage: wan bench-vae [options]\n"
-      "  Times the GPU VAE decode (Wan 2.1, bf16, causal chunk cache) with random weights at the real widths.\n"
-      "  --size WxH           pixel size (default 1280x720; multiples of 8)\n"
-      "  --frames N           pixel frames, 4n+1 (default 81)\n"
-      "  --reps N             timed decodes (default 3; median and min)\n"
-      "  --warmup N           untimed decodes first (default 1)\n"
-      "  --seed N             weight seed as `wan make-checkpoint --seed` (default 0); latents use seed + 1\n"
-      "  --conv-mode M        folded2d (default) | conv3d (see src/models/vae/vae_gpu.h)\n"
-      "  --device N           CUDA device (default 0)\n"
-      "  --json FILE          write the results as JSON (commit from $WAN_COMMIT)\n"
-      "  --verbose            print the decoder's memory and convolution plan\n");
-}
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
@@ -92,36 +76,57 @@ VaeWeights make_checkpoint_vae(const VaeConfig& c, uint64_t seed) {
 
 }  // namespace
 
+const api::CommandSpec& bench_vae_spec() {
+  static const api::CommandSpec s = [] {
+    using api::Kind;
+    using api::Option;
+    api::CommandSpec c;
+    c.name = "bench-vae";
+    c.summary = "time the GPU VAE decode with random weights (s, peak memory)";
+    c.usage = {"bench-vae [options]"};
+    c.about = "Times the GPU VAE decode (Wan 2.1, bf16, causal chunk cache) with random weights at the real widths.";
+    api::Option size = api::option("size", Kind::Size, "", "1280x720", "pixel size (multiples of 8)");
+    size.check = [](const std::string& t) {
+      const api::Size z = api::parse_size(t);
+      return z.width % 8 == 0 && z.height % 8 == 0 ? std::string()
+                                                   : cat("{} ", t, ": width and height must be multiples of 8");
+    };
+    Option frames = bench_int_option("frames", "81", 1, 1e6, "pixel frames, 4n+1");
+    frames.check = [](const std::string& f) {
+      return (std::stoll(f) - 1) % 4 == 0 ? std::string() : cat("{} ", f, ": must be 4n+1");
+    };
+    api::Option mode =
+        api::option("conv-mode", Kind::Enum, "M", "folded2d", "folded2d | conv3d (see src/models/vae/vae_gpu.h)");
+    mode.choices = {"folded2d", "conv3d"};
+    c.options = {
+        size,
+        frames,
+        bench_int_option("reps", "3", 1, 1000, "timed decodes (median and min)"),
+        bench_int_option("warmup", "1", 0, 100, "untimed decodes first"),
+        bench_int_option("seed", "0", 0, 9.2e18, "weight seed as `wan make-checkpoint --seed`; latents use seed + 1"),
+        mode,
+        bench_device_option(),
+        bench_json_option(),
+        api::option("verbose", Kind::Flag, "", "", "print the decoder's memory and convolution plan"),
+    };
+    return c;
+  }();
+  return s;
+}
+
 int cmd_bench_vae(int argc, char** argv) {
-  const Args args(argc, argv, {"size", "frames", "reps", "warmup", "seed", "conv-mode", "device", "json"},
-                  {"help", "verbose"});
-  if (args.flag("help")) {
-    print_help();
+  const api::Values args = api::parse_argv(bench_vae_spec(), argc, argv);
+  if (args.help()) {
+    printf("%s", api::help_text(bench_vae_spec()).c_str());
     return 0;
   }
-  WAN_CHECK(args.positional().empty(), "bench-vae: unexpected argument '", args.positional()[0], "' (see --help)");
-  const std::string size = args.get_or("size", "1280x720");
-  long long width = 0, height = 0;
-  {
-    const size_t x = size.find_first_of("x*");
-    WAN_CHECK(x != std::string::npos, "--size '", size, "': expected WxH, e.g. 1280x720");
-    char* end = nullptr;
-    width = std::strtoll(size.c_str(), &end, 10);
-    WAN_CHECK(end == size.c_str() + x, "--size '", size, "': expected WxH");
-    height = std::strtoll(size.c_str() + x + 1, &end, 10);
-    WAN_CHECK(*end == 0 && width > 0 && height > 0, "--size '", size, "': expected positive WxH");
-    WAN_CHECK(width % 8 == 0 && height % 8 == 0, "--size ", size, ": width and height must be multiples of 8");
-  }
+  const std::string size = args.str("size");
+  const auto [w_arg, h_arg] = args.size("size");
+  const long long width = w_arg, height = h_arg;
   const long long frames = args.get_int("frames", 81), reps = args.get_int("reps", 3);
   const long long warmup = args.get_int("warmup", 1), seed = args.get_int("seed", 0);
-  const long long device = args.get_int("device", 0);
-  WAN_CHECK(frames >= 1 && (frames - 1) % 4 == 0, "--frames ", frames, ": must be 4n+1");
-  WAN_CHECK(reps >= 1 && reps <= 1000, "--reps ", reps, ": expected 1..1000");
-  WAN_CHECK(warmup >= 0 && warmup <= 100, "--warmup ", warmup, ": expected 0..100");
-  WAN_CHECK(seed >= 0, "--seed ", seed, ": must be >= 0");
-  WAN_CHECK(device >= 0, "--device ", device, ": must be >= 0");
-  const std::string mode = args.get_or("conv-mode", "folded2d");
-  WAN_CHECK(mode == "folded2d" || mode == "conv3d", "--conv-mode '", mode, "' (valid: folded2d, conv3d)");
+  const long long device = args.device("device");
+  const std::string mode = args.str("conv-mode");
   const std::string json_path = args.get_or("json", "");
   const bool verbose = args.flag("verbose");
 

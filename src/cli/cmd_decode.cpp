@@ -6,7 +6,7 @@
 #include <cstdio>
 #include <string>
 
-#include "cli/args.h"
+#include "api/commands.h"
 #include "cli/commands.h"
 #include "cli/progress.h"
 #include "ckpt/layout.h"
@@ -16,48 +16,28 @@
 #include "formats/video.h"
 
 namespace wan::cli {
-namespace {
-
-void print_help() {
-  printf(
-      "usage: wan decode --model DIR --latents FILE --output FILE [options]\n"
-      "  Decodes latents with the checkpoint's VAE (CPU, float32) and writes the video.\n"
-      "\n"
-      "  --model PATH          checkpoint with a VAE (official or diffusers)\n"
-      "  --latents FILE        safetensors with tensor \"latents\" [z, T_lat, H_lat, W_lat] (z = 16 for\n"
-      "                        the Wan 2.1 VAE); frames = 4 (T_lat - 1) + 1, size 8 W_lat x 8 H_lat\n"
-      "  --output FILE         .mp4 | .y4m | .png\n"
-      "  --fps N               frame rate (default: the task's, 16 for A14B, 24 for TI2V-5B)\n"
-      "  --device DEV          cpu | cuda[:i] (default cpu; cuda decodes the Wan 2.1 VAE in bf16)\n"
-      "  --timings-json FILE   also write the timings and peak memory as JSON\n"
-      "  --quiet               no progress and no summary\n");
-}
-
-}  // namespace
 
 int cmd_decode(int argc, char** argv) {
   const auto t_start = std::chrono::steady_clock::now();
-  Args a(argc, argv, {"model", "latents", "output", "fps", "timings-json", "device"}, {"quiet", "help"});
-  if (a.flag("help")) {
-    print_help();
+  const api::Values a = api::parse_argv(api::decode_spec(), argc, argv);
+  if (a.help()) {
+    printf("%s", api::help_text(api::decode_spec()).c_str());
     return 0;
   }
-  WAN_CHECK(a.positional().empty(), "unexpected argument '", a.positional().empty() ? "" : a.positional()[0], "'");
   const bool quiet = a.flag("quiet");
   const std::string model = a.require("model");
   const std::string latents_file = a.require("latents");
   const std::string output = a.require("output");
-  const std::string timings_json = a.get_or("timings-json", "");
+  const std::string timings_json = a.get_or("json", "");
   check_output_path(output, "--output");
   const VideoFormat format = video_format_from_path(output);
   WAN_CHECK(format != VideoFormat::Mp4 || video_have_ffmpeg(), "--output ", output,
             ": this build has no FFmpeg for .mp4; use .y4m or .png");
   if (!timings_json.empty()) {
-    check_output_path(timings_json, "--timings-json");
-    WAN_CHECK(timings_json != output, "--timings-json and --output name the same file");
+    check_output_path(timings_json, "--json");
+    WAN_CHECK(timings_json != output, "--json and --output name the same file");
   }
   const long long fps_arg = a.get_int("fps", 0);
-  WAN_CHECK(!a.get("fps") || (fps_arg >= 1 && fps_arg <= 1000), "--fps ", fps_arg, ": must be in 1..1000");
 
   Tensor latents;
   WAN_WITH_CONTEXT("--latents", latents = read_latents(latents_file));
@@ -76,7 +56,7 @@ int cmd_decode(int argc, char** argv) {
   RunReport rep;
   Tensor video;
   try {
-    video = decode_latents(info, vae, latents, hooks, &rep.timings, a.get_or("device", "cpu"));
+    video = decode_latents(info, vae, latents, hooks, &rep.timings, a.str("device"));
   } catch (const Cancelled&) {
     printer.finish_line();
     fprintf(stderr, "interrupted: nothing written\n");

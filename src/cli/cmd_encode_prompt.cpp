@@ -6,7 +6,7 @@
 #include <cstdio>
 #include <string>
 
-#include "cli/args.h"
+#include "api/commands.h"
 #include "cli/commands.h"
 #include "cli/progress.h"
 #include "ckpt/layout.h"
@@ -15,34 +15,14 @@
 #include "pipeline/pipeline.h"
 
 namespace wan::cli {
-namespace {
-
-void print_help() {
-  printf(
-      "usage: wan encode-prompt --model DIR (--prompt TEXT | --default-negative) --output FILE.safetensors\n"
-      "  Encodes one prompt with the checkpoint's UMT5 text encoder (CPU, float32).\n"
-      "\n"
-      "  --model PATH          checkpoint with a text encoder and tokenizer (official or diffusers)\n"
-      "  --prompt TEXT         the text to encode (taken literally; \"\" encodes the empty prompt)\n"
-      "  --default-negative    encode the official default negative prompt instead\n"
-      "  --output FILE         embeddings file to write\n"
-      "  --quiet               print nothing but errors\n"
-      "\n"
-      "Output: safetensors with tensor \"prompt_embeds\" [L, text_dim] float32: the encoder output of the\n"
-      "L real tokens (EOS included, at most 512, no padding); metadata \"prompt\" holds the text.\n"
-      "Use it with `wan generate --prompt-embeds FILE` or `--negative-prompt-embeds FILE`.\n");
-}
-
-}  // namespace
 
 int cmd_encode_prompt(int argc, char** argv) {
   const auto t0 = std::chrono::steady_clock::now();
-  Args a(argc, argv, {"model", "prompt", "output"}, {"default-negative", "quiet", "help"});
-  if (a.flag("help")) {
-    print_help();
+  const api::Values a = api::parse_argv(api::encode_prompt_spec(), argc, argv);
+  if (a.help()) {
+    printf("%s", api::help_text(api::encode_prompt_spec()).c_str());
     return 0;
   }
-  WAN_CHECK(a.positional().empty(), "unexpected argument '", a.positional().empty() ? "" : a.positional()[0], "'");
   const bool quiet = a.flag("quiet");
   const std::string model = a.require("model");
   const std::string output = a.require("output");

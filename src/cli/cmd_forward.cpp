@@ -15,7 +15,7 @@
 #include <string>
 
 #include "ckpt/layout.h"
-#include "cli/args.h"
+#include "api/commands.h"
 #include "cli/commands.h"
 #include "core/clock.h"
 #include "core/philox.h"
@@ -27,20 +27,6 @@ namespace wan::cli {
 namespace {
 
 constexpr uint64_t kContextStreamOffset = uint64_t{1} << 40;
-
-void print_help() {
-  printf(
-      "usage: wan forward --model PATH [options]\n"
-      "  One DiT forward pass on the CPU (float32 reference) on random inputs.\n"
-      "  --model PATH        checkpoint folder or file (official, diffusers or ComfyUI)\n"
-      "  --expert high|low   A14B expert to run (default high)\n"
-      "  --frames F          pixel frames, 4n+1 (default 5)\n"
-      "  --size WxH          pixel size (default 128x128; multiple of 16 (A14B) or 32 (TI2V-5B))\n"
-      "  --seed N            RNG seed for latents, timestep and context (default 0)\n"
-      "  --prompt-len N      real text tokens, 1..text_len (default 16)\n"
-      "  --layers N          run only the first N blocks (memory-limited smoke tests)\n"
-      "  --out FILE          save x, t, context and the velocity to a .safetensors file\n");
-}
 
 Role pick_dit_role(const CheckpointInfo& info, const std::string& expert) {
   WAN_CHECK(expert == "high" || expert == "low", "--expert must be high or low, got '", expert, "'");
@@ -83,33 +69,22 @@ Stats stats(const Tensor& t) {
 }  // namespace
 
 int cmd_forward(int argc, char** argv) {
-  Args args(argc, argv, {"model", "expert", "frames", "size", "seed", "prompt-len", "layers", "out"}, {"help"});
-  if (args.flag("help")) {
-    print_help();
+  const api::Values args = api::parse_argv(api::forward_spec(), argc, argv);
+  if (args.help()) {
+    printf("%s", api::help_text(api::forward_spec()).c_str());
     return 0;
   }
-  WAN_CHECK(args.positional().empty(), "unexpected argument '", args.positional()[0], "' (see --help)");
   const std::string model = args.require("model");
   const long long frames = args.get_int("frames", 5);
   const long long seed = args.get_int("seed", 0);
   const long long prompt_len = args.get_int("prompt-len", 16);
-  const std::string size = args.get_or("size", "128x128");
-  WAN_CHECK(frames >= 1 && (frames - 1) % 4 == 0, "--frames ", frames, ": must be 4n+1");
-  WAN_CHECK(seed >= 0, "--seed ", seed, ": must be >= 0");
-  long long width = 0, height = 0;
-  {
-    const size_t xpos = size.find('x');
-    WAN_CHECK(xpos != std::string::npos, "--size '", size, "': expected WxH, e.g. 832x480");
-    char* end = nullptr;
-    width = std::strtoll(size.c_str(), &end, 10);
-    WAN_CHECK(end == size.c_str() + xpos, "--size '", size, "': expected WxH");
-    height = std::strtoll(size.c_str() + xpos + 1, &end, 10);
-    WAN_CHECK(*end == 0 && width > 0 && height > 0, "--size '", size, "': expected positive WxH");
-  }
+  const std::string size = args.str("size");
+  const auto [w_arg, h_arg] = args.size("size");
+  const long long width = w_arg, height = h_arg;
 
   const CheckpointInfo info = detect_checkpoint(model);
   DiTConfig cfg = info.dit;
-  const Role role = pick_dit_role(info, args.get_or("expert", "high"));
+  const Role role = pick_dit_role(info, args.str("expert"));
   if (auto layers = args.get("layers")) {
     const long long n = args.get_int("layers", 0);
     WAN_CHECK(n >= 1 && n <= cfg.num_layers, "--layers ", *layers, ": must be in [1, ", cfg.num_layers, "]");
@@ -164,7 +139,7 @@ int cmd_forward(int argc, char** argv) {
          s.nonfinite ? cat("  NON-FINITE ", s.nonfinite).c_str() : "");
   printf("time:    %.3f s forward (%d threads)\n", secs, num_threads());
 
-  if (auto out = args.get("out")) {
+  if (auto out = args.get("output")) {
     write_safetensors(*out, {{"x", x}, {"t", t}, {"context", ctx}, {"velocity", v}},
                       {{"model", info.root},
                        {"role", role_name(role)},

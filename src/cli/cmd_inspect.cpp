@@ -13,7 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ckpt/layout.h"
-#include "cli/args.h"
+#include "api/commands.h"
 #include "cli/commands.h"
 
 namespace wan::cli {
@@ -163,15 +163,9 @@ void print_json(const CheckpointInfo& info, const std::vector<ComponentReport>& 
 }  // namespace
 
 int cmd_inspect(int argc, char** argv) {
-  Args args(argc, argv, {}, {"json", "help"});
-  if (args.flag("help")) {
-    printf(
-        "usage: wan inspect PATH [--json]\n\n"
-        "PATH: an official Wan2.2 folder, a diffusers folder, a diffusers transformer folder, an official\n"
-        "expert folder, or a ComfyUI .safetensors DiT file.\n"
-        "Prints the layout, task, DiT config and each component's tensors; DiT tensors are checked\n"
-        "against the official names and shapes (missing / unexpected / shape mismatches).\n"
-        "  --json   machine-readable output with the full lists\n");
+  const api::Values args = api::parse_argv(api::inspect_spec(), argc, argv);
+  if (args.help()) {
+    printf("%s", api::help_text(api::inspect_spec()).c_str());
     return 0;
   }
   WAN_CHECK(args.positional().size() == 1, "inspect: expected one PATH, got ", args.positional().size(),

@@ -1,65 +1,69 @@
-// `wan make-checkpoint --config NAME --layout official|diffusers --out DIR [--layers N]
+// `wan make-checkpoint --config NAME --layout official|diffusers --output DIR [--layers N]
 //  [--dtype fp32|bf16] [--seed N] [--force] [--dit-only]`: writes a random-weight checkpoint
-//  (see gen/make_checkpoint.h).
+//  (see testing/make_checkpoint.h). The option table lives here: its --config names come from the
+//  checkpoint writer, which only this front end links. --out is the older spelling of --output.
 #include <cstdio>
 #include <string>
 
-#include "cli/args.h"
+#include "api/options.h"
 #include "cli/commands.h"
 #include "testing/make_checkpoint.h"
 
 namespace wan::cli {
-namespace {
 
-void usage() {
-  std::string names;
-  for (const std::string& n : model_preset_names()) names += (names.empty() ? "" : "|") + n;
-  std::printf(
-      "usage: wan make-checkpoint --config %s\n"
-      "                           --layout official|diffusers --out DIR\n"
-      "                           [--layers N] [--dtype fp32|bf16] [--seed N] [--force] [--dit-only]\n\n"
-      "Writes every component of the task (DiT expert(s), UMT5 text encoder, VAE, tokenizer, configs)\n"
-      "with deterministic random weights in the real tensor names and shapes.\n"
-      "  --layers N   DiT depth override (the text encoder and VAE keep theirs)\n"
-      "  --dtype      DiT weight dtype (default fp32); the text encoder is bf16 and the VAE fp32 as released\n"
-      "  --seed N     weight seed (default 0); the same arguments give byte-identical files\n"
-      "  --force      replace DIR if it exists and is not empty\n"
-      "  --dit-only   write only the (high-noise) DiT and its config (transformer/ or high_noise_model/)\n",
-      names.c_str());
+const api::CommandSpec& make_checkpoint_spec() {
+  static const api::CommandSpec s = [] {
+    std::string names;
+    for (const std::string& n : model_preset_names()) names += (names.empty() ? "" : " | ") + n;
+    api::CommandSpec c;
+    c.name = "make-checkpoint";
+    c.summary = "write a random-weight checkpoint in a real layout";
+    c.usage = {"make-checkpoint --config NAME --layout official|diffusers --output DIR [options]"};
+    c.about =
+        "Writes every component of the task (DiT expert(s), UMT5 text encoder, VAE, tokenizer, configs) with "
+        "deterministic random weights in the real tensor names and shapes.";
+    api::Option config = api::option("config", api::Kind::String, "NAME", "", names);
+    config.required = true;
+    api::Option layout = api::option("layout", api::Kind::Enum, "", "", "the folder layout to write");
+    layout.choices = {"official", "diffusers"};
+    layout.required = true;
+    api::Option output = api::option("output", api::Kind::Path, "DIR", "", "the folder to write");
+    output.aliases = {"out"};
+    output.required = true;
+    api::Option layers =
+        api::option("layers", api::Kind::Int, "N", "", "DiT depth override (the text encoder and VAE keep theirs)");
+    layers.min = 1;
+    layers.max = 1000;
+    api::Option dtype = api::option("dtype", api::Kind::Enum, "", "fp32",
+                                    "DiT weight dtype; the text encoder is bf16 and the VAE fp32 as released");
+    dtype.choices = {"fp32", "bf16"};
+    api::Option seed =
+        api::option("seed", api::Kind::Int, "N", "0", "weight seed; the same arguments give byte-identical files");
+    seed.min = 0;
+    api::Option force = api::option("force", api::Kind::Flag, "", "", "replace DIR if it exists and is not empty");
+    api::Option dit_only =
+        api::option("dit-only", api::Kind::Flag, "", "",
+                    "write only the (high-noise) DiT and its config (transformer/ or high_noise_model/)");
+    c.options = {config, layout, output, layers, dtype, seed, force, dit_only};
+    return c;
+  }();
+  return s;
 }
 
-}  // namespace
-
 int cmd_make_checkpoint(int argc, char** argv) {
-  Args a(argc, argv, {"config", "layout", "out", "layers", "dtype", "seed"}, {"force", "help", "dit-only"});
-  if (a.flag("help")) {
-    usage();
+  const api::Values a = api::parse_argv(make_checkpoint_spec(), argc, argv);
+  if (a.help()) {
+    std::printf("%s", api::help_text(make_checkpoint_spec()).c_str());
     return 0;
   }
-  WAN_CHECK(a.positional().empty(), "make-checkpoint: unexpected argument '", a.positional()[0], "'");
   gen::MakeCheckpointOptions o;
   o.config = a.require("config");
   const std::string layout = a.require("layout");
-  if (layout == "official")
-    o.layout = Layout::Official;
-  else if (layout == "diffusers")
-    o.layout = Layout::Diffusers;
-  else
-    WAN_THROW("unknown --layout '", layout, "' (valid: official, diffusers)");
-  o.out = a.require("out");
-  const long long layers = a.get_int("layers", 0);
-  WAN_CHECK(!a.get("layers") || (layers >= 1 && layers <= 1000), "--layers ", layers, ": expected 1..1000");
-  o.layers = static_cast<int>(layers);
-  const std::string dtype = a.get_or("dtype", "fp32");
-  if (dtype == "fp32")
-    o.dtype = DType::F32;
-  else if (dtype == "bf16")
-    o.dtype = DType::BF16;
-  else
-    WAN_THROW("unknown --dtype '", dtype, "' (valid: fp32, bf16)");
-  const long long seed = a.get_int("seed", 0);
-  WAN_CHECK(seed >= 0, "--seed ", seed, ": expected a non-negative integer");
-  o.seed = static_cast<uint64_t>(seed);
+  o.layout = layout == "official" ? Layout::Official : Layout::Diffusers;
+  o.out = a.require("output");
+  o.layers = static_cast<int>(a.get_int("layers", 0));
+  o.dtype = a.str("dtype") == "bf16" ? DType::BF16 : DType::F32;
+  o.seed = static_cast<uint64_t>(a.get_int("seed", 0));
   o.force = a.flag("force");
   o.dit_only = a.flag("dit-only");
 

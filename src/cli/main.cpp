@@ -1,11 +1,14 @@
 // `wan` command line: dispatches to subcommands and turns errors into one line and an exit code.
 // Exit codes: 0 success, 2 bad input (wan::Error of kind BadInput), 1 internal error.
+// Every command has an option table (api::CommandSpec); `wan help CMD`, `wan CMD --help` and
+// `wan CMD -h` print the help generated from it.
 #include <cstdio>
 #include <cstring>
 #include <exception>
 #include <new>
 #include <string>
 
+#include "api/commands.h"
 #include "cli/commands.h"
 #include "core/error.h"
 
@@ -13,25 +16,36 @@ namespace {
 struct Command {
   const char* name;
   int (*fn)(int, char**);
-  const char* help;
+  const wan::api::CommandSpec& (*spec)();
 };
 constexpr Command kCommands[] = {
-    {"generate", wan::cli::cmd_generate, "text to video (Wan 2.2 T2V-A14B) on the CPU"},
-    {"encode-prompt", wan::cli::cmd_encode_prompt, "encode a prompt into an embeddings file"},
-    {"decode", wan::cli::cmd_decode, "decode a latents file into a video with the VAE"},
-    {"inspect", wan::cli::cmd_inspect, "show layout, task, components, config and tensors of a checkpoint"},
-    {"make-checkpoint", wan::cli::cmd_make_checkpoint, "write a random-weight checkpoint in a real layout"},
-    {"forward", wan::cli::cmd_forward, "run one DiT forward pass on the CPU on random inputs"},
-    {"bench", wan::cli::cmd_bench, "time DiT denoising steps on the GPU with random weights (s/step, breakdown)"},
-    {"bench-vae", wan::cli::cmd_bench_vae, "time the GPU VAE decode with random weights (s, peak memory)"},
-    {"bench-attention", wan::cli::cmd_bench_attention, "time the own and the cuDNN attention kernels (ms, TFLOP/s)"},
-    {"bench-load", wan::cli::cmd_bench_load, "checkpoint load to the GPU vs page-cache read and H2D (= bench --load)"},
+    {"generate", wan::cli::cmd_generate, wan::api::generate_spec},
+    {"encode-prompt", wan::cli::cmd_encode_prompt, wan::api::encode_prompt_spec},
+    {"decode", wan::cli::cmd_decode, wan::api::decode_spec},
+    {"inspect", wan::cli::cmd_inspect, wan::api::inspect_spec},
+    {"make-checkpoint", wan::cli::cmd_make_checkpoint, wan::cli::make_checkpoint_spec},
+    {"forward", wan::cli::cmd_forward, wan::api::forward_spec},
+    {"bench", wan::cli::cmd_bench, wan::cli::bench_spec},
+    {"bench-vae", wan::cli::cmd_bench_vae, wan::cli::bench_vae_spec},
+    {"bench-attention", wan::cli::cmd_bench_attention, wan::cli::bench_attention_spec},
+    {"bench-load", wan::cli::cmd_bench_load, wan::cli::bench_load_spec},
 };
 
 void usage(FILE* f) {
   fprintf(f, "usage: wan <command> [options]\n\ncommands:\n");
-  for (const auto& c : kCommands) fprintf(f, "  %-16s %s\n", c.name, c.help);
-  fprintf(f, "\n'wan <command> --help' shows a command's options.\n");
+  for (const auto& c : kCommands) fprintf(f, "  %-16s %s\n", c.name, c.spec().summary.c_str());
+  fprintf(f, "\n'wan help <command>' or 'wan <command> --help' shows a command's options.\n");
+}
+
+const Command* find_command(const std::string& name) {
+  for (const auto& c : kCommands)
+    if (name == c.name) return &c;
+  return nullptr;
+}
+
+int unknown_command(const std::string& name) {
+  fprintf(stderr, "error: unknown command '%s' (try 'wan --help')\n", name.c_str());
+  return 2;
 }
 }  // namespace
 
@@ -41,8 +55,18 @@ int main(int argc, char** argv) {
     return 2;
   }
   std::string cmd = argv[1];
-  if (cmd == "--help" || cmd == "-h" || cmd == "help") {
+  if (cmd == "--help" || cmd == "-h" || (cmd == "help" && argc == 2)) {
     usage(stdout);
+    return 0;
+  }
+  if (cmd == "help") {
+    if (argc > 3) {
+      fprintf(stderr, "error: 'wan help' takes one command, got %d arguments\n", argc - 2);
+      return 2;
+    }
+    const Command* c = find_command(argv[2]);
+    if (!c) return unknown_command(argv[2]);
+    printf("%s", wan::api::help_text(c->spec()).c_str());
     return 0;
   }
   if (cmd == "--version") {
@@ -53,21 +77,18 @@ int main(int argc, char** argv) {
   if (cmd == "bench")
     for (int i = 2; i < argc; ++i)
       if (std::strcmp(argv[i], "--load") == 0 || std::strncmp(argv[i], "--load=", 7) == 0) cmd = "bench-load";
-  for (const auto& c : kCommands) {
-    if (cmd != c.name) continue;
-    try {
-      return c.fn(argc - 1, argv + 1);
-    } catch (const wan::Error& e) {
-      fprintf(stderr, "error: %s\n", e.what());
-      return e.kind() == wan::ErrorKind::BadInput ? 2 : 1;
-    } catch (const std::bad_alloc&) {
-      fprintf(stderr, "error: out of host memory\n");
-      return 1;
-    } catch (const std::exception& e) {
-      fprintf(stderr, "error: internal: %s\n", e.what());
-      return 1;
-    }
+  const Command* c = find_command(cmd);
+  if (!c) return unknown_command(cmd);
+  try {
+    return c->fn(argc - 1, argv + 1);
+  } catch (const wan::Error& e) {
+    fprintf(stderr, "error: %s\n", e.what());
+    return e.kind() == wan::ErrorKind::BadInput ? 2 : 1;
+  } catch (const std::bad_alloc&) {
+    fprintf(stderr, "error: out of host memory\n");
+    return 1;
+  } catch (const std::exception& e) {
+    fprintf(stderr, "error: internal: %s\n", e.what());
+    return 1;
   }
-  fprintf(stderr, "error: unknown command '%s' (try 'wan --help')\n", cmd.c_str());
-  return 2;
 }

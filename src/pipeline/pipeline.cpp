@@ -72,22 +72,6 @@ std::string human_bytes(int64_t b) {
   return buf;
 }
 
-int parse_positive_int(const std::string& s, const std::string& what) {
-  WAN_CHECK(!s.empty() && s.size() <= 9 && s.find_first_not_of("0123456789") == std::string::npos, what, ": '", s,
-            "' is not a positive integer");
-  int v = std::stoi(s);
-  WAN_CHECK(v > 0, what, ": '", s, "' is not a positive integer");
-  return v;
-}
-
-float parse_float(const std::string& s, const std::string& what) {
-  char* end = nullptr;
-  errno = 0;
-  float v = std::strtof(s.c_str(), &end);
-  WAN_CHECK(!s.empty() && end && *end == 0 && errno == 0 && std::isfinite(v), what, ": '", s, "' is not a number");
-  return v;
-}
-
 void check_cancel(const RunHooks& h) {
   if (h.cancel && h.cancel->load(std::memory_order_relaxed)) throw Cancelled();
 }
@@ -155,23 +139,6 @@ double Timings::mean_step() const {
   double s = 0;
   for (double x : step_seconds) s += x;
   return s / static_cast<double>(step_seconds.size());
-}
-
-void parse_size(const std::string& s, int* width, int* height) {
-  size_t sep = s.find_first_of("x*X");
-  WAN_CHECK(sep != std::string::npos, "--size: '", s, "' is not WIDTHxHEIGHT (e.g. 1280x720 or 1280*720)");
-  *width = parse_positive_int(s.substr(0, sep), "--size width");
-  *height = parse_positive_int(s.substr(sep + 1), "--size height");
-}
-
-void parse_guide_scale(const std::string& s, float* low, float* high) {
-  size_t comma = s.find(',');
-  if (comma == std::string::npos) {
-    *low = *high = parse_float(s, "--guide-scale");
-    return;
-  }
-  *low = parse_float(s.substr(0, comma), "--guide-scale (low-noise value)");
-  *high = parse_float(s.substr(comma + 1), "--guide-scale (high-noise value)");
 }
 
 Tensor seeded_latents(const Shape& shape, uint64_t seed) {

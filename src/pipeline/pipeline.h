@@ -90,11 +90,6 @@ struct GenerateOptions {
   bool parallel = false;
 };
 
-// Parses "1280x720" or "1280*720" (width first); throws wan::Error otherwise.
-void parse_size(const std::string& s, int* width, int* height);
-// Parses "G" (both experts) or "G_low,G_high"; throws wan::Error otherwise.
-void parse_guide_scale(const std::string& s, float* low, float* high);
-
 struct RunState;
 
 // ---- resolved and validated ----

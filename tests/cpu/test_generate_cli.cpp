@@ -370,7 +370,7 @@ TEST(GenerateCli, HelpDocumentsTheFiles) {
   Result r = run_wan({"generate", "--help"});
   EXPECT_EQ(r.code, 0);
   for (const char* s : {"--prompt-embeds", "--init-latents", "\"prompt_embeds\" [L, text_dim]", "\"latents\" [16",
-                        "--timings-json", "130"})
+                        "--json FILE", "130"})
     EXPECT_NE(r.out.find(s), std::string::npos) << s;
   r = run_wan({"--help"});
   EXPECT_EQ(r.code, 0);

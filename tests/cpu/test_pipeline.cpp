@@ -335,27 +335,6 @@ TEST(Pipeline, DecodeLatentsMatchesTheFixtureVideo) {
   expect_bad_input([&] { decode_latents(info, vae, Tensor::f32(Shape{48, 1, 2, 2}), {}); }, "16 channels");
 }
 
-TEST(Pipeline, ParseSizeAndGuideScale) {
-  int w = 0, h = 0;
-  parse_size("1280x720", &w, &h);
-  EXPECT_EQ(w, 1280);
-  EXPECT_EQ(h, 720);
-  parse_size("480*832", &w, &h);
-  EXPECT_EQ(w, 480);
-  EXPECT_EQ(h, 832);
-  for (const char* bad : {"1280", "x720", "1280x", "12a0x720", "-16x16", "0x16", "16x16x16"})
-    expect_bad_input([&] { parse_size(bad, &w, &h); }, "--size");
-  float lo = 0, hi = 0;
-  parse_guide_scale("5", &lo, &hi);
-  EXPECT_EQ(lo, 5.0f);
-  EXPECT_EQ(hi, 5.0f);
-  parse_guide_scale("3,4.5", &lo, &hi);
-  EXPECT_EQ(lo, 3.0f);
-  EXPECT_EQ(hi, 4.5f);
-  for (const char* bad : {"", "a", "3,", ",4", "3;4", "nan"})
-    expect_bad_input([&] { parse_guide_scale(bad, &lo, &hi); }, "--guide-scale");
-}
-
 TEST(PipelineFiles, EmbeddingsAndLatentsRoundTripAndValidation) {
   TempDir tmp;
   Tensor e = Tensor::f32(Shape{5, 24});

@@ -1,0 +1,27 @@
+// The option tables of the engine's commands (generate, decode, encode-prompt, forward, inspect) and
+// the translation of a parsed generate request into the pipeline's GenerateOptions. The command line
+// (src/cli) and the HTTP server read these same tables, so an option, its default and its checks are
+// written once. The bench harnesses and make-checkpoint keep their tables next to their code.
+#pragma once
+#include <string>
+
+#include "api/options.h"
+#include "pipeline/generate_parallel.h"
+#include "pipeline/pipeline.h"
+
+namespace wan::api {
+
+const CommandSpec& generate_spec();
+const CommandSpec& decode_spec();
+const CommandSpec& encode_prompt_spec();
+const CommandSpec& forward_spec();
+const CommandSpec& inspect_spec();
+
+// The default --output of generate: .mp4 when this build has FFmpeg, else .y4m.
+std::string default_video_output();
+
+// A generate request's options as the pipeline takes them; `parallel` receives the multi-GPU options
+// as given (parse_parallel_request checks them with the launcher's environment). Throws OptionError.
+GenerateOptions generate_options(const Values& v, ParallelArgs* parallel);
+
+}  // namespace wan::api
