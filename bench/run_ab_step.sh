@@ -25,7 +25,7 @@ B=$ROOT/build-ab-base/wan N=$ROOT/build-ab-new/wan
 nvidia-smi --query-gpu=name --format=csv,noheader | head -1 >"$OUTDIR/device.txt"
 
 T=/tmp/ab-tiny; rm -rf $T; mkdir -p $T
-$B make-checkpoint --config tiny --layout official --seed 1 --out $T/ck >/dev/null
+$B make-checkpoint --config tiny --layout official --seed 1 --out $T/ck >/dev/null  # --out: the base may predate --output
 for w in base new; do
   W=$B; [ $w = new ] && W=$N
   $W generate --model $T/ck --prompt "a corgi running on a beach at sunset" --size 192x128 --frames 17 --steps 8 \

@@ -53,7 +53,7 @@ for lt in $LAYOUTS; do
   avail=$(df -B1 --output=avail "$WORK" | tail -1)
   echo "$(elapsed) make-checkpoint $layout $dtype ($((avail / 1000000000)) GB free)"
   timeout --signal=KILL "$(left)" "$WAN" make-checkpoint --config t2v-A14B --layout "$layout" --dtype "$dtype" \
-    --layers "$LAYERS" --seed 1 --out "$ck" >"$WORK/make-$layout.log" 2>&1 ||
+    --layers "$LAYERS" --seed 1 --output "$ck" >"$WORK/make-$layout.log" 2>&1 ||
     { echo "make-checkpoint $layout FAILED"; tail -5 "$WORK/make-$layout.log"; rm -rf "$ck" "$ck".partial-*; continue; }
   du -sh "$ck"
   SWEEP=""

@@ -9,7 +9,7 @@ OUT=${WAN_DEMO_DIR:-out}
 WAN=$BUILD_DIR/wan
 mkdir -p "$OUT"
 rm -rf "$OUT/tiny-t2v"
-"$WAN" make-checkpoint --config tiny --layout official --seed 1 --out "$OUT/tiny-t2v"
+"$WAN" make-checkpoint --config tiny --layout official --seed 1 --output "$OUT/tiny-t2v"
 "$WAN" inspect "$OUT/tiny-t2v"
 "$WAN" generate --model "$OUT/tiny-t2v" --prompt "a corgi running on a beach at sunset" \
   --size 192x128 --frames 17 --steps 8 --seed 42 --device cpu --output "$OUT/tiny-t2v.mp4"
