@@ -37,7 +37,7 @@
 #include <vector>
 
 #include "bench/bench_common.h"
-#include "cli/commands.h"
+#include "bench/commands.h"
 #include "models/config.h"
 #include "core/error.h"
 
@@ -563,7 +563,7 @@ int cmd_bench(int argc, char** argv) {
     printf("  achieved (isolated %s): block GEMMs %.1f TFLOP/s, self-attention %.1f TFLOP/s (kernel: %s)\n",
            br.mode.c_str(), gemm_tf, self_tf, iso.self_attention_engine.c_str());
     printf("  time outside GEMM and attention: %.1f%% of the isolated model; measured step minus isolated GEMM and "
-           "attention: %.1f%% (issue 4 target <= 8%%)\n",
+           "attention: %.1f%% (target <= 8%%)\n",
            100 * other_iso, 100 * other_resid);
     J["breakdown"] = {
         {"method", "isolated: one block's op sequence and the non-block ops with the engine's kernels on same-shape "
@@ -627,7 +627,7 @@ int cmd_bench(int argc, char** argv) {
     if (!at_full)
       printf("  (the %d-layer step is extrapolated: these are the %d-layer forward's shares)\n", target_layers,
              profile_layers);
-    printf("  time outside GEMM and attention in the real forward: %.1f%% (issue 4 target <= 8%%)\n", 100 * frac);
+    printf("  time outside GEMM and attention in the real forward: %.1f%% (target <= 8%%)\n", 100 * frac);
     nlohmann::json per_rep = nlohmann::json::array();
     for (const OpProfile& p : profiles)
       per_rep.push_back({{"total_s", p.total_ms / 1e3}, {"gemm_s", p.gemm_ms / 1e3},

@@ -1,6 +1,6 @@
 // `wan bench-attention`: the engine's two attention kernels (OwnAttention, src/kernels/attention_own.h, and
-// CudnnAttention, src/kernels/attention_cudnn.h) timed side by side at the DiT's shapes (issue 7 item 5;
-// bench/run_attention_bench.sh runs bench/baselines/torch_sdpa.py on the same cases next).
+// CudnnAttention, src/kernels/attention_cudnn.h) timed side by side at the DiT's shapes
+// (bench/run_attention_bench.sh runs bench/baselines/torch_sdpa.py on the same cases next).
 //
 // Cases (B = 2, H = 40, D = 128, bf16; the list bench/baselines/torch_sdpa.py repeats by name):
 //   self-75600, self-32760, self-75601   self-attention, Q/K/V as views of one fused [B, L, 3, H, 128]
@@ -39,7 +39,7 @@
 #include <vector>
 
 #include "bench/bench_common.h"
-#include "cli/commands.h"
+#include "bench/commands.h"
 #include "core/dtype.h"
 #include "core/error.h"
 

@@ -1,4 +1,4 @@
-// `wan bench --load PATH` (also `wan bench-load PATH`): start-up at hardware speed (issue 6), measured
+// `wan bench --load PATH` (also `wan bench-load PATH`): start-up at hardware speed, measured
 // against the hardware in one run on one checkpoint.
 //
 // What is measured (say it, so numbers are never mistaken for something else):
@@ -51,7 +51,7 @@
 
 #include "ckpt/layout.h"
 #include "bench/bench_common.h"
-#include "cli/commands.h"
+#include "bench/commands.h"
 #include "models/config.h"
 #include "core/clock.h"
 #include "core/error.h"

@@ -1,6 +1,6 @@
 // `wan bench-vae`: decode time and peak device memory of the GPU Wan 2.1 VAE decoder (src/models/vae/vae_gpu.h,
 // bf16, causal chunk cache) at the real widths with random weights, for the same-run comparison with the
-// official fp32 decode (issue 4 item 6; bench/run_vae_bench.sh runs bench/baselines/diffusers_vae.py next).
+// official fp32 decode (bench/run_vae_bench.sh runs bench/baselines/diffusers_vae.py next).
 //
 // What is measured (say it, so numbers are never mistaken for something else):
 // - weights: the Wan 2.1 VAE preset (base 96, z 16, dim_mult 1 2 4 4) drawn exactly as `wan make-checkpoint`
@@ -30,7 +30,7 @@
 #include <vector>
 
 #include "bench/bench_common.h"
-#include "cli/commands.h"
+#include "bench/commands.h"
 #include "models/config.h"
 #include "core/error.h"
 #include "core/philox.h"

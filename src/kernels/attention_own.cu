@@ -648,7 +648,7 @@ void OwnAttention::validate(const AttentionShape& s) {
 namespace {
 
 // Launches one instantiation; its shared-memory attribute is set once per device (attributes are per
-// device, and multi-GPU runs drive several devices from one process, issue 5).
+// device, and multi-GPU runs drive several devices from one process).
 template <int BN, bool PP>
 void launch(unsigned grid, const CUtensorMap& tq, const CUtensorMap& tk, const CUtensorMap& tv, const Params& p,
             cudaStream_t stream) {

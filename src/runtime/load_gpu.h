@@ -1,4 +1,4 @@
-// Streaming weight upload (issue 6): checkpoint file -> pinned staging -> device weights, bounded by
+// Streaming weight upload: checkpoint file -> pinned staging -> device weights, bounded by
 // the slower of page-cache reads and host-to-device copies. The GPU sink of ckpt/stream.h.
 //
 // A DeviceLoader takes a list of targets (the stored bytes of a tensor as a RawSpan, the device
