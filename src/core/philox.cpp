@@ -1,3 +1,5 @@
+// Bulk Philox fills (the per-element maths is inline in philox.h, shared with the GPU): split over the
+// thread pool in fixed ranges, so the values never depend on the thread count.
 #include "core/philox.h"
 
 #include "core/thread_pool.h"

@@ -1,6 +1,17 @@
 // Video output: the decoded video (float [3, F, H, W] in [-1, 1]) to MP4 (H.264), .y4m or PNG.
 // The format follows the output's extension (.mp4 .y4m .png, case-insensitive); anything else is an error.
 //
+// Invariants: nothing partial is left behind on failure. Each file is written to "<stem>.tmp.<ext>" next
+// to the target and renamed over it (an existing file is replaced) only once complete; on error the temp
+// file, and for a PNG sequence every frame this call already wrote, are removed. Errors are wan::Error
+// with one line naming the output path.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace wan {
+
 // Quantisation (WAN22.md §7.5.4, the official save_video): clamp to [-1, 1], (x + 1) / 2, * 255, cast to
 // uint8 by truncation, every step in float32 exactly as torch does it. NaN (undefined in torch) becomes 0.
 //
@@ -16,17 +27,6 @@
 //  - .png: one 8-bit RGB PNG per frame. One frame: exactly the given path. F > 1 frames:
 //    "dir/name.png" -> "dir/name_00000.png", "dir/name_00001.png", ... (5 digits, zero-based; more digits
 //    when F > 100000). No external library: own deflate (LZ77 + fixed Huffman), CRC-32 and Adler-32.
-//
-// Invariants: nothing partial is left behind on failure. Each file is written to "<stem>.tmp.<ext>" next
-// to the target and renamed over it (an existing file is replaced) only once complete; on error the temp
-// file, and for a PNG sequence every frame this call already wrote, are removed. Errors are wan::Error
-// with one line naming the output path.
-#pragma once
-#include <cstdint>
-#include <string>
-#include <vector>
-
-namespace wan {
 
 enum class VideoFormat { Mp4, Y4m, Png };
 

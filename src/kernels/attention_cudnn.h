@@ -1,19 +1,5 @@
 // Fused flash attention through cuDNN's graph (backend) API, for the DiT's self- and cross-attention.
 //
-// O = softmax(Q·Kᵀ·scale)·V per (sample, head), non-causal, head dim 128, bf16 Q/K/V, fp32 softmax and
-// accumulation inside cuDNN's fused kernel (the graph matmul → scale → padding mask → softmax → matmul
-// that cuDNN recognises as one flash-attention engine). Layouts are the ones the projections write:
-//   Q [B, Lq, H, 128], K and V [B, Lk, H, 128], O [B, Lq, H, 128]   (token-major "BSHD")
-// with a free token stride per tensor (elements between consecutive tokens; 0 = H·128, i.e. dense), so
-// Q/K/V may be views into a fused QKV projection output [B, L, 3, H, 128] (token stride 3·H·128). The
-// batch stride is always L·token_stride.
-// Masking: when `masked`, keys j >= k_lens[b] are excluded (1 <= k_lens[b] <= Lk), the semantics of
-// wan::ops::attention; k_lens is an int32 [B] array in DEVICE memory.
-// Output is bf16 only: cuDNN (library 9.14 on the H100 device) accepts an fp32 O tensor in the graph,
-// but its fused engine writes bf16 into it (measured), so AttnOutType::F32 is refused with a clear error.
-// Optional log-sum-exp output lse [B, H, Lq] fp32 (natural log of Σ_j exp(s_ij), s = q·k·scale over the
-// unmasked keys), which ring attention uses to merge partial results.
-//
 // Invariants: one execution plan per AttentionShape, built on first use and cached for the life of the
 // object (so build plans before a CUDA-graph capture: workspace_size() or prepare() do that); run() only
 // builds a variant pack and calls cudnnBackendExecute, which is capturable. The caller owns the
@@ -28,6 +14,20 @@
 #include <string>
 
 namespace wan::cuda {
+
+// O = softmax(Q·Kᵀ·scale)·V per (sample, head), non-causal, head dim 128, bf16 Q/K/V, fp32 softmax and
+// accumulation inside cuDNN's fused kernel (the graph matmul → scale → padding mask → softmax → matmul
+// that cuDNN recognises as one flash-attention engine). Layouts are the ones the projections write:
+//   Q [B, Lq, H, 128], K and V [B, Lk, H, 128], O [B, Lq, H, 128]   (token-major "BSHD")
+// with a free token stride per tensor (elements between consecutive tokens; 0 = H·128, i.e. dense), so
+// Q/K/V may be views into a fused QKV projection output [B, L, 3, H, 128] (token stride 3·H·128). The
+// batch stride is always L·token_stride.
+// Masking: when `masked`, keys j >= k_lens[b] are excluded (1 <= k_lens[b] <= Lk), the semantics of
+// wan::ops::attention; k_lens is an int32 [B] array in DEVICE memory.
+// Output is bf16 only: cuDNN (library 9.14 on the H100 device) accepts an fp32 O tensor in the graph,
+// but its fused engine writes bf16 into it (measured), so AttnOutType::F32 is refused with a clear error.
+// Optional log-sum-exp output lse [B, H, Lq] fp32 (natural log of Σ_j exp(s_ij), s = q·k·scale over the
+// unmasked keys), which ring attention uses to merge partial results.
 
 enum class AttnOutType : uint8_t { BF16, F32 };
 

@@ -5,6 +5,16 @@
 // free token stride, so Q/K/V may be views into a fused QKV output), optional per-sample key lengths
 // (k_lens, device int32 [B], 1 <= k_lens[b] <= Lk) and optional log-sum-exp output [B, H, Lq] (natural log).
 //
+// Invariants: no workspace; no host synchronisation; capturable in CUDA graphs (tensor maps are kernel
+// parameters built on the host per call). Requires an sm_90 device and 16-byte aligned pointers with
+// token strides multiple of 8 elements; supported() says whether this device can run it.
+#pragma once
+#include <cuda_runtime.h>
+
+#include "kernels/attention_cudnn.h"  // AttentionShape, AttentionArgs
+
+namespace wan::cuda {
+
 // Kernel (attention_own.cu): work items of (128 query rows, head, sample); one CTA per item for long key
 // sequences, a persistent grid (one CTA per SM looping over items) for short ones (<= 1024 keys, the text);
 // 3 warpgroups:
@@ -27,15 +37,6 @@
 // Numerics: fp32 scores, softmax and accumulation; P rounded to bf16 before P·V (as cuDNN and FA3);
 // O = acc / rowsum rounded once to bf16. Ragged lengths: TMA zero-fills rows past Lq / Lk, keys >= the
 // valid length are masked to -inf in the last tile, rows >= Lq are not stored.
-// Invariants: no workspace; no host synchronisation; capturable in CUDA graphs (tensor maps are kernel
-// parameters built on the host per call). Requires an sm_90 device and 16-byte aligned pointers with
-// token strides multiple of 8 elements; supported() says whether this device can run it.
-#pragma once
-#include <cuda_runtime.h>
-
-#include "kernels/attention_cudnn.h"  // AttentionShape, AttentionArgs
-
-namespace wan::cuda {
 
 class OwnAttention {
  public:

@@ -1,3 +1,5 @@
+// The one place a failed CUDA / cuBLAS / cuDNN / NCCL call becomes a wan::Error naming the statement,
+// the library's message and code, and the function, file and line (the check macros of check.h call it).
 #include "kernels/check.h"
 
 namespace wan::cuda_detail {

@@ -1,6 +1,17 @@
 // Memory-bound kernels of the Wan 2.1 VAE decoder on the GPU (everything but the convolutions and the
 // attention GEMMs): host launchers on raw device pointers and a stream, no model types.
 //
+// Invariants: C % 8 == 0 and pointers 16-byte aligned (checked, wan::Error); launchers never
+// synchronise; kernels are deterministic (fixed reduction order). Outputs never alias inputs except
+// where stated (fuse: x_out may equal r).
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace wan::cuda {
+
 // Layout: activations are bf16 channels-last per frame, [T, H·W, C] ("NHWC" with the frames as the
 // batch), so a position's channels are one contiguous row: the RMS norm reduces a row, an attention
 // token is a row, and cuDNN's channels-last convolutions read it directly.
@@ -15,16 +26,6 @@
 //           the causal 3-D one.
 // Numerics: sums, norms and SiLU in fp32 from bf16 inputs and fp32 biases/gammas, one rounding to
 // bf16 per output. RMS norm: y = v / max(||v||_2, 1e-12) · sqrt(C) · gamma (spec §5.2).
-// Invariants: C % 8 == 0 and pointers 16-byte aligned (checked, wan::Error); launchers never
-// synchronise; kernels are deterministic (fixed reduction order). Outputs never alias inputs except
-// where stated (fuse: x_out may equal r).
-#pragma once
-#include <cuda_bf16.h>
-#include <cuda_runtime.h>
-
-#include <cstdint>
-
-namespace wan::cuda {
 
 using bf16 = __nv_bfloat16;
 

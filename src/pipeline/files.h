@@ -1,5 +1,17 @@
 // The pipeline's own files: prompt embeddings, latents, and all-or-nothing output handling.
 //
+// Invariants: readers validate before returning (tensor present, rank, non-empty, all values
+// finite) and throw one-line wan::Error naming the file; writers write "<path>.tmp" and rename, so
+// a file is either complete or absent.
+#pragma once
+#include <map>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace wan {
+
 // File formats (safetensors; the tensor names are the public interface of `wan encode-prompt`,
 // `wan generate --prompt-embeds/--negative-prompt-embeds/--init-latents/--save-latents` and
 // `wan decode --latents`):
@@ -26,17 +38,6 @@
 //                      "timings.peak_bytes"     [2] I64: peak device memory in use, peak host RSS
 // Metadata (string -> string) is informative only ("prompt", "task", "seed", ...); readers never
 // depend on it.
-// Invariants: readers validate before returning (tensor present, rank, non-empty, all values
-// finite) and throw one-line wan::Error naming the file; writers write "<path>.tmp" and rename, so
-// a file is either complete or absent.
-#pragma once
-#include <map>
-#include <string>
-#include <vector>
-
-#include "core/tensor.h"
-
-namespace wan {
 
 constexpr const char* kPromptEmbedsTensor = "prompt_embeds";
 constexpr const char* kLatentsTensor = "latents";

@@ -1,6 +1,31 @@
-// Streaming weight upload: checkpoint file -> pinned staging -> device weights, bounded by
-// the slower of page-cache reads and host-to-device copies. The GPU sink of ckpt/stream.h.
+// Streaming weight upload: checkpoint file -> pinned staging -> device weights, bounded by the slower
+// of page-cache reads and host-to-device copies. The GPU sink of ckpt/stream.h.
 //
+// Invariants (details below the namespace line):
+// - results are bit-identical to the host path (get_f32, rounded to nearest even), NaN payloads aside;
+// - groups arrive in the order their first target was added; wait_group() returns once a group is on
+//   the device;
+// - an error stops all new work and surfaces as one wan::Error naming the file and tensor;
+// - staging is freed on the caller's thread only (finish() or the destructor), never on the load thread,
+//   so a CUDA graph capture running beside the load is never invalidated;
+// - the destructor cancels a running load and waits for it; it never throws.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ckpt/layout.h"
+#include "ckpt/stream.h"
+#include "core/tensor.h"
+
+namespace wan::cuda {
+
 // A DeviceLoader takes a list of targets (the stored bytes of a tensor as a RawSpan, the device
 // destination, its dtype bf16 or f32), possibly of several components (a completion group each),
 // and on a background thread:
@@ -42,22 +67,6 @@
 //   that (LoadStats::free_seconds). The destination memory belongs to the caller (it may be freed once
 //   finish() or the destructor has returned).
 // - The destructor cancels a running load and waits for it; it never throws.
-#pragma once
-#include <cuda_runtime.h>
-
-#include <cstddef>
-#include <cstdint>
-#include <functional>
-#include <memory>
-#include <optional>
-#include <string>
-#include <vector>
-
-#include "ckpt/layout.h"
-#include "ckpt/stream.h"
-#include "core/tensor.h"
-
-namespace wan::cuda {
 
 struct LoadTarget {
   std::string name;                  // for errors, e.g. "DiT expert 1 weight blocks.3.ffn.0.weight"

@@ -2,6 +2,17 @@
 // SentencePiece unigram model of google/umt5-xxl, EOS appended, truncated and right-padded to
 // max_length (512), with the attention mask.
 //
+// Invariants: encode() never throws on any input bytes (invalid UTF-8 becomes U+FFFD); ids and
+// mask have exactly max_length entries; the last real token is EOS, also after truncation.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace wan::text {
+
 // The reference tokenizes with transformers (AutoTokenizer -> the `tokenizers` library), which does
 // NOT give SentencePiece's own results on every input, so the engine reproduces transformers 5's T5
 // pipeline: libsentencepiece loads and validates spiece.model and supplies the vocabulary, and
@@ -20,17 +31,6 @@
 // off, whatever tokenizer.json says; transformers 4 (the Wan reference's version) honours the file.
 // The tests compare with transformers 5 (off) and with the tokenizers library on a byte-fallback
 // tokenizer.json (on), on fixed prompts and on thousands of random ones.
-//
-// Invariants: encode() never throws on any input bytes (invalid UTF-8 becomes U+FFFD); ids and
-// mask have exactly max_length entries; the last real token is EOS, also after truncation.
-#pragma once
-#include <cstdint>
-#include <memory>
-#include <string>
-#include <string_view>
-#include <vector>
-
-namespace wan::text {
 
 struct TokenizerOptions {
   int max_length = 512;
