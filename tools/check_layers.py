@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Checks the layering rules of ARCHITECTURE.md on the source tree; exits 1 naming every violation.
+"""Checks the layering and size rules of ARCHITECTURE.md on the source tree; exits 1 naming every violation.
 
 - Every #include "a/b.h" of a file under src/ must name a header of the file's own library or of a
   library its library depends on (the DEPS of its wan_library line in CMakeLists.txt, transitively).
@@ -7,7 +7,9 @@
 - A GPU file (a name with "_gpu", or any file in src/kernels) must not include a CPU model header
   (models/*/*_cpu.h): shared plain structs belong in the model's config or weights header.
 - Only the CLI (make-checkpoint) and tests include src/testing.
-- No source file is over MAX_LINES lines, except the data tables listed in EXEMPT.
+- No source file is over MAX_LINES lines, except the data tables listed in EXEMPT; no top-level function
+  is over MAX_FUNCTION_LINES lines; every file opens with a comment of at most MAX_TOP_COMMENT lines
+  saying its job and invariants (longer notes go next to the code they describe).
 
 Usage: tools/check_layers.py [SOURCE_DIR]   (default: the repository this file is in)
 """
@@ -17,6 +19,8 @@ import re
 import sys
 
 MAX_LINES = 800
+MAX_FUNCTION_LINES = 120
+MAX_TOP_COMMENT = 16
 EXEMPT = {"src/text/unicode_tables.cpp", "src/text/html_tables.cpp", "src/text/grapheme_tables.cpp"}
 SOURCE_EXT = (".h", ".cpp", ".cu", ".cuh")
 
@@ -60,6 +64,30 @@ def library_of(rel, libs):
     return None
 
 
+def size_problems(rel, text):
+    """Long top-level functions (a definition at column 0 up to its closing brace at column 0) and a
+    missing or long top-of-file comment."""
+    problems, lines = [], text.split("\n")
+    top = 0
+    while top < len(lines) and lines[top].startswith("//"):
+        top += 1
+    if top == 0:
+        problems.append(f"src/{rel}: no top-of-file comment saying its job")
+    elif top > MAX_TOP_COMMENT:
+        problems.append(f"src/{rel}: top-of-file comment of {top} lines (over {MAX_TOP_COMMENT})")
+    start = None
+    for i, line in enumerate(lines):
+        if start is None and re.match(r"^[A-Za-z].*\)\s*(const\s*)?(noexcept\s*)?\{\s*$", line) and not re.match(
+                r"^(namespace|struct|class|enum|union|extern)\b", line):
+            start = i
+        elif start is not None and line.startswith("}"):
+            if i - start + 1 > MAX_FUNCTION_LINES:
+                problems.append(f"src/{rel}:{start + 1}: function of {i - start + 1} lines (over "
+                                f"{MAX_FUNCTION_LINES}): {lines[start].strip()[:60]}")
+            start = None
+    return problems
+
+
 def closure(libs):
     memo = {}
 
@@ -87,8 +115,10 @@ def main():
             files += 1
             text = open(path, encoding="utf-8").read()
             lines = text.count("\n")
-            if lines > MAX_LINES and "src/" + rel not in EXEMPT:
-                errors.append(f"src/{rel}: {lines} lines (over {MAX_LINES}): split it")
+            if "src/" + rel not in EXEMPT:
+                if lines > MAX_LINES:
+                    errors.append(f"src/{rel}: {lines} lines (over {MAX_LINES}): split it")
+                errors += size_problems(rel, text)
             front_end = rel.startswith("cli/")
             lib = None if front_end else library_of(rel, libs)
             if not front_end and lib is None:

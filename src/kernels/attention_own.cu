@@ -2,20 +2,6 @@
 // Written from the PTX ISA: wgmma (9.7.15), cp.async.bulk.tensor (9.7.9.25), mbarrier (9.7.13.15),
 // setmaxnreg (9.7.17.1); tensor maps through the driver's cuTensorMapEncodeTiled, fetched at run time
 // with cudaGetDriverEntryPointByVersion (no link against libcuda).
-//
-// Key tile BN = 128 or 176 keys (template parameter; 176 as FA3 uses for head dim 128 amortises the
-// per-tile softmax bookkeeping over more keys, 128 fits short key sequences such as the 512 text tokens).
-// Shared memory (dynamic, 1024-byte aligned for the 128-byte swizzle), 32 KiB + 2·2·BN·256 B + barriers
-// (160 KiB for BN 128, 208 KiB for BN 176):
-//   Q [2 column halves][128 rows][64 bf16]          (half c holds head dims 64c .. 64c+63)
-//   K [2 stages][2 halves][BN keys][64 bf16]
-//   V [2 stages][2 halves][BN keys][64 bf16]
-// Each [rows][64] half is what one TMA box of (64 dims, 1 head, rows tokens, 1 sample) writes with
-// CU_TENSOR_MAP_SWIZZLE_128B: row r at r·128 bytes, its 16-byte chunks permuted by (r mod 8).
-// wgmma descriptors address these halves directly:
-//   Q (A, K-major) and K (B, K-major): start = half base + 32·(k step mod 4) bytes, SBO 1024 (8 rows);
-//   V (B, N-major, imm-trans-b = 1): start = stage base + 2048·(k step) (16 keys), LBO = half size (the
-//   next 64 head dims), SBO 1024 (the next 8 keys).
 #include "kernels/attention_own.h"
 
 #include <cuda.h>
@@ -32,6 +18,20 @@
 #include "kernels/check.h"
 
 namespace wan::cuda {
+
+// Key tile BN = 128 or 176 keys (template parameter; 176 as FA3 uses for head dim 128 amortises the
+// per-tile softmax bookkeeping over more keys, 128 fits short key sequences such as the 512 text tokens).
+// Shared memory (dynamic, 1024-byte aligned for the 128-byte swizzle), 32 KiB + 2·2·BN·256 B + barriers
+// (160 KiB for BN 128, 208 KiB for BN 176):
+//   Q [2 column halves][128 rows][64 bf16]          (half c holds head dims 64c .. 64c+63)
+//   K [2 stages][2 halves][BN keys][64 bf16]
+//   V [2 stages][2 halves][BN keys][64 bf16]
+// Each [rows][64] half is what one TMA box of (64 dims, 1 head, rows tokens, 1 sample) writes with
+// CU_TENSOR_MAP_SWIZZLE_128B: row r at r·128 bytes, its 16-byte chunks permuted by (r mod 8).
+// wgmma descriptors address these halves directly:
+//   Q (A, K-major) and K (B, K-major): start = half base + 32·(k step mod 4) bytes, SBO 1024 (8 rows);
+//   V (B, N-major, imm-trans-b = 1): start = stage base + 2048·(k step) (16 keys), LBO = half size (the
+//   next 64 head dims), SBO 1024 (the next 8 keys).
 
 namespace {
 

@@ -3,13 +3,6 @@
 // the residual adds fused into a LayerNorm, q/k RMSNorm + 3D RoPE), dit_kernels.cu (residual adds,
 // time embedding, patchify, conversions).
 //
-// Numerics follow the official reference (spec §2.10, §9): the residual stream, norms, modulation,
-// RoPE and the time embedding are fp32 (the sinusoid in float64), GEMM inputs are bf16. Where the
-// reference rounds an intermediate (the q/k RMSNorm result to bf16 before the weight), so do we; fp32
-// adds and multiplies of the modulation, gates and residual adds are done as separate correctly
-// rounded operations in the reference's order (no FMA contraction), so they equal the CPU reference
-// bit for bit.
-//
 // Invariants: every kernel reads its input once and writes its output once (16-byte vectors; a scalar
 // path only where a size or pointer forbids vectors, as the launcher says). Row widths D must be
 // multiples of 8 and the row pointers 16-byte aligned where a launcher says so (checked: wan::Error).
@@ -23,6 +16,13 @@
 #include <vector>
 
 namespace wan::cuda {
+
+// Numerics follow the official reference (spec §2.10, §9): the residual stream, norms, modulation,
+// RoPE and the time embedding are fp32 (the sinusoid in float64), GEMM inputs are bf16. Where the
+// reference rounds an intermediate (the q/k RMSNorm result to bf16 before the weight), so do we; fp32
+// adds and multiplies of the modulation, gates and residual adds are done as separate correctly
+// rounded operations in the reference's order (no FMA contraction), so they equal the CPU reference
+// bit for bit.
 
 using bf16 = __nv_bfloat16;
 

@@ -1,15 +1,6 @@
 // Linear layers on the GPU through cuBLASLt: y[M, N] = act(x[M, K] · w[N, K]ᵀ + bias[N]), the PyTorch
 // Linear convention (w is [out_features, in_features], row-major everywhere).
 //
-// Numerics (spec §2.10, §9.9): bf16 x and w with fp32 accumulation (CUBLAS_COMPUTE_32F), bias added and
-// the activation applied to the fp32 accumulator, one rounding to the output type (bf16 or fp32). The
-// fp32-input variant (time embedding, time projection, head in the reference's fp32 autocast regions)
-// uses CUBLAS_COMPUTE_32F too, i.e. no TF32, like PyTorch's default. The bias has the output's dtype
-// (cuBLASLt's rule for non-fp8 GEMMs). Act::GeluTanh is cuBLASLt's GELU epilogue, which is the tanh
-// approximation 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))) (checked against both forms in
-// tests/gpu/test_gemm.cu). Note the reference rounds the FFN's first Linear to bf16 before its GELU;
-// the fused epilogue skips that rounding (strictly closer to the fp32 result).
-//
 // Invariants: GemmRunner owns the cuBLASLt handle and the plan cache, not the workspace: the caller
 // plans the workspace (kWorkspaceBytes is enough for every Hopper algorithm) and keeps it alive and
 // unused by other streams while the runner works. Plans (descriptors + the heuristic's best algorithm)
@@ -27,6 +18,15 @@
 #include "core/dtype.h"
 
 namespace wan::cuda {
+
+// Numerics (spec §2.10, §9.9): bf16 x and w with fp32 accumulation (CUBLAS_COMPUTE_32F), bias added and
+// the activation applied to the fp32 accumulator, one rounding to the output type (bf16 or fp32). The
+// fp32-input variant (time embedding, time projection, head in the reference's fp32 autocast regions)
+// uses CUBLAS_COMPUTE_32F too, i.e. no TF32, like PyTorch's default. The bias has the output's dtype
+// (cuBLASLt's rule for non-fp8 GEMMs). Act::GeluTanh is cuBLASLt's GELU epilogue, which is the tanh
+// approximation 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))) (checked against both forms in
+// tests/gpu/test_gemm.cu). Note the reference rounds the FFN's first Linear to bf16 before its GELU;
+// the fused epilogue skips that rounding (strictly closer to the fp32 result).
 
 enum class Act : uint8_t { None, GeluTanh };
 
