@@ -1,15 +1,36 @@
-// Small pieces shared by the `wan bench*` commands (cmd_bench*.cpp): the JSON result file and the
-// option rows every bench command has (--device, --json), so they read and check alike.
+// Small pieces shared by the `wan bench*` commands (cmd_bench*.cpp): the JSON result file and its common
+// fields, the option rows every bench command has (--device, --json), medians, and (with CUDA) the device
+// selection, the device fields of the JSONs and a scoped device buffer, so the commands read and check alike.
 #pragma once
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "api/options.h"
+
+#ifdef WAN_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#include "kernels/check.h"
+
+namespace wan::cuda {
+struct BenchDevice;
+}
+#endif
 
 namespace wan::cli {
 
 // The current UTC time as ISO 8601 ("2026-11-21T05:30:00Z"), the `date` field of the bench JSONs.
 std::string utc_now();
+
+// $WAN_COMMIT, or "unknown": the `commit` field of the bench JSONs.
+std::string bench_commit();
+
+// Sets `tool`, `commit` and `date`, the fields every `wan bench*` JSON has.
+void put_tool_header(nlohmann::json& j, const std::string& tool);
+
+// The median of v (the mean of the middle two for an even count); 0 for none.
+double median_of(std::vector<double> v);
 
 // Writes j (indented) to path and prints "wrote <path>"; one wan::Error naming --json and the path when the
 // file cannot be opened or written.
@@ -22,5 +43,29 @@ api::Option bench_json_option();
 // An integer row with an inclusive range (the bench tables have many).
 api::Option bench_int_option(const std::string& name, const std::string& def, double min, double max,
                              const std::string& help, const std::string& meta = "N");
+
+#ifdef WAN_HAVE_CUDA
+// Checks that a device is visible (else one error: `none_visible`) and that --device names one of them,
+// makes it current and creates its context, so that later memory samples and timings exclude that.
+int select_bench_device(long long device, const std::string& none_visible);
+
+// The `device` object of the bench JSONs: name, sm_count, memory_gib, driver, runtime, cudnn.
+nlohmann::json bench_device_json(const cuda::BenchDevice& bd);
+
+// A device allocation freed on scope exit (an error in the middle of a measurement must not leak gigabytes).
+template <typename T>
+struct DevMem {
+  T* p = nullptr;
+  size_t n = 0;
+  explicit DevMem(size_t count) : n(count) {
+    if (n) CUDA_CHECK(cudaMalloc(&p, n * sizeof(T)));
+  }
+  ~DevMem() {
+    if (p) cudaFree(p);
+  }
+  DevMem(const DevMem&) = delete;
+  DevMem& operator=(const DevMem&) = delete;
+};
+#endif  // WAN_HAVE_CUDA
 
 }  // namespace wan::cli

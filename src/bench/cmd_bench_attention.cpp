@@ -1,24 +1,10 @@
 // `wan bench-attention`: the engine's two attention kernels (OwnAttention, src/kernels/attention_own.h, and
 // CudnnAttention, src/kernels/attention_cudnn.h) timed side by side at the DiT's shapes
 // (bench/run_attention_bench.sh runs bench/baselines/torch_sdpa.py on the same cases next).
-//
-// Cases (B = 2, H = 40, D = 128, bf16; the list bench/baselines/torch_sdpa.py repeats by name):
-//   self-75600, self-32760, self-75601   self-attention, Q/K/V as views of one fused [B, L, 3, H, 128]
-//                                        buffer (token stride 3·H·128: the engine layout; 75601 is odd)
-//   cross-75600x512, cross-32760x512     cross-attention, dense Q [B, Lq, H, 128] and dense K, V
-//                                        [B, 512, H, 128] (separate buffers)
-//   cross-masked-75600x512               as cross-75600x512 with k_lens = {300, 512}
+// Cases (B = 2, H = 40, D = 128, bf16; the list bench/baselines/torch_sdpa.py repeats by name): all_cases().
 // What is measured (say it, so numbers are never mistaken for something else):
-// - inputs: random bf16 ~ N(0, S²) (S = --input-std, default 1) drawn on the GPU
-//   (cuda::philox_normal_fill_bf16), one seed per case;
-//   keys past k_lens hold random values too; the cuDNN workspace is sized by workspace_size() (which also
-//   builds the plan, outside the timing);
-// - time: each call bracketed by CUDA events on one stream; --warmup untimed calls of each kernel, then
-//   --reps timed ones, interleaved rep by rep (own, cuDNN, own, cuDNN, ...) so that clock and power drift
-//   hit both alike; median and min. Before every timed call an untimed 256 MiB random fill runs on the
-//   same stream: the host-side launch work (tensor maps, cuDNN variant pack) overlaps it, so the events
-//   see the kernel and not the host (the DiT runs these in CUDA graphs), and both kernels start with a
-//   cold L2. The host enqueue time of each call and the fill time are recorded so that this can be checked;
+// - inputs: random bf16 ~ N(0, S²) (S = --input-std) drawn on the GPU, one seed per case (run_case);
+// - time: CUDA events around each call, interleaved own/cuDNN after a cold-L2 fill (time_interleaved);
 // - TFLOP/s = 4·B·H·Lq·Lk·D / time (masked: Lk replaced by the valid keys, Σ_b k_lens[b] / B);
 //   speed-up = cuDNN median / own median;
 // - sanity (not a correctness test: tests/gpu/test_attention_own.cu is): every 37th output token row of
@@ -63,6 +49,9 @@ struct CaseDef {
   std::vector<int32_t> k_lens;  // empty: unmasked
 };
 
+// self-*: Q/K/V as views of one fused [B, L, 3, H, 128] buffer (token stride 3·H·128: the engine layout;
+// 75601 is odd); cross-*: dense Q [B, Lq, H, 128] and dense K, V [B, 512, H, 128] (separate buffers);
+// cross-masked: as cross-75600x512 with k_lens = {300, 512}.
 const std::vector<CaseDef>& all_cases() {
   static const std::vector<CaseDef> c = {
       {"self-75600", true, 75600, 75600, {}},
@@ -81,7 +70,6 @@ std::string case_names() {
   return s;
 }
 
-
 std::vector<std::string> split_commas(const std::string& s) {
   std::vector<std::string> out;
   std::stringstream ss(s);
@@ -92,29 +80,42 @@ std::vector<std::string> split_commas(const std::string& s) {
   return out;
 }
 
-#ifdef WAN_HAVE_CUDA
-double median_of(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+// The command line, read and checked before any device work.
+struct AttnSettings {
+  std::vector<CaseDef> cases;
+  long long reps = 0, warmup = 0, device = 0;
+  double input_std = 1;
+  std::string json_path;
+};
+
+// --cases in the order given (a repeated name once), or all of them.
+std::vector<CaseDef> selected_cases(const api::Values& args) {
+  const auto sel = args.get("cases");
+  if (!sel) return all_cases();
+  std::vector<CaseDef> cases;
+  for (const std::string& name : split_commas(*sel)) {
+    const auto it =
+        std::find_if(all_cases().begin(), all_cases().end(), [&](const CaseDef& c) { return name == c.name; });
+    WAN_CHECK(it != all_cases().end(), "--cases: unknown case '", name, "' (valid: ", case_names(), ")");
+    const bool dup = std::any_of(cases.begin(), cases.end(), [&](const CaseDef& c) { return name == c.name; });
+    if (!dup) cases.push_back(*it);
+  }
+  WAN_CHECK(!cases.empty(), "--cases: no case named (valid: ", case_names(), ")");
+  return cases;
 }
 
+AttnSettings parse_settings(const api::Values& args) {
+  AttnSettings s;
+  s.cases = selected_cases(args);
+  s.reps = args.get_int("reps", 10), s.warmup = args.get_int("warmup", 2);
+  s.device = args.device("device");
+  s.input_std = args.get_double("input-std", 1.0);
+  s.json_path = args.get_or("json", "");
+  return s;
+}
 
-// A device allocation freed on scope exit (errors in the middle of a case must not leak gigabytes).
-template <typename T>
-struct DevMem {
-  T* p = nullptr;
-  size_t n = 0;
-  explicit DevMem(size_t count) : n(count) {
-    if (n) CUDA_CHECK(cudaMalloc(&p, n * sizeof(T)));
-  }
-  ~DevMem() {
-    if (p) cudaFree(p);
-  }
-  DevMem(const DevMem&) = delete;
-  DevMem& operator=(const DevMem&) = delete;
-};
+#ifdef WAN_HAVE_CUDA
+using namespace wan::cuda;
 
 struct Events {
   cudaEvent_t fill = nullptr, start = nullptr, stop = nullptr;
@@ -161,6 +162,297 @@ std::vector<uint16_t> sample_rows(const uint16_t* d, int64_t rows, int64_t row_e
                           cudaMemcpyDeviceToHost));
   return h;
 }
+
+constexpr const char* kOwnSwitches[] = {"WAN_ATTN_BN", "WAN_ATTN_PERSIST", "WAN_ATTN_PINGPONG"};
+
+// The device and what it can time: the own kernel (sm_90 and the sm_90a build), cuDNN, and why not.
+struct AttnDevice {
+  int dev = 0;
+  BenchDevice bd;
+  cudaDeviceProp prop{};
+  bool own_ok = false, cudnn_ok = false;
+  std::string own_note, cudnn_note;
+};
+
+AttnDevice open_device(long long device) {
+  AttnDevice d;
+  d.dev = select_bench_device(device, "wan bench-attention: no CUDA device is visible (it times GPU kernels)");
+  d.bd = bench_device(d.dev);
+  CUDA_CHECK(cudaGetDeviceProperties(&d.prop, d.dev));
+  d.own_ok = OwnAttention::supported();
+  d.cudnn_ok = cudnn_available();
+  d.own_note = d.own_ok ? "" : cat("own kernel unsupported on this device (sm_", d.prop.major, d.prop.minor,
+                                   "; it needs sm_90 and a build with the sm_90a kernel): not timed");
+  d.cudnn_note = d.cudnn_ok ? "" : "cuDNN unavailable (this build has no cuDNN): not timed";
+  WAN_CHECK(d.own_ok || d.cudnn_ok, "wan bench-attention: nothing to time on device ", d.dev, " (", d.bd.name, "): ",
+            d.own_note, "; ", d.cudnn_note);
+  return d;
+}
+
+void print_intro(const AttnSettings& s, const AttnDevice& d) {
+  printf("wan bench-attention: B=%lld H=%lld D=%lld bf16 inputs ~ N(0, %g^2), %lld warm-up + %lld timed calls per "
+         "kernel (interleaved own/cuDNN), CUDA events, median\n",
+         (long long)kB, (long long)kH, (long long)kD, s.input_std, s.warmup, s.reps);
+  printf("device %d: %s (sm_%d%d), %d SMs, %.1f GiB; driver %d, runtime %d, cuDNN %d\n", d.dev, d.bd.name.c_str(),
+         d.prop.major, d.prop.minor, d.bd.sm_count, d.bd.total_bytes / (1024.0 * 1024.0 * 1024.0),
+         d.bd.driver_version, d.bd.runtime_version, d.bd.cudnn_version);
+  if (!d.own_ok) printf("NOTE: %s; timing cuDNN only\n", d.own_note.c_str());
+  if (!d.cudnn_ok) printf("NOTE: %s; timing the own kernel only\n", d.cudnn_note.c_str());
+  for (const char* k : kOwnSwitches)
+    if (const char* v = std::getenv(k)) printf("NOTE: %s=%s is set (an experiment switch of the own kernel)\n", k, v);
+  fflush(stdout);
+}
+
+// What every case shares: the cuDNN runner, the stream and the pre-call fill: 256 MiB of bf16 (5x the H100's
+// L2), whose time is recorded and compared with the launch's host work.
+struct AttnRig {
+  struct Stream {
+    cudaStream_t s = nullptr;
+    ~Stream() {
+      if (s) cudaStreamDestroy(s);
+    }
+  };
+  std::optional<CudnnAttention> cudnn;
+  Stream stream;
+  std::optional<DevMem<uint16_t>> scratch;
+  uint64_t fill_seed = 0xF111;
+  float case_std = 1;  // the cases' Q/K/V (the pre-call fill stays N(0, 1))
+
+  AttnRig(bool cudnn_ok, double input_std) : case_std(static_cast<float>(input_std)) {
+    if (cudnn_ok) cudnn.emplace();
+    CUDA_CHECK(cudaStreamCreateWithFlags(&stream.s, cudaStreamNonBlocking));
+    scratch.emplace(size_t{128} << 20);
+  }
+};
+
+// The attention shape of a case (B, H, D fixed); self-attention reads Q/K/V as views of fused QKV rows.
+AttentionShape case_shape(const CaseDef& c) {
+  AttentionShape s;
+  s.B = kB, s.Lq = c.Lq, s.Lk = c.Lk, s.H = kH, s.D = kD;
+  s.masked = !c.k_lens.empty();
+  if (c.self) s.q_ld = s.k_ld = s.v_ld = 3 * kH * kD;  // views of the fused QKV rows (before the plan is built)
+  return s;
+}
+
+// Σ_b 4·H·Lq·k_len_b·D (unmasked: every key of every sample).
+double case_flops(const CaseDef& c) {
+  int64_t valid_keys = kB * c.Lk;
+  if (!c.k_lens.empty()) {
+    valid_keys = 0;
+    for (int32_t k : c.k_lens) valid_keys += k;
+  }
+  return 4.0 * kH * c.Lq * kD * static_cast<double>(valid_keys);
+}
+
+// --warmup untimed calls of each kernel, then --reps timed ones interleaved rep by rep (own, cuDNN, own, ...)
+// so that clock and power drift hit both alike. Before every timed call an untimed 256 MiB random fill runs
+// on the same stream: the host-side launch work (tensor maps, cuDNN variant pack) overlaps it, so the events
+// see the kernel and not the host (the DiT runs these in CUDA graphs), and both kernels start with a cold
+// L2. The host enqueue time of each call and the fill time are recorded so that this can be checked.
+template <typename Launch>
+void time_interleaved(const Launch& launch, const std::vector<bool>& order, const AttnSettings& s, AttnRig& rig,
+                      KernelTimes& t_own, KernelTimes& t_cudnn) {
+  const cudaStream_t st = rig.stream.s;
+  for (long long w = 0; w < s.warmup; ++w)
+    for (bool own : order) launch(own);
+  CUDA_CHECK(cudaStreamSynchronize(st));
+  Events ev;
+  for (long long r = 0; r < s.reps; ++r) {
+    for (bool own : order) {
+      CUDA_CHECK(cudaEventRecord(ev.fill, st));
+      cuda::philox_normal_fill_bf16(rig.scratch->p, rig.scratch->n, rig.fill_seed++, 0, 1.0f, st);
+      CUDA_CHECK(cudaEventRecord(ev.start, st));
+      const auto h0 = std::chrono::steady_clock::now();
+      launch(own);
+      const double enq_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - h0).count();
+      CUDA_CHECK(cudaEventRecord(ev.stop, st));
+      CUDA_CHECK(cudaEventSynchronize(ev.stop));
+      float ms = 0, fill_ms = 0;
+      CUDA_CHECK(cudaEventElapsedTime(&ms, ev.start, ev.stop));
+      CUDA_CHECK(cudaEventElapsedTime(&fill_ms, ev.fill, ev.start));
+      KernelTimes& t = own ? t_own : t_cudnn;
+      t.ms.push_back(ms);
+      t.enqueue_us.push_back(enq_us);
+      t.fill_ms.push_back(fill_ms);
+    }
+  }
+}
+
+// Sanity: every `step`-th output token row of the kernels that ran (null: not run) finite; own vs cuDNN.
+Compare compare_outputs(const uint16_t* o_own, const uint16_t* o_cudnn, int64_t rows, int64_t HD, int64_t step) {
+  Compare cmp;
+  std::vector<uint16_t> h_own, h_cudnn;
+  if (o_own) h_own = sample_rows(o_own, rows, HD, step);
+  if (o_cudnn) h_cudnn = sample_rows(o_cudnn, rows, HD, step);
+  cmp.rows = static_cast<size_t>((rows + step - 1) / step);
+  for (size_t i = 0; i < std::max(h_own.size(), h_cudnn.size()); ++i) {
+    const float x = h_own.empty() ? 0.f : bf16_to_f32(h_own[i]);
+    const float y = h_cudnn.empty() ? 0.f : bf16_to_f32(h_cudnn[i]);
+    cmp.nonfinite_own += !std::isfinite(x);
+    cmp.nonfinite_cudnn += !std::isfinite(y);
+    if (std::isfinite(x) && std::isfinite(y)) {
+      cmp.max_abs = std::max(cmp.max_abs, static_cast<double>(std::fabs(h_cudnn.empty() ? x : y)));
+      if (!h_own.empty() && !h_cudnn.empty())
+        cmp.max_abs_diff = std::max(cmp.max_abs_diff, static_cast<double>(std::fabs(x - y)));
+    }
+  }
+  return cmp;
+}
+
+// One case's measurements.
+struct CaseRun {
+  uint64_t seed = 0;
+  double flops = 0;
+  bool own = false, cudnn = false;  // which kernels ran
+  KernelTimes t_own, t_cudnn;
+  std::string cudnn_engine;
+  size_t ws = 0;  // the cuDNN workspace
+  Compare cmp;
+  int64_t row_step = 37;  // the sampled output rows
+  bool bad() const { return cmp.nonfinite_own || cmp.nonfinite_cudnn; }
+};
+
+// Allocates and fills the case's inputs (cuda::philox_normal_fill_bf16; keys past k_lens hold random
+// values too; the cuDNN workspace is sized by workspace_size(), which also builds the plan, outside the
+// timing), times both kernels on them and compares their outputs.
+CaseRun run_case(const CaseDef& c, size_t ci, const AttnDevice& d, AttnRig& rig, const AttnSettings& set) {
+  CaseRun run;
+  const int64_t HD = kH * kD, Lq = c.Lq, Lk = c.Lk;
+  const bool masked = !c.k_lens.empty();
+  WAN_ASSERT(!masked || static_cast<int64_t>(c.k_lens.size()) == kB, "bench-attention: k_lens of ", c.name);
+  run.seed = 0xA770 + 16 * ci;
+  run.own = d.own_ok, run.cudnn = rig.cudnn.has_value();
+  const cudaStream_t st = rig.stream.s;
+
+  const AttentionShape s = case_shape(c);
+  const size_t q_elems = static_cast<size_t>(kB * Lq * (c.self ? 3 * HD : HD));
+  const size_t kv_elems = c.self ? 0 : static_cast<size_t>(2 * kB * Lk * HD);
+  const size_t o_elems = static_cast<size_t>(kB * Lq * HD);
+  if (rig.cudnn) {
+    run.ws = rig.cudnn->workspace_size(s);  // builds the plan (not timed)
+    run.cudnn_engine = rig.cudnn->describe(s);
+  }
+  {
+    size_t free_b = 0, total_b = 0;
+    CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    const size_t need = (q_elems + kv_elems + 2 * o_elems) * sizeof(uint16_t) + run.ws + (size_t{256} << 20);
+    WAN_CHECK(need <= free_b, "bench-attention: case ", c.name, " needs about ", need >> 20, " MiB of device memory, ",
+              free_b >> 20, " MiB free");
+  }
+  DevMem<uint16_t> qbuf(q_elems), kvbuf(kv_elems), o_own(o_elems), o_cudnn(o_elems);
+  DevMem<uint8_t> dws(run.ws);
+  DevMem<int32_t> dklens(masked ? static_cast<size_t>(kB) : 0);
+  cuda::philox_normal_fill_bf16(qbuf.p, qbuf.n, run.seed, 0, rig.case_std, st);
+  if (!c.self) cuda::philox_normal_fill_bf16(kvbuf.p, kvbuf.n, run.seed + 1, 0, rig.case_std, st);
+  if (masked)
+    CUDA_CHECK(cudaMemcpyAsync(dklens.p, c.k_lens.data(), kB * sizeof(int32_t), cudaMemcpyHostToDevice, st));
+  CUDA_CHECK(cudaStreamSynchronize(st));
+
+  AttentionArgs a;
+  a.q = qbuf.p;
+  a.k = c.self ? qbuf.p + HD : kvbuf.p;
+  a.v = c.self ? qbuf.p + 2 * HD : kvbuf.p + static_cast<size_t>(kB * Lk * HD);
+  a.k_lens = masked ? dklens.p : nullptr;
+  AttentionArgs a_own = a, a_cudnn = a;
+  a_own.o = o_own.p;
+  a_cudnn.o = o_cudnn.p;
+  if (d.own_ok) OwnAttention::validate(s);
+  run.flops = case_flops(c);
+
+  auto launch = [&](bool own) {
+    if (own) OwnAttention::run(s, a_own, st);
+    else rig.cudnn->run(s, a_cudnn, dws.p, run.ws, st);
+  };
+  std::vector<bool> order;
+  if (d.own_ok) order.push_back(true);
+  if (rig.cudnn) order.push_back(false);
+  time_interleaved(launch, order, set, rig, run.t_own, run.t_cudnn);
+  run.cmp = compare_outputs(d.own_ok ? o_own.p : nullptr, rig.cudnn ? o_cudnn.p : nullptr, kB * Lq, HD, run.row_step);
+  return run;
+}
+
+// The case's table row, and warnings when the timing or the outputs cannot be trusted.
+void print_case(const CaseDef& c, const CaseRun& run) {
+  const double own_med = median_of(run.t_own.ms), cud_med = median_of(run.t_cudnn.ms);
+  const bool both = run.own && run.cudnn;
+  char diff_str[32] = "-";
+  if (both) std::snprintf(diff_str, sizeof diff_str, "%.3g", run.cmp.max_abs_diff);
+  auto fmt = [](bool have, double v, const char* f) {
+    char b[32] = "-";
+    if (have) std::snprintf(b, sizeof b, f, v);
+    return std::string(b);
+  };
+  printf("%-24s %10s %9s %10s %9s %9s %11s\n", c.name, fmt(run.own, own_med, "%.3f").c_str(),
+         fmt(run.own, run.flops / (own_med * 1e9), "%.1f").c_str(), fmt(run.cudnn, cud_med, "%.3f").c_str(),
+         fmt(run.cudnn, run.flops / (cud_med * 1e9), "%.1f").c_str(), fmt(both, cud_med / own_med, "%.3fx").c_str(),
+         diff_str);
+  // The fill must outlast the host work of the launch, else the event pair includes a host gap.
+  for (const auto* t : {&run.t_own, &run.t_cudnn}) {
+    if (t->ms.empty()) continue;
+    const double enq = median_of(t->enqueue_us) * 1e-3, fill = median_of(t->fill_ms);
+    if (enq > fill)
+      printf("  WARNING: %s: host enqueue %.3f ms > pre-call fill %.3f ms: the time may include a host gap\n",
+             t == &run.t_own ? "own" : "cuDNN", enq, fill);
+  }
+  if (run.bad())
+    printf("  ERROR: non-finite outputs in the sampled rows: own %zu, cuDNN %zu\n", run.cmp.nonfinite_own,
+           run.cmp.nonfinite_cudnn);
+  fflush(stdout);
+}
+
+nlohmann::json case_json(const CaseDef& c, const CaseRun& run) {
+  const bool masked = !c.k_lens.empty(), both = run.own && run.cudnn;
+  const double own_med = median_of(run.t_own.ms), cud_med = median_of(run.t_cudnn.ms);
+  const Compare& cmp = run.cmp;
+  return {{"name", c.name},
+          {"kind", c.self ? "self" : "cross"},
+          {"layout", c.self ? "q/k/v views of one fused [B, L, 3, H, D] buffer (token stride 3*H*D)"
+                            : "dense q [B, Lq, H, D], dense k and v [B, Lk, H, D] (separate)"},
+          {"B", kB},
+          {"H", kH},
+          {"D", kD},
+          {"Lq", c.Lq},
+          {"Lk", c.Lk},
+          {"k_lens", masked ? nlohmann::json(c.k_lens) : nlohmann::json(nullptr)},
+          {"flops", run.flops},
+          {"seed", run.seed},
+          {"own", run.own ? run.t_own.to_json(run.flops) : nlohmann::json(nullptr)},
+          {"cudnn", run.cudnn ? run.t_cudnn.to_json(run.flops) : nlohmann::json(nullptr)},
+          {"cudnn_engine", run.cudnn_engine},
+          {"cudnn_workspace_bytes", run.ws},
+          {"speedup_own_over_cudnn", both ? nlohmann::json(cud_med / own_med) : nlohmann::json(nullptr)},
+          {"check", {{"sampled_rows", cmp.rows},
+                     {"row_step", run.row_step},
+                     {"max_abs_diff_own_cudnn", both ? nlohmann::json(cmp.max_abs_diff) : nlohmann::json(nullptr)},
+                     {"max_abs_output", cmp.max_abs},
+                     {"nonfinite_own", cmp.nonfinite_own},
+                     {"nonfinite_cudnn", cmp.nonfinite_cudnn}}}};
+}
+
+nlohmann::json result_json(const AttnSettings& s, const AttnDevice& d, const nlohmann::json& jcases) {
+  nlohmann::json J;
+  put_tool_header(J, "wan bench-attention");
+  J["device"] = bench_device_json(d.bd);
+  J["device"]["sm"] = cat(d.prop.major, d.prop.minor);
+  J["own_supported"] = d.own_ok;
+  J["env"] = nlohmann::json::object();  // the own kernel's experiment switches (attention_own.cu), when set
+  for (const char* k : kOwnSwitches)
+    if (const char* v = std::getenv(k)) J["env"][k] = v;
+  J["cudnn_available"] = d.cudnn_ok;
+  J["notes"] = nlohmann::json::array();
+  if (!d.own_ok) J["notes"].push_back(d.own_note);
+  if (!d.cudnn_ok) J["notes"].push_back(d.cudnn_note);
+  J["warmup"] = s.warmup;
+  J["reps"] = s.reps;
+  J["input_std"] = s.input_std;
+  J["method"] =
+      "random bf16 N(0, input_std^2) inputs drawn on the GPU; CUDA events around each OwnAttention::run / "
+      "CudnnAttention::run on one stream, each preceded by an untimed 256 MiB fill (host launch work overlapped, "
+      "cold L2); warm-up calls, then reps interleaved own/cuDNN; median; TFLOP/s = 4*B*H*Lq*Lk*D / median "
+      "(masked: valid keys)";
+  J["cases"] = jcases;
+  return J;
+}
 #endif  // WAN_HAVE_CUDA
 
 }  // namespace
@@ -206,273 +498,26 @@ int cmd_bench_attention(int argc, char** argv) {
     printf("%s", api::help_text(bench_attention_spec()).c_str());
     return 0;
   }
-  std::vector<CaseDef> cases;
-  if (const auto sel = args.get("cases")) {
-    for (const std::string& name : split_commas(*sel)) {
-      const auto it = std::find_if(all_cases().begin(), all_cases().end(),
-                                   [&](const CaseDef& c) { return name == c.name; });
-      WAN_CHECK(it != all_cases().end(), "--cases: unknown case '", name, "' (valid: ", case_names(), ")");
-      const bool dup = std::any_of(cases.begin(), cases.end(), [&](const CaseDef& c) { return name == c.name; });
-      if (!dup) cases.push_back(*it);
-    }
-    WAN_CHECK(!cases.empty(), "--cases: no case named (valid: ", case_names(), ")");
-  } else {
-    cases = all_cases();
-  }
-  const long long reps = args.get_int("reps", 10), warmup = args.get_int("warmup", 2);
-  const long long device = args.device("device");
-  const double input_std = args.get_double("input-std", 1.0);
-  const std::string json_path = args.get_or("json", "");
-
+  const AttnSettings s = parse_settings(args);
 #ifndef WAN_HAVE_CUDA
-  (void)reps, (void)warmup, (void)device, (void)json_path, (void)input_std;
+  (void)s;
   WAN_THROW("wan bench-attention: this wan was built without CUDA; rebuild with a CUDA toolkit (WAN_ENABLE_CUDA=ON)");
 #else
-  using namespace wan::cuda;
-  WAN_CHECK(cuda::device_count() > 0, "wan bench-attention: no CUDA device is visible (it times GPU kernels)");
-  const int dev = static_cast<int>(device);
-  WAN_CHECK(dev < cuda::device_count(), "--device ", device, ": only ", cuda::device_count(), " device(s)");
-  CUDA_CHECK(cudaSetDevice(dev));
-  CUDA_CHECK(cudaFree(nullptr));
-  const BenchDevice bd = bench_device(dev);
-  cudaDeviceProp prop{};
-  CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
-
-  const bool own_ok = OwnAttention::supported();
-  const bool cudnn_ok = cudnn_available();
-  const std::string own_note = own_ok ? "" : cat("own kernel unsupported on this device (sm_", prop.major, prop.minor,
-                                           "; it needs sm_90 and a build with the sm_90a kernel): not timed");
-  const std::string cudnn_note = cudnn_ok ? "" : "cuDNN unavailable (this build has no cuDNN): not timed";
-  WAN_CHECK(own_ok || cudnn_ok, "wan bench-attention: nothing to time on device ", dev, " (", bd.name, "): ",
-            own_note, "; ", cudnn_note);
-
-  printf("wan bench-attention: B=%lld H=%lld D=%lld bf16 inputs ~ N(0, %g^2), %lld warm-up + %lld timed calls per "
-         "kernel (interleaved own/cuDNN), CUDA events, median\n",
-         (long long)kB, (long long)kH, (long long)kD, input_std, warmup, reps);
-  printf("device %d: %s (sm_%d%d), %d SMs, %.1f GiB; driver %d, runtime %d, cuDNN %d\n", dev, bd.name.c_str(),
-         prop.major, prop.minor, bd.sm_count, bd.total_bytes / (1024.0 * 1024.0 * 1024.0), bd.driver_version,
-         bd.runtime_version, bd.cudnn_version);
-  if (!own_ok) printf("NOTE: %s; timing cuDNN only\n", own_note.c_str());
-  if (!cudnn_ok) printf("NOTE: %s; timing the own kernel only\n", cudnn_note.c_str());
-  for (const char* k : {"WAN_ATTN_BN", "WAN_ATTN_PERSIST", "WAN_ATTN_PINGPONG"})
-    if (const char* v = std::getenv(k)) printf("NOTE: %s=%s is set (an experiment switch of the own kernel)\n", k, v);
-  fflush(stdout);
-
-  std::optional<CudnnAttention> cudnn;
-  if (cudnn_ok) cudnn.emplace();
-  cudaStream_t st;
-  CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-  struct StreamFree {
-    cudaStream_t s;
-    ~StreamFree() { cudaStreamDestroy(s); }
-  } stream_free{st};
-  // The pre-call fill: 256 MiB of bf16 (5x the H100's L2); its time is recorded and compared with the
-  // launch's host work below.
-  const size_t fill_n = size_t{128} << 20;
-  const float case_std = static_cast<float>(input_std);  // the cases' Q/K/V (the pre-call fill stays N(0, 1))
-  DevMem<uint16_t> scratch(fill_n);
-  uint64_t fill_seed = 0xF111;
-
+  const AttnDevice d = open_device(s.device);
+  print_intro(s, d);
+  AttnRig rig(d.cudnn_ok, s.input_std);
   printf("%-24s %10s %9s %10s %9s %9s %11s\n", "case", "own ms", "own TF/s", "cuDNN ms", "cuDNN TF/s", "own/cuDNN",
          "max|diff|");
   nlohmann::json jcases = nlohmann::json::array();
   std::string bad_cases;  // cases with non-finite outputs: reported after the JSON is written
-  for (size_t ci = 0; ci < cases.size(); ++ci) {
-    const CaseDef& c = cases[ci];
-    const int64_t HD = kH * kD, Lq = c.Lq, Lk = c.Lk;
-    const bool masked = !c.k_lens.empty();
-    WAN_ASSERT(!masked || static_cast<int64_t>(c.k_lens.size()) == kB, "bench-attention: k_lens of ", c.name);
-    const uint64_t seed = 0xA770 + 16 * ci;
-
-    AttentionShape s;
-    s.B = kB, s.Lq = Lq, s.Lk = Lk, s.H = kH, s.D = kD;
-    s.masked = masked;
-    if (c.self) s.q_ld = s.k_ld = s.v_ld = 3 * HD;  // views of the fused QKV rows (before the plan is built)
-    const size_t q_elems = static_cast<size_t>(kB * Lq * (c.self ? 3 * HD : HD));
-    const size_t kv_elems = c.self ? 0 : static_cast<size_t>(2 * kB * Lk * HD);
-    const size_t o_elems = static_cast<size_t>(kB * Lq * HD);
-    size_t ws = 0;
-    std::string cudnn_engine;
-    if (cudnn) {
-      ws = cudnn->workspace_size(s);  // builds the plan (not timed)
-      cudnn_engine = cudnn->describe(s);
-    }
-    {
-      size_t free_b = 0, total_b = 0;
-      CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
-      const size_t need = (q_elems + kv_elems + 2 * o_elems) * sizeof(uint16_t) + ws + (size_t{256} << 20);
-      WAN_CHECK(need <= free_b, "bench-attention: case ", c.name, " needs about ", need >> 20, " MiB of device memory, ",
-                free_b >> 20, " MiB free");
-    }
-    DevMem<uint16_t> qbuf(q_elems), kvbuf(kv_elems), o_own(o_elems), o_cudnn(o_elems);
-    DevMem<uint8_t> dws(ws);
-    DevMem<int32_t> dklens(masked ? static_cast<size_t>(kB) : 0);
-    cuda::philox_normal_fill_bf16(qbuf.p, qbuf.n, seed, 0, case_std, st);
-    if (!c.self) cuda::philox_normal_fill_bf16(kvbuf.p, kvbuf.n, seed + 1, 0, case_std, st);
-    if (masked)
-      CUDA_CHECK(cudaMemcpyAsync(dklens.p, c.k_lens.data(), kB * sizeof(int32_t), cudaMemcpyHostToDevice, st));
-    CUDA_CHECK(cudaStreamSynchronize(st));
-
-    AttentionArgs a;
-    if (c.self) {
-      a.q = qbuf.p;
-      a.k = qbuf.p + HD;
-      a.v = qbuf.p + 2 * HD;
-    } else {
-      a.q = qbuf.p;
-      a.k = kvbuf.p;
-      a.v = kvbuf.p + static_cast<size_t>(kB * Lk * HD);
-    }
-    a.k_lens = masked ? dklens.p : nullptr;
-    AttentionArgs a_own = a, a_cudnn = a;
-    a_own.o = o_own.p;
-    a_cudnn.o = o_cudnn.p;
-    if (own_ok) OwnAttention::validate(s);
-
-    int64_t valid_keys = kB * Lk;
-    if (masked) {
-      valid_keys = 0;
-      for (int32_t k : c.k_lens) valid_keys += k;
-    }
-    const double flops = 4.0 * kH * Lq * kD * static_cast<double>(valid_keys);  // Σ_b 4·H·Lq·k_len_b·D
-
-    auto launch = [&](bool own) {
-      if (own) OwnAttention::run(s, a_own, st);
-      else cudnn->run(s, a_cudnn, dws.p, ws, st);
-    };
-    std::vector<bool> order;
-    if (own_ok) order.push_back(true);
-    if (cudnn) order.push_back(false);
-    for (long long w = 0; w < warmup; ++w)
-      for (bool own : order) launch(own);
-    CUDA_CHECK(cudaStreamSynchronize(st));
-
-    KernelTimes t_own, t_cudnn;
-    Events ev;
-    for (long long r = 0; r < reps; ++r) {
-      for (bool own : order) {
-        CUDA_CHECK(cudaEventRecord(ev.fill, st));
-        cuda::philox_normal_fill_bf16(scratch.p, scratch.n, fill_seed++, 0, 1.0f, st);
-        CUDA_CHECK(cudaEventRecord(ev.start, st));
-        const auto h0 = std::chrono::steady_clock::now();
-        launch(own);
-        const double enq_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - h0).count();
-        CUDA_CHECK(cudaEventRecord(ev.stop, st));
-        CUDA_CHECK(cudaEventSynchronize(ev.stop));
-        float ms = 0, fill_ms = 0;
-        CUDA_CHECK(cudaEventElapsedTime(&ms, ev.start, ev.stop));
-        CUDA_CHECK(cudaEventElapsedTime(&fill_ms, ev.fill, ev.start));
-        KernelTimes& t = own ? t_own : t_cudnn;
-        t.ms.push_back(ms);
-        t.enqueue_us.push_back(enq_us);
-        t.fill_ms.push_back(fill_ms);
-      }
-    }
-
-    // Sanity: sampled output rows finite; own vs cuDNN difference.
-    Compare cmp;
-    const int64_t step = 37;
-    std::vector<uint16_t> h_own, h_cudnn;
-    if (own_ok) h_own = sample_rows(o_own.p, kB * Lq, HD, step);
-    if (cudnn) h_cudnn = sample_rows(o_cudnn.p, kB * Lq, HD, step);
-    cmp.rows = static_cast<size_t>((kB * Lq + step - 1) / step);
-    for (size_t i = 0; i < std::max(h_own.size(), h_cudnn.size()); ++i) {
-      const float x = h_own.empty() ? 0.f : bf16_to_f32(h_own[i]);
-      const float y = h_cudnn.empty() ? 0.f : bf16_to_f32(h_cudnn[i]);
-      cmp.nonfinite_own += !std::isfinite(x);
-      cmp.nonfinite_cudnn += !std::isfinite(y);
-      if (std::isfinite(x) && std::isfinite(y)) {
-        cmp.max_abs = std::max(cmp.max_abs, static_cast<double>(std::fabs(h_cudnn.empty() ? x : y)));
-        if (!h_own.empty() && !h_cudnn.empty())
-          cmp.max_abs_diff = std::max(cmp.max_abs_diff, static_cast<double>(std::fabs(x - y)));
-      }
-    }
-
-    const double own_med = median_of(t_own.ms), cud_med = median_of(t_cudnn.ms);
-    const bool both = own_ok && cudnn;
-    char diff_str[32] = "-";
-    if (both) std::snprintf(diff_str, sizeof diff_str, "%.3g", cmp.max_abs_diff);
-    auto fmt = [](bool have, double v, const char* f) {
-      char b[32] = "-";
-      if (have) std::snprintf(b, sizeof b, f, v);
-      return std::string(b);
-    };
-    printf("%-24s %10s %9s %10s %9s %9s %11s\n", c.name, fmt(own_ok, own_med, "%.3f").c_str(),
-           fmt(own_ok, flops / (own_med * 1e9), "%.1f").c_str(), fmt(bool(cudnn), cud_med, "%.3f").c_str(),
-           fmt(bool(cudnn), flops / (cud_med * 1e9), "%.1f").c_str(),
-           fmt(both, cud_med / own_med, "%.3fx").c_str(), diff_str);
-    // The fill must outlast the host work of the launch, else the event pair includes a host gap.
-    for (const auto* t : {&t_own, &t_cudnn}) {
-      if (t->ms.empty()) continue;
-      const double enq = median_of(t->enqueue_us) * 1e-3, fill = median_of(t->fill_ms);
-      if (enq > fill)
-        printf("  WARNING: %s: host enqueue %.3f ms > pre-call fill %.3f ms: the time may include a host gap\n",
-               t == &t_own ? "own" : "cuDNN", enq, fill);
-    }
-    if (cmp.nonfinite_own || cmp.nonfinite_cudnn)
-      printf("  ERROR: non-finite outputs in the sampled rows: own %zu, cuDNN %zu\n", cmp.nonfinite_own,
-             cmp.nonfinite_cudnn);
-    fflush(stdout);
-
-    nlohmann::json jc = {{"name", c.name},
-                         {"kind", c.self ? "self" : "cross"},
-                         {"layout", c.self ? "q/k/v views of one fused [B, L, 3, H, D] buffer (token stride 3*H*D)"
-                                           : "dense q [B, Lq, H, D], dense k and v [B, Lk, H, D] (separate)"},
-                         {"B", kB},
-                         {"H", kH},
-                         {"D", kD},
-                         {"Lq", Lq},
-                         {"Lk", Lk},
-                         {"k_lens", masked ? nlohmann::json(c.k_lens) : nlohmann::json(nullptr)},
-                         {"flops", flops},
-                         {"seed", seed},
-                         {"own", own_ok ? t_own.to_json(flops) : nlohmann::json(nullptr)},
-                         {"cudnn", cudnn ? t_cudnn.to_json(flops) : nlohmann::json(nullptr)},
-                         {"cudnn_engine", cudnn_engine},
-                         {"cudnn_workspace_bytes", ws},
-                         {"speedup_own_over_cudnn", both ? nlohmann::json(cud_med / own_med) : nlohmann::json(nullptr)},
-                         {"check", {{"sampled_rows", cmp.rows},
-                                    {"row_step", step},
-                                    {"max_abs_diff_own_cudnn", both ? nlohmann::json(cmp.max_abs_diff) : nlohmann::json(nullptr)},
-                                    {"max_abs_output", cmp.max_abs},
-                                    {"nonfinite_own", cmp.nonfinite_own},
-                                    {"nonfinite_cudnn", cmp.nonfinite_cudnn}}}};
-    jcases.push_back(std::move(jc));
-    if (cmp.nonfinite_own || cmp.nonfinite_cudnn) bad_cases += (bad_cases.empty() ? "" : ", ") + std::string(c.name);
+  for (size_t ci = 0; ci < s.cases.size(); ++ci) {
+    const CaseDef& c = s.cases[ci];
+    const CaseRun run = run_case(c, ci, d, rig, s);
+    print_case(c, run);
+    jcases.push_back(case_json(c, run));
+    if (run.bad()) bad_cases += (bad_cases.empty() ? "" : ", ") + std::string(c.name);
   }
-
-  if (!json_path.empty()) {
-    const char* commit = std::getenv("WAN_COMMIT");
-    nlohmann::json J;
-    J["tool"] = "wan bench-attention";
-    J["commit"] = commit ? commit : "unknown";
-    J["date"] = utc_now();
-    J["device"] = {{"name", bd.name},
-                   {"sm", cat(prop.major, prop.minor)},
-                   {"sm_count", bd.sm_count},
-                   {"memory_gib", bd.total_bytes / (1024.0 * 1024.0 * 1024.0)},
-                   {"driver", bd.driver_version},
-                   {"runtime", bd.runtime_version},
-                   {"cudnn", bd.cudnn_version}};
-    J["own_supported"] = own_ok;
-    J["env"] = nlohmann::json::object();  // the own kernel's experiment switches (attention_own.cu), when set
-    for (const char* k : {"WAN_ATTN_BN", "WAN_ATTN_PERSIST", "WAN_ATTN_PINGPONG"})
-      if (const char* v = std::getenv(k)) J["env"][k] = v;
-    J["cudnn_available"] = cudnn_ok;
-    J["notes"] = nlohmann::json::array();
-    if (!own_ok) J["notes"].push_back(own_note);
-    if (!cudnn_ok) J["notes"].push_back(cudnn_note);
-    J["warmup"] = warmup;
-    J["reps"] = reps;
-    J["input_std"] = input_std;
-    J["method"] =
-        "random bf16 N(0, input_std^2) inputs drawn on the GPU; CUDA events around each OwnAttention::run / "
-        "CudnnAttention::run on one stream, each preceded by an untimed 256 MiB fill (host launch work overlapped, "
-        "cold L2); warm-up calls, then reps interleaved own/cuDNN; median; TFLOP/s = 4*B*H*Lq*Lk*D / median "
-        "(masked: valid keys)";
-    J["cases"] = jcases;
-    write_json_file(json_path, J);
-  }
+  if (!s.json_path.empty()) write_json_file(s.json_path, result_json(s, d, jcases));
   WAN_ASSERT(bad_cases.empty(), "bench-attention: non-finite outputs in ", bad_cases);
   return 0;
 #endif
