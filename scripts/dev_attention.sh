@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Fast iteration on the attention kernel on the device: builds only the own-attention GPU test and what it
 # links (src/kernels/attention_*.cu/cpp, cuDNN graph, RNG, core, CPU ops) with nvcc, without CMake and without
-# the rest of wan_cuda, so a device call takes about 60-70 s. Needs .carry/googletest-src (see
+# the rest of wan_kernels, so a device call takes about 60-70 s. Needs .carry/googletest-src (see
 # scripts/device_test.sh). Usage (device): scripts/dev_attention.sh; GTEST_ARGS=--gtest_filter=... to select;
 # EXTRA_SRC="src/..." to add sources. Output also in $OUT/attn.log.
 set -euo pipefail

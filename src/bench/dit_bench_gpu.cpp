@@ -1,5 +1,5 @@
-// `wan bench` on the GPU: forward timing of a DiTGpu and the isolated per-op breakdown (see dit_bench.h
-// for the two methods and why they are separate).
+// `wan bench` on the GPU: forward timing of a DiTGpu and the isolated per-op breakdown (see
+// dit_bench_gpu.h for the two methods and why they are separate).
 #include "bench/dit_bench_gpu.h"
 
 #include <cublasLt.h>
@@ -141,12 +141,19 @@ BenchDevice bench_device(int device) {
   return d;
 }
 
-IsolatedTimings time_ops_isolated(const DiTConfig& cfg, const DiTShape& shape, int reps, uint64_t seed, int device,
-                                  DiTGpu::Attention attention) {
-  WAN_CHECK(reps >= 1, "bench: breakdown reps must be >= 1");
-  CUDA_CHECK(cudaSetDevice(device));
-  const bool own = DiTGpu::resolve_attention(attention) == DiTGpu::Attention::Own;
-  // Geometry, as DiTGpu computes it (dit_gpu.cpp): rows = B·L tokens, crow = B·text_len context rows.
+namespace {
+
+// The breakdown's geometry, as DiTGpu computes it (dit_gpu.cpp): rows = B·L tokens, crow = B·text_len
+// context rows.
+struct Geometry {
+  int64_t B, C, Co, T, H, W;
+  int pt, ph, pw;
+  int64_t f, gh, gw, L, rows, P, K, OP, D, F, TL, TD, FQ, crow, nx, nout;
+  float eps;
+};
+
+Geometry breakdown_geometry(const DiTConfig& cfg, const DiTShape& shape) {
+  Geometry g;
   const int64_t B = shape.batch, C = cfg.in_dim, Co = cfg.out_dim, T = shape.frames, H = shape.height,
                 W = shape.width;
   const int pt = cfg.patch[0], ph = cfg.patch[1], pw = cfg.patch[2];
@@ -156,54 +163,315 @@ IsolatedTimings time_ops_isolated(const DiTConfig& cfg, const DiTShape& shape, i
   const int64_t P = static_cast<int64_t>(pt) * ph * pw, K = C * P, OP = Co * P;
   const int64_t D = cfg.dim, F = cfg.ffn_dim, TL = cfg.text_len, TD = cfg.text_dim, FQ = cfg.freq_dim;
   const int64_t crow = B * TL, nx = B * C * T * H * W, nout = B * Co * T * H * W;
-  const float eps = cfg.eps;
-  const auto u = [](int64_t v) { return static_cast<size_t>(v); };
-  const auto wscale = [](int64_t fan_in) { return static_cast<float>(1.0 / std::sqrt(3.0 * fan_in)); };
+  g.B = B, g.C = C, g.Co = Co, g.T = T, g.H = H, g.W = W;
+  g.pt = pt, g.ph = ph, g.pw = pw;
+  g.f = f, g.gh = gh, g.gw = gw, g.L = L, g.rows = rows, g.P = P, g.K = K, g.OP = OP;
+  g.D = D, g.F = F, g.TL = TL, g.TD = TD, g.FQ = FQ, g.crow = crow, g.nx = nx, g.nout = nout;
+  g.eps = cfg.eps;
+  return g;
+}
 
-  CudnnAttention attn;
-  AttentionShape ss;  // self: q, k dense [rows, D]; v the last third of the fused qkv rows
-  ss.B = B, ss.Lq = L, ss.Lk = L, ss.H = cfg.num_heads, ss.D = 128, ss.v_ld = 3 * D;
-  AttentionShape cs;  // cross: all text_len keys; v the second half of the fused k|v rows
-  cs.B = B, cs.Lq = L, cs.Lk = TL, cs.H = cfg.num_heads, cs.D = 128, cs.v_ld = 2 * D;
-  const size_t attn_ws = own ? 0 : std::max(attn.workspace_size(ss), attn.workspace_size(cs));
-
-  // activations (names as in dit_gpu.cpp's arena) and one block's weights + the non-block weights
+// Activations (names as in dit_gpu.cpp's arena), one block's weights and the non-block weights.
+struct Buffers {
   float *x_src, *x_in, *t, *sinus, *temb, *e, *e_silu, *e0, *resid, *head_out, *out, *out_dst, *rope;
   bf16 *ctx_src, *ctx_in, *ctx_hidden, *ctx, *ckv, *ck, *h, *att, *big;
   float *mod, *n3w, *n3b, *tm0_w, *tm0_b, *tm2_w, *tm2_b, *tp_w, *tp_b, *hmod, *head_w, *head_b;
   bf16 *qkv_w, *qkv_b, *o_w, *o_b, *nq, *nk, *cq_w, *cq_b, *ckv_w, *ckv_b, *co_w, *co_b, *cnq, *cnk;
   bf16 *f0_w, *f0_b, *f2_w, *f2_b, *pe_w, *pe_b, *te0_w, *te0_b, *te2_w, *te2_b;
   void *gemm_ws, *attn_ws_ptr;
-  Slab sl;
-  sl.f32(&x_src, u(nx)), sl.f32(&x_in, u(nx)), sl.f32(&t, u(B)), sl.f32(&sinus, u(B * FQ));
-  sl.f32(&temb, u(B * D)), sl.f32(&e, u(B * D)), sl.f32(&e_silu, u(B * D)), sl.f32(&e0, u(B * 6 * D));
-  sl.f32(&resid, u(rows * D)), sl.f32(&head_out, u(rows * OP)), sl.f32(&out, u(nout)), sl.f32(&out_dst, u(nout));
-  sl.f32(&rope, u(kRopeMaxPos * 128));
-  sl.b16(&ctx_src, u(crow * TD), 0.2f), sl.b16(&ctx_in, u(crow * TD)), sl.b16(&ctx_hidden, u(crow * D));
-  sl.b16(&ctx, u(crow * D)), sl.b16(&ckv, u(crow * 2 * D)), sl.b16(&ck, u(crow * D));
-  sl.b16(&h, u(rows * D)), sl.b16(&att, u(rows * D));
-  sl.b16(&big, u(rows * std::max({5 * D, F, 2 * D, K})));  // qkv|q|k, the FFN hidden, fp32 head input
-  sl.f32(&mod, u(6 * D)), sl.f32(&n3w, u(D)), sl.f32(&n3b, u(D));
-  sl.f32(&tm0_w, u(D * FQ)), sl.f32(&tm0_b, u(D)), sl.f32(&tm2_w, u(D * D)), sl.f32(&tm2_b, u(D));
-  sl.f32(&tp_w, u(6 * D * D)), sl.f32(&tp_b, u(6 * D)), sl.f32(&hmod, u(2 * D));
-  sl.f32(&head_w, u(OP * D)), sl.f32(&head_b, u(OP));
-  sl.b16(&qkv_w, u(3 * D * D), wscale(D)), sl.b16(&qkv_b, u(3 * D), wscale(D));
-  sl.b16(&o_w, u(D * D), wscale(D)), sl.b16(&o_b, u(D), wscale(D)), sl.b16(&nq, u(D)), sl.b16(&nk, u(D));
-  sl.b16(&cq_w, u(D * D), wscale(D)), sl.b16(&cq_b, u(D), wscale(D));
-  sl.b16(&ckv_w, u(2 * D * D), wscale(D)), sl.b16(&ckv_b, u(2 * D), wscale(D));
-  sl.b16(&co_w, u(D * D), wscale(D)), sl.b16(&co_b, u(D), wscale(D)), sl.b16(&cnq, u(D)), sl.b16(&cnk, u(D));
-  sl.b16(&f0_w, u(F * D), wscale(D)), sl.b16(&f0_b, u(F), wscale(D));
-  sl.b16(&f2_w, u(D * F), wscale(F)), sl.b16(&f2_b, u(D), wscale(F));
-  sl.b16(&pe_w, u(D * K), wscale(K)), sl.b16(&pe_b, u(D), wscale(K));
-  sl.b16(&te0_w, u(D * TD), wscale(TD)), sl.b16(&te0_b, u(D), wscale(TD));
-  sl.b16(&te2_w, u(D * D), wscale(D)), sl.b16(&te2_b, u(D), wscale(D));
-  sl.raw(&gemm_ws, GemmRunner::kWorkspaceBytes);
-  sl.raw(&attn_ws_ptr, std::max<size_t>(attn_ws, 256));
+};
 
+// Requests every buffer from the slab. The order fixes each buffer's random stream (seed + index).
+void reserve_buffers(const Geometry& g, size_t attn_ws, Slab& sl, Buffers& b) {
+  const int64_t B = g.B, rows = g.rows, crow = g.crow, nx = g.nx, nout = g.nout, D = g.D, F = g.F, K = g.K,
+                OP = g.OP, TD = g.TD, FQ = g.FQ;
+  const auto u = [](int64_t v) { return static_cast<size_t>(v); };
+  const auto wscale = [](int64_t fan_in) { return static_cast<float>(1.0 / std::sqrt(3.0 * fan_in)); };
+  sl.f32(&b.x_src, u(nx)), sl.f32(&b.x_in, u(nx)), sl.f32(&b.t, u(B)), sl.f32(&b.sinus, u(B * FQ));
+  sl.f32(&b.temb, u(B * D)), sl.f32(&b.e, u(B * D)), sl.f32(&b.e_silu, u(B * D)), sl.f32(&b.e0, u(B * 6 * D));
+  sl.f32(&b.resid, u(rows * D)), sl.f32(&b.head_out, u(rows * OP)), sl.f32(&b.out, u(nout));
+  sl.f32(&b.out_dst, u(nout));
+  sl.f32(&b.rope, u(kRopeMaxPos * 128));
+  sl.b16(&b.ctx_src, u(crow * TD), 0.2f), sl.b16(&b.ctx_in, u(crow * TD)), sl.b16(&b.ctx_hidden, u(crow * D));
+  sl.b16(&b.ctx, u(crow * D)), sl.b16(&b.ckv, u(crow * 2 * D)), sl.b16(&b.ck, u(crow * D));
+  sl.b16(&b.h, u(rows * D)), sl.b16(&b.att, u(rows * D));
+  sl.b16(&b.big, u(rows * std::max({5 * D, F, 2 * D, K})));  // qkv|q|k, the FFN hidden, fp32 head input
+  sl.f32(&b.mod, u(6 * D)), sl.f32(&b.n3w, u(D)), sl.f32(&b.n3b, u(D));
+  sl.f32(&b.tm0_w, u(D * FQ)), sl.f32(&b.tm0_b, u(D)), sl.f32(&b.tm2_w, u(D * D)), sl.f32(&b.tm2_b, u(D));
+  sl.f32(&b.tp_w, u(6 * D * D)), sl.f32(&b.tp_b, u(6 * D)), sl.f32(&b.hmod, u(2 * D));
+  sl.f32(&b.head_w, u(OP * D)), sl.f32(&b.head_b, u(OP));
+  sl.b16(&b.qkv_w, u(3 * D * D), wscale(D)), sl.b16(&b.qkv_b, u(3 * D), wscale(D));
+  sl.b16(&b.o_w, u(D * D), wscale(D)), sl.b16(&b.o_b, u(D), wscale(D)), sl.b16(&b.nq, u(D)), sl.b16(&b.nk, u(D));
+  sl.b16(&b.cq_w, u(D * D), wscale(D)), sl.b16(&b.cq_b, u(D), wscale(D));
+  sl.b16(&b.ckv_w, u(2 * D * D), wscale(D)), sl.b16(&b.ckv_b, u(2 * D), wscale(D));
+  sl.b16(&b.co_w, u(D * D), wscale(D)), sl.b16(&b.co_b, u(D), wscale(D)), sl.b16(&b.cnq, u(D));
+  sl.b16(&b.cnk, u(D));
+  sl.b16(&b.f0_w, u(F * D), wscale(D)), sl.b16(&b.f0_b, u(F), wscale(D));
+  sl.b16(&b.f2_w, u(D * F), wscale(F)), sl.b16(&b.f2_b, u(D), wscale(F));
+  sl.b16(&b.pe_w, u(D * K), wscale(K)), sl.b16(&b.pe_b, u(D), wscale(K));
+  sl.b16(&b.te0_w, u(D * TD), wscale(TD)), sl.b16(&b.te0_b, u(D), wscale(TD));
+  sl.b16(&b.te2_w, u(D * D), wscale(D)), sl.b16(&b.te2_b, u(D), wscale(D));
+  sl.raw(&b.gemm_ws, GemmRunner::kWorkspaceBytes);
+  sl.raw(&b.attn_ws_ptr, std::max<size_t>(attn_ws, 256));
+}
+
+// What the ops run with: the allocated buffers, the GEMM runner and the attention kernels.
+struct OpEnv {
+  const Geometry& g;
+  const Buffers& b;
+  GemmRunner& gemm;
+  CudnnAttention& attn;
+  AttentionShape ss, cs;  // self, cross
+  size_t attn_ws = 0;
+  bool own = false;
+};
+
+// The op sequence of one forward: non-block prologue, one block, head (dit_gpu.cpp run_body/block).
+struct OpList {
+  std::vector<Op> ops;
+  size_t first_block = 0, end_block = 0;  // the block's ops: [first_block, end_block)
+  void add(std::string name, OpKind kind, bool per_block, double flops, std::function<void(cudaStream_t)> fn) {
+    ops.push_back({std::move(name), kind, per_block, flops, std::move(fn)});
+  }
+};
+constexpr OpKind G = OpKind::Gemm, A = OpKind::Attention, O = OpKind::Other;
+
+// Input staging, patch, time and text embeddings, and block 0's norm1.
+void add_prologue_ops(const OpEnv& env, OpList& l) {
+  const Geometry& g = env.g;
+  const Buffers& b = env.b;
+  GemmRunner& gemm = env.gemm;
+  const int64_t B = g.B, C = g.C, T = g.T, H = g.H, W = g.W, L = g.L, rows = g.rows, K = g.K, D = g.D, TD = g.TD,
+                FQ = g.FQ, crow = g.crow, nx = g.nx;
+  const int pt = g.pt, ph = g.ph, pw = g.pw;
+  const float eps = g.eps;
+  const auto u = [](int64_t v) { return static_cast<size_t>(v); };
+  const double fl_rows = 2.0 * static_cast<double>(rows);
+  const double fl_crow = 2.0 * static_cast<double>(crow);
+  const double Dd = static_cast<double>(D);
+  const auto chunk = [=](int k) { return ModVec{b.mod + k * D, b.e0 + k * D, 6 * D, L}; };
+  l.add("stage inputs (x, t, context copies)", O, false, 0, [=](cudaStream_t st) {
+    CUDA_CHECK(cudaMemcpyAsync(b.x_in, b.x_src, u(nx) * 4, cudaMemcpyDeviceToDevice, st));
+    CUDA_CHECK(cudaMemcpyAsync(b.ctx_in, b.ctx_src, u(crow * TD) * 2, cudaMemcpyDeviceToDevice, st));
+  });
+  l.add("patchify", O, false, 0,
+        [=](cudaStream_t st) { patchify_bf16(b.x_in, b.big, B, C, T, H, W, pt, ph, pw, L, st); });
+  l.add("patch embedding GEMM", G, false, fl_rows * K * Dd,
+        [=, &gemm](cudaStream_t st) { gemm.linear(b.big, b.pe_w, b.pe_b, b.h, rows, K, D, Act::None, st); });
+  l.add("patch rows to fp32 residual", O, false, 0,
+        [=](cudaStream_t st) { convert_bf16_to_f32(b.h, b.resid, rows * D, st); });
+  l.add("time embedding (sinusoid, silu)", O, false, 0,
+        [=](cudaStream_t st) { timestep_embedding(b.t, B, FQ, b.sinus, st); });
+  l.add("time MLP + projection GEMMs (fp32)", G, false, 2.0 * B * (FQ * Dd + Dd * Dd + 6 * Dd * Dd),
+        [=, &gemm](cudaStream_t st) {
+          gemm.linear(b.sinus, b.tm0_w, b.tm0_b, b.temb, B, FQ, D, Act::None, st);
+          silu(b.temb, b.temb, B * D, st);
+          gemm.linear(b.temb, b.tm2_w, b.tm2_b, b.e, B, D, D, Act::None, st);
+          silu(b.e, b.e_silu, B * D, st);
+          gemm.linear(b.e_silu, b.tp_w, b.tp_b, b.e0, B, D, 6 * D, Act::None, st);
+        });
+  l.add("text embedding GEMMs", G, false, fl_crow * (TD * Dd + Dd * Dd), [=, &gemm](cudaStream_t st) {
+    gemm.linear(b.ctx_in, b.te0_w, b.te0_b, b.ctx_hidden, crow, TD, D, Act::GeluTanh, st);
+    gemm.linear(b.ctx_hidden, b.te2_w, b.te2_b, b.ctx, crow, D, D, Act::None, st);
+  });
+  // Block 0's norm1 runs before the blocks; every later norm1 is fused into the previous block's last
+  // residual add. The model below counts that fused op in every block, the forward runs the last
+  // block's add unfused (gated_residual_add): one bf16 output pass per forward less than modelled.
+  l.add("norm1 LN + modulate (block 0)", O, false, 0,
+        [=](cudaStream_t st) { layernorm_modulate(b.resid, b.h, rows, D, chunk(0), chunk(1), eps, st); });
+}
+
+// One transformer block: self-attention, cross-attention, FFN, and the next block's fused norm1.
+void add_block_ops(const OpEnv& env, OpList& l) {
+  const Geometry& g = env.g;
+  const Buffers& b = env.b;
+  GemmRunner& gemm = env.gemm;
+  CudnnAttention& attn = env.attn;
+  const AttentionShape ss = env.ss, cs = env.cs;
+  const size_t attn_ws = env.attn_ws;
+  const bool own = env.own;
+  const int64_t B = g.B, L = g.L, rows = g.rows, D = g.D, F = g.F, TL = g.TL, crow = g.crow;
+  const float eps = g.eps;
+  const double fl_rows = 2.0 * static_cast<double>(rows);
+  const double fl_crow = 2.0 * static_cast<double>(crow);
+  const double Dd = static_cast<double>(D), Fd = static_cast<double>(F);
+  const auto chunk = [=](int k) { return ModVec{b.mod + k * D, b.e0 + k * D, 6 * D, L}; };
+  bf16* qkv = b.big;
+  bf16* q = b.big + rows * 3 * D;
+  bf16* k = b.big + rows * 4 * D;
+  bf16* ffn = b.big;
+  RopeArgs ra;
+  ra.table = b.rope, ra.max_pos = kRopeMaxPos, ra.head_dim = 128, ra.seq = L, ra.f = g.f, ra.h = g.gh, ra.w = g.gw;
+  l.first_block = l.ops.size();
+  l.add("self q|k|v GEMM", G, true, fl_rows * Dd * 3 * Dd,
+        [=, &gemm](cudaStream_t st) { gemm.linear(b.h, b.qkv_w, b.qkv_b, qkv, rows, D, 3 * D, Act::None, st); });
+  l.add("self q/k RMSNorm + RoPE", O, true, 0, [=](cudaStream_t st) {
+    const RmsNormJob jq{qkv, 3 * D, b.nq, q, rows}, jk{qkv + D, 3 * D, b.nk, k, rows};
+    qk_rmsnorm_rope(jq, &jk, D, eps, &ra, st);
+  });
+  l.add(own ? "self-attention (own)" : "self-attention (cuDNN)", A, true, 4.0 * B * static_cast<double>(L) * L * Dd,
+        [=, &attn](cudaStream_t st) {
+          AttentionArgs a;
+          a.q = q, a.k = k, a.v = qkv + 2 * D, a.o = b.att;
+          if (own) OwnAttention::run(ss, a, st);
+          else attn.run(ss, a, b.attn_ws_ptr, attn_ws, st);
+        });
+  l.add("self o GEMM", G, true, fl_rows * Dd * Dd,
+        [=, &gemm](cudaStream_t st) { gemm.linear(b.att, b.o_w, b.o_b, q, rows, D, D, Act::None, st); });
+  l.add("gated residual add (attn) + norm3 LN (affine)", O, true, 0, [=](cudaStream_t st) {
+    const ModVec gate = chunk(2);
+    residual_add_layernorm_affine(b.resid, q, &gate, b.n3w, b.n3b, b.h, rows, D, eps, st);
+  });
+  l.add("cross q GEMM", G, true, fl_rows * Dd * Dd,
+        [=, &gemm](cudaStream_t st) { gemm.linear(b.h, b.cq_w, b.cq_b, q, rows, D, D, Act::None, st); });
+  l.add("cross k|v GEMM (text)", G, true, fl_crow * Dd * 2 * Dd,
+        [=, &gemm](cudaStream_t st) { gemm.linear(b.ctx, b.ckv_w, b.ckv_b, b.ckv, crow, D, 2 * D, Act::None, st); });
+  l.add("cross q/k RMSNorm", O, true, 0, [=](cudaStream_t st) {
+    const RmsNormJob cq{q, D, b.cnq, q, rows}, cjk{b.ckv, 2 * D, b.cnk, b.ck, crow};
+    qk_rmsnorm_rope(cq, &cjk, D, eps, nullptr, st);
+  });
+  l.add(own ? "cross-attention (own)" : "cross-attention (cuDNN)", A, true,
+        4.0 * B * static_cast<double>(L) * TL * Dd, [=, &attn](cudaStream_t st) {
+          AttentionArgs a;
+          a.q = q, a.k = b.ck, a.v = b.ckv + D, a.o = b.att;
+          if (own) OwnAttention::run(cs, a, st);
+          else attn.run(cs, a, b.attn_ws_ptr, attn_ws, st);
+        });
+  l.add("cross o GEMM", G, true, fl_rows * Dd * Dd,
+        [=, &gemm](cudaStream_t st) { gemm.linear(b.att, b.co_w, b.co_b, q, rows, D, D, Act::None, st); });
+  l.add("residual add (cross) + norm2 LN + modulate", O, true, 0, [=](cudaStream_t st) {
+    residual_add_layernorm_modulate(b.resid, q, nullptr, b.h, rows, D, chunk(3), chunk(4), eps, st);
+  });
+  l.add("FFN up GEMM + GELU", G, true, fl_rows * Dd * Fd,
+        [=, &gemm](cudaStream_t st) { gemm.linear(b.h, b.f0_w, b.f0_b, ffn, rows, D, F, Act::GeluTanh, st); });
+  l.add("FFN down GEMM", G, true, fl_rows * Fd * Dd,
+        [=, &gemm](cudaStream_t st) { gemm.linear(ffn, b.f2_w, b.f2_b, b.att, rows, F, D, Act::None, st); });
+  l.add("gated residual add (FFN) + next norm1 LN + modulate", O, true, 0, [=](cudaStream_t st) {
+    const ModVec gate = chunk(5);  // the next block's norm1 modulation: this block's (same shapes)
+    residual_add_layernorm_modulate(b.resid, b.att, &gate, b.h, rows, D, chunk(0), chunk(1), eps, st);
+  });
+  l.end_block = l.ops.size();
+}
+
+// The head (fp32) and the output staging.
+void add_head_ops(const OpEnv& env, OpList& l) {
+  const Geometry& g = env.g;
+  const Buffers& b = env.b;
+  GemmRunner& gemm = env.gemm;
+  const int64_t B = g.B, Co = g.Co, L = g.L, rows = g.rows, D = g.D, OP = g.OP, nout = g.nout;
+  const float eps = g.eps;
+  const auto u = [](int64_t v) { return static_cast<size_t>(v); };
+  const double fl_rows = 2.0 * static_cast<double>(rows);
+  const double Dd = static_cast<double>(D);
+  float* head_in = reinterpret_cast<float*>(b.big);
+  l.add("head LN + modulate (fp32)", O, false, 0, [=](cudaStream_t st) {
+    const ModVec shift{b.hmod, b.e, D, L}, scale{b.hmod + D, b.e, D, L};
+    layernorm_modulate(b.resid, head_in, rows, D, shift, scale, eps, st);
+  });
+  l.add("head GEMM (fp32)", G, false, fl_rows * Dd * OP,
+        [=, &gemm](cudaStream_t st) { gemm.linear(head_in, b.head_w, b.head_b, b.head_out, rows, D, OP, Act::None, st); });
+  l.add("unpatchify + output copy", O, false, 0, [=](cudaStream_t st) {
+    unpatchify(b.head_out, b.out, B, L, Co, g.f, g.gh, g.gw, g.pt, g.ph, g.pw, st);
+    CUDA_CHECK(cudaMemcpyAsync(b.out_dst, b.out, u(nout) * 4, cudaMemcpyDeviceToDevice, st));
+  });
+}
+
+// Runs the op list on one stream with an event before the first op and after each, and turns the
+// events into per-op medians.
+struct OpTimer {
+  const OpList& l;
+  cudaStream_t s;
+  std::vector<cudaEvent_t>& ev;
+  int reps;
+
+  // One pass (external event-record nodes when captured, so the replayed graph records them too).
+  void pass(bool capturing) {
+    auto rec = [&](size_t i) {
+      if (capturing) CUDA_CHECK(cudaEventRecordWithFlags(ev[i], s, cudaEventRecordExternal));
+      else CUDA_CHECK(cudaEventRecord(ev[i], s));
+    };
+    rec(0);
+    for (size_t i = 0; i < l.ops.size(); ++i) {
+      l.ops[i].run(s);
+      rec(i + 1);
+    }
+  }
+  OpBreakdown collect(const std::string& mode, const std::function<void()>& launch) {
+    const std::vector<Op>& ops = l.ops;
+    std::vector<std::vector<double>> ms(ops.size());
+    std::vector<double> block_ms;
+    for (int rep = 0; rep < reps; ++rep) {
+      launch();
+      CUDA_CHECK(cudaStreamSynchronize(s));
+      CUDA_CHECK(cudaGetLastError());
+      for (size_t i = 0; i < ops.size(); ++i) {
+        float m = 0;
+        CUDA_CHECK(cudaEventElapsedTime(&m, ev[i], ev[i + 1]));
+        ms[i].push_back(m);
+      }
+      float b = 0;
+      CUDA_CHECK(cudaEventElapsedTime(&b, ev[l.first_block], ev[l.end_block]));
+      block_ms.push_back(b);
+    }
+    OpBreakdown br;
+    br.mode = mode;
+    br.reps = reps;
+    br.block_total_ms = median(block_ms);
+    for (size_t i = 0; i < ops.size(); ++i)
+      br.ops.push_back({ops[i].name, ops[i].kind, ops[i].per_block, median(ms[i]), ops[i].flops});
+    return br;
+  }
+};
+
+// Captures one pass as a CUDA graph and times its replays. A failed capture leaves the eager numbers
+// standing and says why the graph ones are missing.
+void time_graph(OpTimer& timer, cudaGraphExec_t& exec, IsolatedTimings& result) {
+  cudaStream_t s = timer.s;
+  try {
+    cudaGraph_t g = nullptr;
+    CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    try {
+      timer.pass(true);
+    } catch (...) {
+      cudaGraph_t broken = nullptr;
+      cudaStreamEndCapture(s, &broken);
+      if (broken) cudaGraphDestroy(broken);
+      throw;
+    }
+    CUDA_CHECK(cudaStreamEndCapture(s, &g));
+    const cudaError_t st = cudaGraphInstantiate(&exec, g, 0);
+    cudaGraphDestroy(g);
+    CUDA_CHECK(st);
+    result.graph = timer.collect("graph", [&] { CUDA_CHECK(cudaGraphLaunch(exec, s)); });
+  } catch (const Error& err) {
+    cudaGetLastError();
+    result.graph_error = err.what();
+  }
+}
+
+}  // namespace
+
+IsolatedTimings time_ops_isolated(const DiTConfig& cfg, const DiTShape& shape, int reps, uint64_t seed, int device,
+                                  DiTGpu::Attention attention) {
+  WAN_CHECK(reps >= 1, "bench: breakdown reps must be >= 1");
+  CUDA_CHECK(cudaSetDevice(device));
+  const bool own = DiTGpu::resolve_attention(attention) == DiTGpu::Attention::Own;
+  const Geometry g = breakdown_geometry(cfg, shape);
+
+  CudnnAttention attn;
+  AttentionShape ss;  // self: q, k dense [rows, D]; v the last third of the fused qkv rows
+  ss.B = g.B, ss.Lq = g.L, ss.Lk = g.L, ss.H = cfg.num_heads, ss.D = 128, ss.v_ld = 3 * g.D;
+  AttentionShape cs;  // cross: all text_len keys; v the second half of the fused k|v rows
+  cs.B = g.B, cs.Lq = g.L, cs.Lk = g.TL, cs.H = cfg.num_heads, cs.D = 128, cs.v_ld = 2 * g.D;
+  const size_t attn_ws = own ? 0 : std::max(attn.workspace_size(ss), attn.workspace_size(cs));
+
+  Buffers b;
+  Slab sl;
+  reserve_buffers(g, attn_ws, sl, b);
   size_t free_b = 0, total_b = 0;
   CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
   WAN_CHECK(sl.bytes() + kHeadroom <= free_b, "bench: the per-op breakdown needs ", sl.bytes() >> 20,
-            " MiB of device memory (activations of batch ", B, " x ", L, " tokens and one block), only ",
+            " MiB of device memory (activations of batch ", g.B, " x ", g.L, " tokens and one block), only ",
             free_b >> 20, " MiB free; run with --no-breakdown or a smaller size");
 
   cudaStream_t s = nullptr;
@@ -214,178 +482,23 @@ IsolatedTimings time_ops_isolated(const DiTConfig& cfg, const DiTShape& shape, i
   try {
     sl.allocate(seed, s);
     const std::vector<float> rope_host = rope_table_f32(128, kRopeMaxPos);
-    CUDA_CHECK(cudaMemcpyAsync(rope, rope_host.data(), rope_host.size() * 4, cudaMemcpyHostToDevice, s));
-    GemmRunner gemm(gemm_ws, GemmRunner::kWorkspaceBytes);
+    CUDA_CHECK(cudaMemcpyAsync(b.rope, rope_host.data(), rope_host.size() * 4, cudaMemcpyHostToDevice, s));
+    GemmRunner gemm(b.gemm_ws, GemmRunner::kWorkspaceBytes);
 
-    auto chunk = [&](int k) { return ModVec{mod + k * D, e0 + k * D, 6 * D, L}; };
-    bf16* qkv = big;
-    bf16* q = big + rows * 3 * D;
-    bf16* k = big + rows * 4 * D;
-    bf16* ffn = big;
-    RopeArgs ra;
-    ra.table = rope, ra.max_pos = kRopeMaxPos, ra.head_dim = 128, ra.seq = L, ra.f = f, ra.h = gh, ra.w = gw;
-    const double fl_rows = 2.0 * static_cast<double>(rows);
-    const double fl_crow = 2.0 * static_cast<double>(crow);
-    const double Dd = static_cast<double>(D), Fd = static_cast<double>(F);
+    const OpEnv env{g, b, gemm, attn, ss, cs, attn_ws, own};
+    OpList l;
+    add_prologue_ops(env, l);
+    add_block_ops(env, l);
+    add_head_ops(env, l);
 
-    // The op sequence of one forward: non-block prologue, one block, head (dit_gpu.cpp run_body/block).
-    std::vector<Op> ops;
-    auto add = [&](std::string name, OpKind kind, bool per_block, double flops, std::function<void(cudaStream_t)> fn) {
-      ops.push_back({std::move(name), kind, per_block, flops, std::move(fn)});
-    };
-    const OpKind G = OpKind::Gemm, A = OpKind::Attention, O = OpKind::Other;
-    add("stage inputs (x, t, context copies)", O, false, 0, [&](cudaStream_t st) {
-      CUDA_CHECK(cudaMemcpyAsync(x_in, x_src, u(nx) * 4, cudaMemcpyDeviceToDevice, st));
-      CUDA_CHECK(cudaMemcpyAsync(ctx_in, ctx_src, u(crow * TD) * 2, cudaMemcpyDeviceToDevice, st));
-    });
-    add("patchify", O, false, 0, [&](cudaStream_t st) { patchify_bf16(x_in, big, B, C, T, H, W, pt, ph, pw, L, st); });
-    add("patch embedding GEMM", G, false, fl_rows * K * Dd,
-        [&](cudaStream_t st) { gemm.linear(big, pe_w, pe_b, h, rows, K, D, Act::None, st); });
-    add("patch rows to fp32 residual", O, false, 0, [&](cudaStream_t st) { convert_bf16_to_f32(h, resid, rows * D, st); });
-    add("time embedding (sinusoid, silu)", O, false, 0, [&](cudaStream_t st) {
-      timestep_embedding(t, B, FQ, sinus, st);
-    });
-    add("time MLP + projection GEMMs (fp32)", G, false, 2.0 * B * (FQ * Dd + Dd * Dd + 6 * Dd * Dd),
-        [&](cudaStream_t st) {
-          gemm.linear(sinus, tm0_w, tm0_b, temb, B, FQ, D, Act::None, st);
-          silu(temb, temb, B * D, st);
-          gemm.linear(temb, tm2_w, tm2_b, e, B, D, D, Act::None, st);
-          silu(e, e_silu, B * D, st);
-          gemm.linear(e_silu, tp_w, tp_b, e0, B, D, 6 * D, Act::None, st);
-        });
-    add("text embedding GEMMs", G, false, fl_crow * (TD * Dd + Dd * Dd), [&](cudaStream_t st) {
-      gemm.linear(ctx_in, te0_w, te0_b, ctx_hidden, crow, TD, D, Act::GeluTanh, st);
-      gemm.linear(ctx_hidden, te2_w, te2_b, ctx, crow, D, D, Act::None, st);
-    });
-    // Block 0's norm1 runs before the blocks; every later norm1 is fused into the previous block's last
-    // residual add. The model below counts that fused op in every block, the forward runs the last
-    // block's add unfused (gated_residual_add): one bf16 output pass per forward less than modelled.
-    add("norm1 LN + modulate (block 0)", O, false, 0,
-        [&](cudaStream_t st) { layernorm_modulate(resid, h, rows, D, chunk(0), chunk(1), eps, st); });
-    const size_t first_block = ops.size();
-    add("self q|k|v GEMM", G, true, fl_rows * Dd * 3 * Dd,
-        [&](cudaStream_t st) { gemm.linear(h, qkv_w, qkv_b, qkv, rows, D, 3 * D, Act::None, st); });
-    add("self q/k RMSNorm + RoPE", O, true, 0, [&](cudaStream_t st) {
-      const RmsNormJob jq{qkv, 3 * D, nq, q, rows}, jk{qkv + D, 3 * D, nk, k, rows};
-      qk_rmsnorm_rope(jq, &jk, D, eps, &ra, st);
-    });
-    add(own ? "self-attention (own)" : "self-attention (cuDNN)", A, true, 4.0 * B * static_cast<double>(L) * L * Dd,
-        [&](cudaStream_t st) {
-          AttentionArgs a;
-          a.q = q, a.k = k, a.v = qkv + 2 * D, a.o = att;
-          if (own) OwnAttention::run(ss, a, st);
-          else attn.run(ss, a, attn_ws_ptr, attn_ws, st);
-        });
-    add("self o GEMM", G, true, fl_rows * Dd * Dd,
-        [&](cudaStream_t st) { gemm.linear(att, o_w, o_b, q, rows, D, D, Act::None, st); });
-    add("gated residual add (attn) + norm3 LN (affine)", O, true, 0, [&](cudaStream_t st) {
-      const ModVec gate = chunk(2);
-      residual_add_layernorm_affine(resid, q, &gate, n3w, n3b, h, rows, D, eps, st);
-    });
-    add("cross q GEMM", G, true, fl_rows * Dd * Dd,
-        [&](cudaStream_t st) { gemm.linear(h, cq_w, cq_b, q, rows, D, D, Act::None, st); });
-    add("cross k|v GEMM (text)", G, true, fl_crow * Dd * 2 * Dd,
-        [&](cudaStream_t st) { gemm.linear(ctx, ckv_w, ckv_b, ckv, crow, D, 2 * D, Act::None, st); });
-    add("cross q/k RMSNorm", O, true, 0, [&](cudaStream_t st) {
-      const RmsNormJob cq{q, D, cnq, q, rows}, cjk{ckv, 2 * D, cnk, ck, crow};
-      qk_rmsnorm_rope(cq, &cjk, D, eps, nullptr, st);
-    });
-    add(own ? "cross-attention (own)" : "cross-attention (cuDNN)", A, true,
-        4.0 * B * static_cast<double>(L) * TL * Dd, [&](cudaStream_t st) {
-          AttentionArgs a;
-          a.q = q, a.k = ck, a.v = ckv + D, a.o = att;
-          if (own) OwnAttention::run(cs, a, st);
-          else attn.run(cs, a, attn_ws_ptr, attn_ws, st);
-        });
-    add("cross o GEMM", G, true, fl_rows * Dd * Dd,
-        [&](cudaStream_t st) { gemm.linear(att, co_w, co_b, q, rows, D, D, Act::None, st); });
-    add("residual add (cross) + norm2 LN + modulate", O, true, 0, [&](cudaStream_t st) {
-      residual_add_layernorm_modulate(resid, q, nullptr, h, rows, D, chunk(3), chunk(4), eps, st);
-    });
-    add("FFN up GEMM + GELU", G, true, fl_rows * Dd * Fd,
-        [&](cudaStream_t st) { gemm.linear(h, f0_w, f0_b, ffn, rows, D, F, Act::GeluTanh, st); });
-    add("FFN down GEMM", G, true, fl_rows * Fd * Dd,
-        [&](cudaStream_t st) { gemm.linear(ffn, f2_w, f2_b, att, rows, F, D, Act::None, st); });
-    add("gated residual add (FFN) + next norm1 LN + modulate", O, true, 0, [&](cudaStream_t st) {
-      const ModVec gate = chunk(5);  // the next block's norm1 modulation: this block's (same shapes)
-      residual_add_layernorm_modulate(resid, att, &gate, h, rows, D, chunk(0), chunk(1), eps, st);
-    });
-    const size_t end_block = ops.size();
-    float* head_in = reinterpret_cast<float*>(big);
-    add("head LN + modulate (fp32)", O, false, 0, [&](cudaStream_t st) {
-      const ModVec shift{hmod, e, D, L}, scale{hmod + D, e, D, L};
-      layernorm_modulate(resid, head_in, rows, D, shift, scale, eps, st);
-    });
-    add("head GEMM (fp32)", G, false, fl_rows * Dd * OP,
-        [&](cudaStream_t st) { gemm.linear(head_in, head_w, head_b, head_out, rows, D, OP, Act::None, st); });
-    add("unpatchify + output copy", O, false, 0, [&](cudaStream_t st) {
-      unpatchify(head_out, out, B, L, Co, f, gh, gw, pt, ph, pw, st);
-      CUDA_CHECK(cudaMemcpyAsync(out_dst, out, u(nout) * 4, cudaMemcpyDeviceToDevice, st));
-    });
-
-    ev.resize(ops.size() + 1);
+    ev.resize(l.ops.size() + 1);
     for (cudaEvent_t& x : ev) CUDA_CHECK(cudaEventCreate(&x));
-    // One pass: ops with an event before the first and after each (external event-record nodes when
-    // captured, so the replayed graph records them too).
-    auto pass = [&](bool capturing) {
-      auto rec = [&](size_t i) {
-        if (capturing) CUDA_CHECK(cudaEventRecordWithFlags(ev[i], s, cudaEventRecordExternal));
-        else CUDA_CHECK(cudaEventRecord(ev[i], s));
-      };
-      rec(0);
-      for (size_t i = 0; i < ops.size(); ++i) {
-        ops[i].run(s);
-        rec(i + 1);
-      }
-    };
-    auto collect = [&](const std::string& mode, const std::function<void()>& launch) {
-      std::vector<std::vector<double>> ms(ops.size());
-      std::vector<double> block_ms;
-      for (int rep = 0; rep < reps; ++rep) {
-        launch();
-        CUDA_CHECK(cudaStreamSynchronize(s));
-        CUDA_CHECK(cudaGetLastError());
-        for (size_t i = 0; i < ops.size(); ++i) {
-          float m = 0;
-          CUDA_CHECK(cudaEventElapsedTime(&m, ev[i], ev[i + 1]));
-          ms[i].push_back(m);
-        }
-        float b = 0;
-        CUDA_CHECK(cudaEventElapsedTime(&b, ev[first_block], ev[end_block]));
-        block_ms.push_back(b);
-      }
-      OpBreakdown br;
-      br.mode = mode;
-      br.reps = reps;
-      br.block_total_ms = median(block_ms);
-      for (size_t i = 0; i < ops.size(); ++i)
-        br.ops.push_back({ops[i].name, ops[i].kind, ops[i].per_block, median(ms[i]), ops[i].flops});
-      return br;
-    };
+    OpTimer timer{l, s, ev, reps};
     result.self_attention_engine = own ? "own (sm_90a TMA + wgmma, warp-specialised)" : attn.describe(ss);
-    pass(false);  // warm-up: builds every GEMM and attention plan (never inside a capture)
+    timer.pass(false);  // warm-up: builds every GEMM and attention plan (never inside a capture)
     CUDA_CHECK(cudaStreamSynchronize(s));
-    result.eager = collect("eager", [&] { pass(false); });
-    try {
-      cudaGraph_t g = nullptr;
-      CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-      try {
-        pass(true);
-      } catch (...) {
-        cudaGraph_t broken = nullptr;
-        cudaStreamEndCapture(s, &broken);
-        if (broken) cudaGraphDestroy(broken);
-        throw;
-      }
-      CUDA_CHECK(cudaStreamEndCapture(s, &g));
-      const cudaError_t st = cudaGraphInstantiate(&exec, g, 0);
-      cudaGraphDestroy(g);
-      CUDA_CHECK(st);
-      result.graph = collect("graph", [&] { CUDA_CHECK(cudaGraphLaunch(exec, s)); });
-    } catch (const Error& err) {
-      cudaGetLastError();  // the eager numbers stand; say why the graph ones are missing
-      result.graph_error = err.what();
-    }
+    result.eager = timer.collect("eager", [&] { timer.pass(false); });
+    time_graph(timer, exec, result);
   } catch (...) {
     cudaStreamSynchronize(s);
     if (exec) cudaGraphExecDestroy(exec);

@@ -5,15 +5,8 @@
 // - time_forward(): whole forwards of a DiTGpu as the sampler runs them (CUDA-graph replay unless
 //   graphs are off), each bracketed by CUDA events on the caller's stream, inputs and output resident
 //   on the device (the input/output copies inside forward() are part of the step and are counted).
-// - time_ops_isolated(): the per-op breakdown. DiTGpu has no hooks inside its graph, so the breakdown
-//   replays the op sequence of one block and of the non-block parts (patch/time/text embedding, head)
-//   with the same kernels, GEMM runner and cuDNN attention on buffers of the same shapes, an event
-//   between every two ops, and takes the per-op median over `reps` runs; once launched op by op
-//   (eager) and once captured as a CUDA graph with event-record nodes between the ops and replayed.
-//   The sequence mirrors DiTGpu::Impl::block / run_body (src/models/dit/dit_gpu.cpp); if those change,
-//   change the op list in time_ops_isolated (dit_bench.cpp) too.
-//   The isolated step model (layers x block + non-block) is printed next to the measured step so a
-//   drift between the two is visible.
+// - time_ops_isolated(): the per-op breakdown, replaying the op sequence of one block and of the
+//   non-block parts with the same kernels on buffers of the same shapes (see its declaration).
 // Invariants: every buffer is filled with random values (never zeros: they can run faster); all memory
 // is freed before returning (the breakdown and the model are never resident together).
 #pragma once
@@ -23,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "models/config.h"  // plain data: wan_cuda does not link wan_config
+#include "models/config.h"
 #include "models/dit/dit_gpu.h"
 
 namespace wan::cuda {
@@ -61,6 +54,13 @@ struct IsolatedTimings {
   std::string graph_error;
   std::string self_attention_engine;  // "own (sm_90a ...)" or cuDNN's engine (CudnnAttention::describe)
 };
+// DiTGpu has no hooks inside its graph, so the breakdown replays the op sequence of one block and of the
+// non-block parts (patch/time/text embedding, head) with the same kernels, GEMM runner and cuDNN
+// attention on buffers of the same shapes, an event between every two ops, and takes the per-op median
+// over `reps` runs. The sequence mirrors DiTGpu::Impl::block / run_body (src/models/dit/dit_gpu.cpp);
+// if those change, change the op list in time_ops_isolated (dit_bench_gpu.cpp) too. The isolated step
+// model (layers x block + non-block) is printed next to the measured step so a drift between the two
+// is visible.
 // Times the op sequence eagerly and as one captured CUDA graph with event-record nodes between the ops
 // (the way the step runs). Needs about the activation arena of the shape plus one block's weights free.
 // `attention` picks the kernel timed for the attention ops (resolved as DiTGpu::resolve_attention).
@@ -80,7 +80,7 @@ struct ForwardTiming {
 };
 // cfg.num_layers blocks; `warmup` untimed forwards first (>= 1: the first forward is the eager one
 // that builds the cuBLASLt/cuDNN plans; with graphs the second captures), then `steps` timed ones.
-// `parallel`: one rank of a multi-GPU forward (issue 5); every rank of the layout calls time_forward
+// `parallel`: one rank of a multi-GPU forward; every rank of the layout calls time_forward
 // with the same arguments (same seed: the weights and inputs are the same on every rank), and each
 // rank's step time includes its waits on the others.
 // `after_steps`, when set, runs after the timed forwards on the same model, inputs and stream, before the

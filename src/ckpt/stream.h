@@ -1,10 +1,10 @@
-// Streaming checkpoint loads (issue 6): the host side of "file -> staging -> device" at hardware speed.
+// Streaming checkpoint loads: the host side of "file -> staging -> device" at hardware speed.
 // A LoadPlan lists the tensors to load and where their bytes lie (WeightStore::raw_span: file,
 // offset, length, stored dtype, fp8 scale). StreamLoader cuts every tensor into chunks of at most
 // chunk_bytes, reads them with `threads` reader threads (pread, sequential per file, whole plan in
 // priority, then file order) into a ring of K caller-provided staging buffers (pinned memory on the
 // GPU path), and hands each filled buffer to a sink with a StagingLease. The sink consumes the
-// buffer (on the GPU, cuda/load_gpu.h: enqueue the H2D copy and the conversion kernel, record an
+// buffer (on the GPU, runtime/load_gpu.h: enqueue the H2D copy and the conversion kernel, record an
 // event) and releases the lease, now or later, from any thread; only then is that buffer refilled.
 // Invariants:
 // - Ring bound: at most K buffers are being filled or held by the sink at any time, so the host

@@ -1,7 +1,7 @@
 // PyTorch .pth (torch.save zip format) reading and writing, without executing any pickle.
 // Reading: the zip central directory is parsed (ZIP64 included; only stored entries can be
 // mapped, deflate is refused with a clear error), "<archive>/data.pkl" is interpreted by a
-// restricted pickle machine (pth/pickle.h) that accepts only the opcodes and globals a tensor
+// restricted pickle machine (formats/pickle.h) that accepts only the opcodes and globals a tensor
 // state dict needs (collections.OrderedDict, torch._utils._rebuild_tensor_v2/_v3,
 // _rebuild_parameter, torch.*Storage / torch.storage.UntypedStorage, torch.<dtype>, and
 // persistent ids ("storage", type, key, location, numel)); anything else is refused with a

@@ -1,4 +1,4 @@
-// Internal to the GPU DiT: the small elementwise kernels its weight drawing needs (dit_gpu_kernels.cu).
+// Internal to the GPU DiT: the small elementwise kernels its weight drawing needs (affine.cu).
 // Arithmetic is x·scale + offset as two correctly rounded fp32 operations (no FMA), so the values are
 // reproducible from the CPU RNG. Any n and alignment.
 #pragma once

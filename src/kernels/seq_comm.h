@@ -1,8 +1,8 @@
-// The communication a parallel DiT forward needs, as an abstract interface: wan_cuda (the model) must not
-// depend on NCCL, so DiTGpu talks to its peers through SeqComm and wan_dist implements it with NCCL
-// (src/runtime/dist/comm.h). All operations move raw bytes, are enqueued on a CUDA stream, never synchronise the
-// host and are capturable in CUDA graphs (NCCL's are), so a parallel forward can still be replayed as one
-// graph per rank.
+// The communication a parallel DiT forward needs, as an abstract interface: the model (wan_models) must
+// not depend on NCCL, so DiTGpu talks to its peers through SeqComm and wan_runtime implements it with
+// NCCL (src/runtime/dist/comm.h). All operations move raw bytes, are enqueued on a CUDA stream, never
+// synchronise the host and are capturable in CUDA graphs (NCCL's are), so a parallel forward can still
+// be replayed as one graph per rank.
 //
 // Invariants:
 // - Every rank of a group calls the same operations in the same order with the same byte counts (a

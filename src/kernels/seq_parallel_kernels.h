@@ -1,7 +1,7 @@
-// Memory-bound kernels of the sequence-parallel DiT forward (issue 5, spec §8): the data reshuffles
+// Memory-bound kernels of the sequence-parallel DiT forward (spec §8): the data reshuffles
 // around the Ulysses all-to-alls and the output all-gather, the log-sum-exp merge of ring attention and
 // the patch embedding of one rank's token slice. Host launchers on raw device pointers and a stream; no
-// model types, no communication (the caller moves the bytes through cuda/seq_parallel.h).
+// model types, no communication (the caller moves the bytes through kernels/seq_comm.h).
 //
 // Layout names (U = group size, n = tensors moved together, R = rows per tensor = Bl·Lc tokens of the
 // local slice, W = bytes of one row's moved part, Du = heads/U · 128):

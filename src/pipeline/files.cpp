@@ -107,7 +107,7 @@ Tensor f32_vector(const std::vector<float>& v) {
 void write_run_state(const std::string& path, const RunState& st, const std::map<std::string, std::string>& metadata) {
   WAN_ASSERT(st.latents.ndim() == 4 && st.prompt_embeds.ndim() == 2 && st.negative_embeds.ndim() == 2, "run state");
   std::vector<std::pair<std::string, Tensor>> t;
-  // Largest element size first keeps every tensor aligned (st/safetensors.h).
+  // Largest element size first keeps every tensor aligned (formats/safetensors.h).
   t.push_back({"timings.stage_s", f64_tensor({st.timings.load_text_encoder, st.timings.text_encode,
                                                st.timings.load_dit, st.timings.denoise})});
   t.push_back({"timings.step_s", f64_tensor(st.timings.step_seconds)});

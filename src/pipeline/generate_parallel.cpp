@@ -350,86 +350,47 @@ struct RankZeroOut {
 
 constexpr int kStatFields = 8;  // the per-rank figures all-gathered after the denoising
 
-void rank_main(dist::RankContext& ctx, const GeneratePlan& p, const dist::Layout& layout, const RunHooks& caller,
-               bool decode, RankZeroOut* out) {
-  const bool r0 = ctx.rank == 0;
-  RunHooks hooks;
-  hooks.cancel = caller.cancel;
-  if (r0) hooks.progress = caller.progress;
-  auto check = [&] {
-    ctx.check_abort();
-    if (hooks.cancel && hooks.cancel->load(std::memory_order_relaxed))
-      throw Error("interrupted (Ctrl-C)", ErrorKind::Internal);
-  };
+using Step = std::function<void()>;
+
+// Step 1 (rank 0): the text encoder is loaded, encodes what the plan lacks, and is freed before this
+// rank's DiT is created.
+void encode_text_on_rank0(const dist::RankContext& ctx, const GeneratePlan& p, const RunHooks& hooks,
+                          const Step& check, const Step& probe, Timings& tm, Tensor& cond, Tensor& uncond) {
   const std::string dev = cat("cuda:", ctx.device);
-  GenerateResult r;
-  Timings& tm = r.timings;
-  pipeline_detail::begin_result(p, &r);
-  ParallelRankStats me;
-  me.rank = ctx.rank;
-  me.device = ctx.device;
-  r.device_bytes_at_start = me.peak_device_bytes = gpu_memory_in_use(ctx.device);
-  auto probe = [&] { me.peak_device_bytes = std::max(me.peak_device_bytes, gpu_memory_in_use(ctx.device)); };
-
-  const dist::ParallelGroups groups = dist::make_groups(ctx.comm, layout, [&](ncclComm_t c) { ctx.register_comm(c); });
-  dist::Comm world(ctx.comm, false);
-  StreamOwner stream;
-  const cudaStream_t s = stream.s;
-
-  // Rank 0 reads the VAE's weights on a host thread while the rest runs (not for a run that pauses).
-  std::future<std::pair<VaeWeights, double>> vae_read;
-  if (r0 && decode && p.stop_after_steps == 0)
-    vae_read = std::async(std::launch::async, [&p] {
-      const Clock::time_point t0 = Clock::now();
-      VaeWeights w = p.random_weights ? random_vae_weights(p.vae, random_vae_seed(p.weights_seed)) : load_vae(p.ckpt, p.vae);
-      return std::make_pair(std::move(w), seconds_since(t0));
-    });
-
-  // 1. The text, once, on rank 0 (the other ranks go on to their DiT; resumed: the state's, nothing to encode).
-  Tensor cond = p.prompt_embeds, uncond = p.negative_embeds;
-  if (r0 && p.needs_text_encoder) {
-    dist::maybe_fail(ctx, "text");
-    std::unique_ptr<GpuTextEncoder> te;
-    {
-      StageEvents st(hooks, Stage::LoadTextEncoder);
-      (void)check_gpu_text_encoder(p.t5, dev);
-      PromptTokenizer tokens = load_prompt_tokenizer(&p.ckpt, p.t5.vocab, /*allow_stand_in=*/p.random_weights);
-      te = make_gpu_text_encoder(p.ckpt, p.t5, p.random_weights, random_t5_seed(p.weights_seed), std::move(tokens),
-                                 ctx.device);
-      tm.load_text_encoder = st.end();
-      probe();
-    }
-    check();
-    const int n = (cond.defined() ? 0 : 1) + (uncond.defined() ? 0 : 1);
-    StageEvents st(hooks, Stage::EncodeText, n);
-    int done = 0;
-    if (!cond.defined()) {
-      cond = te->encode(p.prompt);
-      st.advance(++done, "prompt");
-    }
-    check();
-    if (!uncond.defined()) {
-      uncond = te->encode(p.negative_prompt);
-      st.advance(++done, "negative prompt");
-    }
-    tm.text_encode = st.end();
-    te.reset();  // frees its device memory before this rank's DiT is created
-  }
-  check();
-
-  // 2. The DiT: drawn, or this rank's share streamed and every share broadcast (ends with a barrier:
-  // rank 0's text is ready too).
-  std::unique_ptr<cuda::DiTGpu> dit;
+  dist::maybe_fail(ctx, "text");
+  std::unique_ptr<GpuTextEncoder> te;
   {
-    StageEvents st(hooks, Stage::LoadDiT);
-    dit = make_rank_dit(ctx, p, groups.view(), p.verbose && r0, &me);
-    tm.load_dit = st.end();
+    StageEvents st(hooks, Stage::LoadTextEncoder);
+    (void)check_gpu_text_encoder(p.t5, dev);
+    PromptTokenizer tokens = load_prompt_tokenizer(&p.ckpt, p.t5.vocab, /*allow_stand_in=*/p.random_weights);
+    te = make_gpu_text_encoder(p.ckpt, p.t5, p.random_weights, random_t5_seed(p.weights_seed), std::move(tokens),
+                               ctx.device);
+    tm.load_text_encoder = st.end();
     probe();
   }
+  check();
+  const int n = (cond.defined() ? 0 : 1) + (uncond.defined() ? 0 : 1);
+  StageEvents st(hooks, Stage::EncodeText, n);
+  int done = 0;
+  if (!cond.defined()) {
+    cond = te->encode(p.prompt);
+    st.advance(++done, "prompt");
+  }
+  check();
+  if (!uncond.defined()) {
+    uncond = te->encode(p.negative_prompt);
+    st.advance(++done, "negative prompt");
+  }
+  tm.text_encode = st.end();
+  te.reset();
+}
 
-  // 3. Text, latents and sampler state from rank 0 (sizes first, then the values), so a seed drawn at
-  // random (no --seed) or files read per process (embeddings, initial latents, a resumed state) cannot
-  // make the ranks diverge.
+// Step 3: text, latents and sampler state from rank 0 (sizes first, then the values), so a seed drawn
+// at random (no --seed) or files read per process (embeddings, initial latents, a resumed state) cannot
+// make the ranks diverge. On ranks > 0 cond, uncond, x and from are made here.
+void share_inputs(const dist::RankContext& ctx, dist::Comm& world, cudaStream_t s, const GeneratePlan& p,
+                  const GenerateResult& r, Tensor& cond, Tensor& uncond, Tensor& x, SamplerState& from) {
+  const bool r0 = ctx.rank == 0;
   const int64_t D = p.ckpt.dit.text_dim;
   int64_t hdr[3] = {0, 0, D};
   if (r0) {
@@ -452,73 +413,64 @@ void rank_main(dist::RankContext& ctx, const GeneratePlan& p, const dist::Layout
     std::memcpy(cond.f32(), text.f32(), cond.nbytes());
     std::memcpy(uncond.f32(), text.f32() + hdr[0] * D, uncond.nbytes());
   }
-  Tensor x = !r0                      ? Tensor::empty(DType::F32, p.latent_shape)
-             : p.resume               ? p.resume->latents.clone()
-             : p.init_latents.defined() ? p.init_latents.clone()
-                                        : seeded_latents(p.latent_shape, p.seed);
+  x = !r0                      ? Tensor::empty(DType::F32, p.latent_shape)
+      : p.resume               ? p.resume->latents.clone()
+      : p.init_latents.defined() ? p.init_latents.clone()
+                                 : seeded_latents(p.latent_shape, p.seed);
   broadcast_host(ctx, world, s, x.data(), x.nbytes(), 0);
-  SamplerState from;  // step 0: index 0, no history
   if (p.resume) from = p.resume->sampler;
   broadcast_sampler_state(ctx, world, s, &from, static_cast<size_t>(x.numel()));
   WAN_CHECK(from.index == r.first_step, "--resume ", p.resume_file, ": rank 0's state continues after step ",
             from.index, " but rank ", ctx.rank, "'s after step ", r.first_step,
             " (every process must read the same state file)");
+}
 
-  // 4. Sampling: the pipeline's own loop (pipeline_internal.h) on the collective denoiser; every rank
-  // holds the whole DiT output after each step and keeps x. Cancellation and failures elsewhere are
-  // checked at the start of every step by each rank (check(): one wan::Error on every rank).
-  {
-    std::unique_ptr<Denoiser> den = make_parallel_denoiser(ctx, p, layout, std::move(dit), [&] {
-      check();
-      dist::maybe_fail(ctx, "step");
-    });
-    RunHooks loop;
-    loop.progress = hooks.progress;
-    pipeline_detail::denoise(p, *den, cond, uncond, x, from.index > 0 ? &from : nullptr, loop, probe, &r);
-  }  // frees the experts before rank 0's VAE decoder is built
-
-  // 5. Every rank's figures to every rank (fixed-size rows, all-gathered).
+// Step 5: every rank's figures to every rank (fixed-size rows, all-gathered). Collective.
+std::vector<double> gather_rank_stats(const dist::RankContext& ctx, dist::Comm& world, cudaStream_t s,
+                                      const ParallelRankStats& me) {
   std::vector<double> rows(static_cast<size_t>(ctx.world) * kStatFields, 0.0);
-  {
-    double* mine = rows.data() + static_cast<size_t>(ctx.rank) * kStatFields;
-    const double v[kStatFields] = {static_cast<double>(me.rank),        static_cast<double>(me.device),
-                                   static_cast<double>(me.load_bytes),  static_cast<double>(me.load_tensors),
-                                   me.load_s,                           me.broadcast_s,
-                                   me.dit_s,                            static_cast<double>(me.peak_device_bytes)};
-    std::copy(v, v + kStatFields, mine);
-    const size_t row = kStatFields * sizeof(double);
-    DeviceBytes d(rows.size() * sizeof(double));
-    char* base = static_cast<char*>(d.p);
-    CUDA_CHECK(cudaMemcpyAsync(base + static_cast<size_t>(ctx.rank) * row, mine, row, cudaMemcpyHostToDevice, s));
-    world.all_gather(base + static_cast<size_t>(ctx.rank) * row, base, row, s);
-    CUDA_CHECK(cudaMemcpyAsync(rows.data(), base, rows.size() * sizeof(double), cudaMemcpyDeviceToHost, s));
-    ctx.sync(s);
-  }
-  if (!r0) return;  // the others wait in the launch's final barrier while rank 0 decodes
+  double* mine = rows.data() + static_cast<size_t>(ctx.rank) * kStatFields;
+  const double v[kStatFields] = {static_cast<double>(me.rank),        static_cast<double>(me.device),
+                                 static_cast<double>(me.load_bytes),  static_cast<double>(me.load_tensors),
+                                 me.load_s,                           me.broadcast_s,
+                                 me.dit_s,                            static_cast<double>(me.peak_device_bytes)};
+  std::copy(v, v + kStatFields, mine);
+  const size_t row = kStatFields * sizeof(double);
+  DeviceBytes d(rows.size() * sizeof(double));
+  char* base = static_cast<char*>(d.p);
+  CUDA_CHECK(cudaMemcpyAsync(base + static_cast<size_t>(ctx.rank) * row, mine, row, cudaMemcpyHostToDevice, s));
+  world.all_gather(base + static_cast<size_t>(ctx.rank) * row, base, row, s);
+  CUDA_CHECK(cudaMemcpyAsync(rows.data(), base, rows.size() * sizeof(double), cudaMemcpyDeviceToHost, s));
+  ctx.sync(s);
+  return rows;
+}
 
-  // 6. Rank 0: the video, or (paused) the state.
-  if (decode && !r.state) {
-    dist::maybe_fail(ctx, "decode");
-    check();
-    VaeWeights w;
-    {
-      StageEvents st(hooks, Stage::LoadVae);
-      w = vae_read.get().first;  // read meanwhile: the time here is the wait for it
-      tm.load_vae = st.end();
-    }
-    check_gpu_vae(p.vae, dev);
-    check();
-    const int chunks = static_cast<int>(r.latents.dim(1));
-    StageEvents st(hooks, Stage::Decode, chunks);
-    int64_t peak = 0;
-    r.video = gpu_vae_decode_tracked(p.vae, w, r.latents, ctx.device, &peak);
-    me.peak_device_bytes = std::max(me.peak_device_bytes, peak);
-    st.advance(chunks, "");
-    tm.vae_decode = st.end();
+// Step 6 (rank 0, not paused): the VAE weights read meanwhile, then the decode.
+void decode_on_rank0(const dist::RankContext& ctx, const GeneratePlan& p, const RunHooks& hooks, const Step& check,
+                     std::future<std::pair<VaeWeights, double>>& vae_read, ParallelRankStats& me, GenerateResult& r) {
+  Timings& tm = r.timings;
+  dist::maybe_fail(ctx, "decode");
+  check();
+  VaeWeights w;
+  {
+    StageEvents st(hooks, Stage::LoadVae);
+    w = vae_read.get().first;  // read meanwhile: the time here is the wait for it
+    tm.load_vae = st.end();
   }
-  probe();
-  r.peak_device_bytes = me.peak_device_bytes;
-  if (r.state) pipeline_detail::complete_state(p, cond, uncond, &r);
+  check_gpu_vae(p.vae, cat("cuda:", ctx.device));
+  check();
+  const int chunks = static_cast<int>(r.latents.dim(1));
+  StageEvents st(hooks, Stage::Decode, chunks);
+  int64_t peak = 0;
+  r.video = gpu_vae_decode_tracked(p.vae, w, r.latents, ctx.device, &peak);
+  me.peak_device_bytes = std::max(me.peak_device_bytes, peak);
+  st.advance(chunks, "");
+  tm.vae_decode = st.end();
+}
+
+// Rank 0's result: the gathered rows become the per-rank figures and the run's load totals.
+void hand_back(const dist::RankContext& ctx, const std::vector<double>& rows, const ParallelRankStats& me,
+               GenerateResult& r, RankZeroOut* out) {
   out->ranks.clear();
   double total_bytes = 0, slowest = 0;
   for (int k = 0; k < ctx.world; ++k) {
@@ -539,6 +491,85 @@ void rank_main(dist::RankContext& ctx, const GeneratePlan& p, const dist::Layout
   r.load_bytes = static_cast<uint64_t>(total_bytes);
   r.load_gb_per_s = slowest > 0 ? total_bytes / slowest / 1e9 : 0;
   out->result = std::move(r);
+}
+
+void rank_main(dist::RankContext& ctx, const GeneratePlan& p, const dist::Layout& layout, const RunHooks& caller,
+               bool decode, RankZeroOut* out) {
+  const bool r0 = ctx.rank == 0;
+  RunHooks hooks;
+  hooks.cancel = caller.cancel;
+  if (r0) hooks.progress = caller.progress;
+  const Step check = [&] {
+    ctx.check_abort();
+    if (hooks.cancel && hooks.cancel->load(std::memory_order_relaxed))
+      throw Error("interrupted (Ctrl-C)", ErrorKind::Internal);
+  };
+  GenerateResult r;
+  Timings& tm = r.timings;
+  pipeline_detail::begin_result(p, &r);
+  ParallelRankStats me;
+  me.rank = ctx.rank;
+  me.device = ctx.device;
+  r.device_bytes_at_start = me.peak_device_bytes = gpu_memory_in_use(ctx.device);
+  const Step probe = [&] { me.peak_device_bytes = std::max(me.peak_device_bytes, gpu_memory_in_use(ctx.device)); };
+
+  const dist::ParallelGroups groups = dist::make_groups(ctx.comm, layout, [&](ncclComm_t c) { ctx.register_comm(c); });
+  dist::Comm world(ctx.comm, false);
+  StreamOwner stream;
+  const cudaStream_t s = stream.s;
+
+  // Rank 0 reads the VAE's weights on a host thread while the rest runs (not for a run that pauses).
+  std::future<std::pair<VaeWeights, double>> vae_read;
+  if (r0 && decode && p.stop_after_steps == 0)
+    vae_read = std::async(std::launch::async, [&p] {
+      const Clock::time_point t0 = Clock::now();
+      VaeWeights w = p.random_weights ? random_vae_weights(p.vae, random_vae_seed(p.weights_seed)) : load_vae(p.ckpt, p.vae);
+      return std::make_pair(std::move(w), seconds_since(t0));
+    });
+
+  // 1. The text, once, on rank 0 (the other ranks go on to their DiT; resumed: the state's, nothing to encode).
+  Tensor cond = p.prompt_embeds, uncond = p.negative_embeds;
+  if (r0 && p.needs_text_encoder) encode_text_on_rank0(ctx, p, hooks, check, probe, tm, cond, uncond);
+  check();
+
+  // 2. The DiT: drawn, or this rank's share streamed and every share broadcast (ends with a barrier:
+  // rank 0's text is ready too).
+  std::unique_ptr<cuda::DiTGpu> dit;
+  {
+    StageEvents st(hooks, Stage::LoadDiT);
+    dit = make_rank_dit(ctx, p, groups.view(), p.verbose && r0, &me);
+    tm.load_dit = st.end();
+    probe();
+  }
+
+  // 3. The inputs, as rank 0 has them.
+  Tensor x;
+  SamplerState from;  // step 0: index 0, no history
+  share_inputs(ctx, world, s, p, r, cond, uncond, x, from);
+
+  // 4. Sampling: the pipeline's own loop (pipeline_internal.h) on the collective denoiser; every rank
+  // holds the whole DiT output after each step and keeps x. Cancellation and failures elsewhere are
+  // checked at the start of every step by each rank (check(): one wan::Error on every rank).
+  {
+    std::unique_ptr<Denoiser> den = make_parallel_denoiser(ctx, p, layout, std::move(dit), [&] {
+      check();
+      dist::maybe_fail(ctx, "step");
+    });
+    RunHooks loop;
+    loop.progress = hooks.progress;
+    pipeline_detail::denoise(p, *den, cond, uncond, x, from.index > 0 ? &from : nullptr, loop, probe, &r);
+  }  // frees the experts before rank 0's VAE decoder is built
+
+  // 5. Every rank's figures to every rank.
+  const std::vector<double> rows = gather_rank_stats(ctx, world, s, me);
+  if (!r0) return;  // the others wait in the launch's final barrier while rank 0 decodes
+
+  // 6. Rank 0: the video, or (paused) the state.
+  if (decode && !r.state) decode_on_rank0(ctx, p, hooks, check, vae_read, me, r);
+  probe();
+  r.peak_device_bytes = me.peak_device_bytes;
+  if (r.state) pipeline_detail::complete_state(p, cond, uncond, &r);
+  hand_back(ctx, rows, me, r, out);
 }
 
 }  // namespace

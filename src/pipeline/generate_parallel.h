@@ -1,47 +1,8 @@
-// `wan generate` on several GPUs (issue 5, items 1, 3 and 4 at the pipeline level): the T2V pipeline of
-// pipeline.h with the DiT's sequence- and CFG-parallel forward (cuda/dit_gpu.h Options::parallel) on
-// every rank of a dist::launch, started either as one thread per local GPU (--gpus N, --devices 0,1,...)
-// or as one process per GPU by mpirun / srun / WAN_RANK (dist/launch.h): the same rank code either way.
-//
-// Per rank (rank 0 = the first device of --devices, or launcher rank 0):
-//   1. rank 0 encodes the prompts once (GPU text encoder, freed afterwards); with --prompt-embeds files
-//      nothing is encoded. The other ranks meanwhile create their DiT and load their share of the weights.
-//   2. DiT: random weights are drawn on every rank (the same values everywhere, no files); checkpoint
-//      weights are loaded sharded: each expert's single device allocation is cut at tensor boundaries
-//      into `world` contiguous byte ranges (shard_ranges), rank r streams the tensors of range r from
-//      the files (cuda::DeviceLoader, pinned staging, conversion on the GPU), then every range is
-//      broadcast in place from its owner (ncclBroadcast per range), so every rank ends with all weights,
-//      bit-identical to a single-GPU load.
-//   3. After a barrier (every share loaded, the text encoded): rank 0 broadcasts the encoded text (sizes
-//      first, then [L_cond + L_uncond, text_dim] f32) and the initial latents, so a seed drawn at random
-//      (no --seed) or files read per process cannot make the ranks diverge.
-//      With --resume, rank 0's state (latents, text, sampler history) is what is broadcast; every
-//      process must read the same state file (each plans with it) and resume after the same step.
-//   4. Sampling is replicated: every rank runs the pipeline's own denoising loop (pipeline_internal.h,
-//      the one run_generate runs: expert switch, guided step, solver update, progress, pause) on a
-//      Denoiser whose guided_step is collective (make_parallel_denoiser: the parallel forward, after
-//      which every rank holds the whole DiT output, bit-identical on every rank, then the one-GPU
-//      fused guidance + solver kernel), so x and the history stay identical everywhere. The first
-//      forward of an (expert, batch) runs eagerly (it sets up the NCCL connections), the second
-//      captures the CUDA graph (NCCL calls included), later ones replay it.
-//      --stop-after-steps N: every rank stops after step N; rank 0 returns the state (GenerateResult::
-//      state, written by its process only) and nothing is decoded. The state file is the one-GPU
-//      format; its fingerprint's "numerics" names the layout ("cuda bf16, 2 GPUs, cfg 1 x ulysses 2 x
-//      ring 1"), so it resumes with --resume on the same layout (any device list, in-process or one
-//      process per rank: those are bit-identical) and gives the uninterrupted run's bits; a state of
-//      another layout or of one GPU is refused in one line (other roundings), and vice versa.
-//   5. rank 0 frees its DiT and decodes the video with the VAE on its GPU (not when paused); the other
-//      ranks free theirs and wait. The decode stays on one GPU: splitting the causal decoder's time
-//      chunks over ranks is left out (it is a small part of a run). Only rank 0's process writes output files (the CLI, after
-//      the launch has succeeded on every rank, through its all-or-nothing writers), so a failure leaves
-//      no output behind.
-// Failure (item 4): any rank's error (bad input, out of memory, a lost peer, Ctrl-C) ends every rank
-// with the same one-line wan::Error within seconds (dist::launch); ranks that wait for a busy rank wait
-// in RankContext::barrier, never inside a collective. Test hooks (dist::maybe_fail, WAN_DIST_FAIL_AT):
-// "text" (rank 0, before encoding), "load" (after the rank's share), "step" (before every step), "decode"
-// (rank 0) besides the launcher's "init" and "start".
-// Numerics: within bf16 of the single-GPU engine (the parallel forward's token slices and partial
-// softmax merges round differently); deterministic: two runs of one layout are bit-identical.
+// `wan generate` on several GPUs: the T2V pipeline of pipeline.h with the DiT's sequence- and
+// CFG-parallel forward (models/dit/dit_gpu.h Options::parallel) on every rank of a dist::launch, started
+// either as one thread per local GPU (--gpus N, --devices 0,1,...) or as one process per GPU by mpirun /
+// srun / WAN_RANK (runtime/dist/launch.h): the same rank code either way. How a run proceeds on
+// each rank, how it fails and its numerics: above run_generate_parallel.
 // Not supported with several GPUs (one clear error): --keep-text-encoder, --device cpu. CFG-parallel
 // needs every step guided (guide scale != 1).
 //
@@ -141,8 +102,48 @@ struct ParallelRun {
   std::string describe() const;          // the lines of the summary (layout, per-rank load)
 };
 
+// Per rank (rank 0 = the first device of --devices, or launcher rank 0):
+//   1. rank 0 encodes the prompts once (GPU text encoder, freed afterwards); with --prompt-embeds files
+//      nothing is encoded. The other ranks meanwhile create their DiT and load their share of the weights.
+//   2. DiT: random weights are drawn on every rank (the same values everywhere, no files); checkpoint
+//      weights are loaded sharded: each expert's single device allocation is cut at tensor boundaries
+//      into `world` contiguous byte ranges (shard_ranges), rank r streams the tensors of range r from
+//      the files (cuda::DeviceLoader, pinned staging, conversion on the GPU), then every range is
+//      broadcast in place from its owner (ncclBroadcast per range), so every rank ends with all weights,
+//      bit-identical to a single-GPU load.
+//   3. After a barrier (every share loaded, the text encoded): rank 0 broadcasts the encoded text (sizes
+//      first, then [L_cond + L_uncond, text_dim] f32) and the initial latents, so a seed drawn at random
+//      (no --seed) or files read per process cannot make the ranks diverge.
+//      With --resume, rank 0's state (latents, text, sampler history) is what is broadcast; every
+//      process must read the same state file (each plans with it) and resume after the same step.
+//   4. Sampling is replicated: every rank runs the pipeline's own denoising loop (pipeline_internal.h,
+//      the one run_generate runs: expert switch, guided step, solver update, progress, pause) on a
+//      Denoiser whose guided_step is collective (make_parallel_denoiser: the parallel forward, after
+//      which every rank holds the whole DiT output, bit-identical on every rank, then the one-GPU
+//      fused guidance + solver kernel), so x and the history stay identical everywhere. The first
+//      forward of an (expert, batch) runs eagerly (it sets up the NCCL connections), the second
+//      captures the CUDA graph (NCCL calls included), later ones replay it.
+//      --stop-after-steps N: every rank stops after step N; rank 0 returns the state (GenerateResult::
+//      state, written by its process only) and nothing is decoded. The state file is the one-GPU
+//      format; its fingerprint's "numerics" names the layout ("cuda bf16, 2 GPUs, cfg 1 x ulysses 2 x
+//      ring 1"), so it resumes with --resume on the same layout (any device list, in-process or one
+//      process per rank: those are bit-identical) and gives the uninterrupted run's bits; a state of
+//      another layout or of one GPU is refused in one line (other roundings), and vice versa.
+//   5. rank 0 frees its DiT and decodes the video with the VAE on its GPU (not when paused); the other
+//      ranks free theirs and wait. The decode stays on one GPU: splitting the causal decoder's time
+//      chunks over ranks is left out (it is a small part of a run). Only rank 0's process writes output
+//      files (the CLI, after the launch has succeeded on every rank, through its all-or-nothing
+//      writers), so a failure leaves no output behind.
+// Failure: any rank's error (bad input, out of memory, a lost peer, Ctrl-C) ends every rank
+// with the same one-line wan::Error within seconds (dist::launch); ranks that wait for a busy rank wait
+// in RankContext::barrier, never inside a collective. Test hooks (dist::maybe_fail, WAN_DIST_FAIL_AT):
+// "text" (rank 0, before encoding), "load" (after the rank's share), "step" (before every step), "decode"
+// (rank 0) besides the launcher's "init" and "start".
+// Numerics: within bf16 of the single-GPU engine (the parallel forward's token slices and partial
+// softmax merges round differently); deterministic: two runs of one layout are bit-identical.
+//
 // Plans (o.parallel set; every process plans the same options), resolves the layout, calls on_plan in
-// the output process (before any device work) and runs the ranks of `r` (see the top of this file).
+// the output process (before any device work) and runs the ranks of `r` (as above).
 // Throws the launch's one error; Cancelled when hooks.cancel was set. Progress goes to hooks.progress
 // from rank 0 only. decode = false stops after sampling.
 ParallelRun run_generate_parallel(GenerateOptions o, const ParallelRequest& r, const RunHooks& hooks,
@@ -152,8 +153,8 @@ ParallelRun run_generate_parallel(GenerateOptions o, const ParallelRequest& r, c
 #ifdef WAN_HAVE_NCCL
 // One rank's DiT of plan `p` (the experts its schedule uses) with the parallel groups `par` (alive as
 // long as the DiT): random weights drawn on the rank, or checkpoint weights loaded sharded and
-// broadcast over ctx.comm (see the top of this file). Collective over every rank of ctx. `stats` gets
-// the rank's load figures.
+// broadcast over ctx.comm (see run_generate_parallel, step 2). Collective over every rank of ctx.
+// `stats` gets the rank's load figures.
 std::unique_ptr<cuda::DiTGpu> make_rank_dit(const dist::RankContext& ctx, const GeneratePlan& p,
                                             const cuda::DiTGpu::Options::Parallel& par, bool verbose,
                                             ParallelRankStats* stats);

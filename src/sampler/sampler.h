@@ -16,7 +16,7 @@
 //    steps (TI2V frame-0 replacement) and the sampler uses whatever it is given, as the reference.
 //  - A step is its scalar coefficients (plan_step(): a function of the schedule and index() alone)
 //    applied per element by step_element() (sampler/sampler_step.h). step() does exactly that on the
-//    host; the GPU sampler (cuda/sampler_gpu.h) applies the same coefficients on the device, with the
+//    host; the GPU sampler (sampler/sampler_gpu.h) applies the same coefficients on the device, with the
 //    history in device memory, after take_step() has advanced the index here.
 #pragma once
 #include <cstddef>

@@ -21,7 +21,7 @@
 
 #include <cstddef>
 
-#include "sampler/sampler_step.h"  // plain data only: wan_cuda does not link wan_sampler
+#include "sampler/sampler_step.h"
 
 namespace wan::cuda {
 

@@ -1,8 +1,8 @@
 // One solver step in coefficient form (spec §7.3, §7.4, §7.6): the scalar coefficients of a step,
 // computed on the host by Sampler::plan_step() from the schedule and the step index alone, and the
 // per-element update that applies them. The CPU sampler (sampler.cpp) and the fused GPU kernel
-// (cuda/sampler_gpu.cu) both run step_element(), so the two share one definition of the arithmetic.
-// Header-only plain data: wan_cuda includes it without linking wan_sampler.
+// (sampler_gpu.cu) both run step_element(), so the two share one definition of the arithmetic.
+// Header-only plain data, so device code can include it.
 //
 // Numerics: every operation is one IEEE float32 op rounded to nearest, in the reference's order:
 // no fused multiply-add, no reassociation. Host code is built with -ffp-contract=off; device code

@@ -1,5 +1,5 @@
-// cuDNN fused attention (cuda/attention_cudnn.h) against the CPU reference wan::ops::attention.
-// Precision rule (issue 4): the GPU's max error vs the fp32 reference must be at most twice the max
+// cuDNN fused attention (kernels/attention_cudnn.h) against the CPU reference wan::ops::attention.
+// Precision rule: the GPU's max error vs the fp32 reference must be at most twice the max
 // error of the same maths done plainly in bf16 (bf16 inputs, fp32 scores and softmax, P rounded to bf16
 // before P·V, fp32 accumulation, output rounded to the output type), computed on the CPU by
 // attention_test_ref.h (shared with the own kernel's test).

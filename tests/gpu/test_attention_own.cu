@@ -1,9 +1,9 @@
-// The engine's own Hopper attention (cuda/attention_own.h) against the CPU float32 reference
-// (wan::ops::attention) and against cuDNN's fused attention on the same inputs (issue 7, item 3):
+// The engine's own Hopper attention (kernels/attention_own.h) against the CPU float32 reference
+// (wan::ops::attention) and against cuDNN's fused attention on the same inputs:
 //   - every case: fresh random bf16 inputs (Philox), poisoned output and LSE buffers (NaN bytes), every
 //     output element must be written and the token-stride gap of O untouched;
 //   - error vs fp32 (max abs over the checked rows, every head) at most 1.5x cuDNN's own error on the same
-//     rows (plus 1e-6) and at most 2x the plain-bf16 maths (the issue-4 rule);
+//     rows (plus 1e-6) and at most 2x the plain-bf16 maths (the precision rule of test_attention_cudnn.cu);
 //   - all rows are checked at small sizes; at large ones a sample of rows (first, last, random) against
 //     fp32, and every element against cuDNN (max abs difference reported, bounded by 4x cuDNN's own
 //     fp32 error: both are fp32-accumulated bf16-P kernels);
@@ -284,7 +284,7 @@ TEST(GpuAttentionOwn, BadInputIsRefused) {
   EXPECT_NO_THROW(OwnAttention::validate(s));
 }
 
-// Timing at the issue-7 shapes (B = 2, H = 40, D = 128): own vs cuDNN, median of 5 after a warm-up.
+// Timing at the engine's shapes (B = 2, H = 40, D = 128): own vs cuDNN, median of 5 after a warm-up.
 // Prints TFLOP/s (4·B·H·Lq·Lk·D); asserts only that both ran (the benchmark is `wan bench-attention`).
 TEST(GpuAttentionOwn, TimingEngineShapes) {
   REQUIRE_OWN();

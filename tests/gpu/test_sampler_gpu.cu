@@ -1,4 +1,4 @@
-// The fused guidance + solver kernel (cuda/sampler_gpu.h) against the CPU reference (cfg_combine +
+// The fused guidance + solver kernel (sampler/sampler_gpu.h) against the CPU reference (cfg_combine +
 // Sampler::step), bit for bit: full 40-step runs of every solver with the T2V expert switch and its
 // two guide scales (including 1.0, run as the pipeline runs it: cond alone, and through the CFG formula),
 // on fresh random model outputs; float4 and scalar paths (odd element counts, the [2, n] DiT output

@@ -1,4 +1,4 @@
-// Sequence-parallel self-attention (see dit_seq_attention.h): Ulysses all-to-alls on the main stream,
+// Sequence-parallel self-attention (see seq_attention_gpu.h): Ulysses all-to-alls on the main stream,
 // ring exchanges on a side stream overlapped with the block attentions, fp32 LSE merges.
 #include "models/dit/seq_attention_gpu.h"
 

@@ -1,7 +1,7 @@
-// The DiT's self-attention when the token sequence is split over ranks (issue 5, spec §8): Ulysses
+// The DiT's self-attention when the token sequence is split over ranks (spec §8): Ulysses
 // (all-to-all over heads), Ring (key/value blocks passed around the ring, partial outputs merged with the
 // log-sum-exp) and their 2D hybrid (Ulysses inside a ring group, ring across). Used by DiTGpu
-// (dit_gpu.cpp); communication goes through cuda/seq_parallel.h, so this file has no NCCL dependency.
+// (dit_gpu.cpp); communication goes through kernels/seq_comm.h, so this file has no NCCL dependency.
 //
 // Sequence layout: each sample's padded sequence of P·S tokens (P = U·R) is split into P contiguous
 // slices; the rank of sequence rank c = ring rank·U + Ulysses rank holds tokens [c·S, (c+1)·S).

@@ -1,5 +1,5 @@
 // UMT5 encoder on the GPU: weight table, upload / random draw, activation arena and the forward
-// (see t5_gpu.h for the numerics and t5_gpu_kernels.h for the kernels).
+// (see umt5_gpu.h for the numerics and kernels/t5_kernels.h for the kernels).
 #include "models/umt5/umt5_gpu.h"
 
 #include <cublas_v2.h>
@@ -15,7 +15,6 @@
 #include "kernels/check.h"
 #include "kernels/gemm.h"
 #include "kernels/t5_kernels.h"
-#include "models/dit/dit_gpu.h"
 #include "models/weights_gpu.h"
 #include "models/umt5/weights.h"
 

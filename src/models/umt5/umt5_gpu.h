@@ -1,8 +1,54 @@
 // UMT5-XXL text encoder on one GPU (spec §4.1, §4.2) with the reference's bf16 numerics: bf16 weights
 // and GEMM inputs with fp32 accumulation (cuBLASLt / cuBLAS), the residual stream, RMSNorm maths,
 // relative position bias and softmax in fp32. The CPU float32 reference is wan::t5_forward / t5_encode
-// (text/umt5.h).
+// (models/umt5/umt5_cpu.h).
 //
+// Invariants: encode() runs on an internal stream and returns host fp32 [length, dim] for the first
+// `length` tokens only, which is exact (see t5_encode: every key attended to is a real token).
+// Deterministic: the same ids give bit-identical output (no atomics, fixed GEMM plans). Destroying the
+// object frees all device memory (the pipeline frees the encoder after encoding). Not thread-safe.
+// Files: umt5_gpu.cpp (weights, plan, forward), kernels/t5_kernels.cu (norm, gather, GELU-mul,
+// softmax).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "ckpt/layout.h"  // RawSpan
+#include "models/config.h"
+#include "core/tensor.h"
+
+#include <functional>
+#include <optional>
+#include <string>
+
+namespace wan {
+struct T5Weights;
+}
+
+namespace wan::cuda {
+
+class DeviceLoader;  // runtime/load_gpu.h
+
+// Where the weights come from: official T5Encoder names (spec §4.4, e.g. "blocks.3.attn.q.weight"),
+// any float dtype, fetched one tensor at a time (host memory peaks at one tensor plus a 16 MB staging
+// buffer, not 22 GB of f32); or drawn on the GPU from the engine RNG at the real sizes, for
+// `--weights random` benchmarks: tensor `name` element i = round(philox_normal(random_weight_seed(seed,
+// name), i)·scale + offset) to its storage dtype (as DiTGpu), with PyTorch's default init in spirit:
+// Linear weights N(0, 1/(3·fan_in)) (≈ U(±1/√fan_in)), token and relative-position embeddings N(0, 1)
+// (nn.Embedding), norm weights 1 + N(0, 0.05²).
+struct T5WeightSource {
+  std::function<Tensor(const std::string& official_name)> get;  // used when !random
+  bool random = false;
+  uint64_t seed = 0;
+  // Streaming (as DiTWeightSource in dit_gpu.h): with `span` the weights go file -> pinned
+  // staging -> device, converted on the GPU; with `loader` too, the constructor only adds them to that
+  // loader (not started; completion group `group`) and encode() must wait until the group is loaded.
+  std::function<std::optional<RawSpan>(const std::string& official_name)> span;
+  DeviceLoader* loader = nullptr;
+  int group = 0;
+};
+
 // Numerics, per block (roundings where the official T5Encoder with bf16 weights rounds, spec §4.2, §9.12):
 // - x = embedding rows gathered from the bf16 table, kept in fp32 (the residual stream);
 // - a = bf16(bf16(x·r)·w), r = 1/√(mean(x²) + eps) in fp32 (T5LayerNorm: normalised value cast to the
@@ -23,52 +69,6 @@
 // position tables fp32): weight_bytes(umt5-xxl) ≈ 11.4 GB. One activation arena, sized at construction
 // for 512 tokens (≈ 0.2 GB at umt5-xxl incl. the cuBLAS/cuBLASLt workspaces), serves every encode().
 // The constructor checks weights + arena + a 512 MiB reserve against cudaMemGetInfo before allocating.
-//
-// Invariants: encode() runs on an internal stream and returns host fp32 [length, dim] for the first
-// `length` tokens only, which is exact (see t5_encode: every key attended to is a real token).
-// Deterministic: the same ids give bit-identical output (no atomics, fixed GEMM plans). Destroying the
-// object frees all device memory (the pipeline frees the encoder after encoding). Not thread-safe.
-// Files: t5_gpu.cpp (weights, plan, forward), t5_gpu_kernels.cu (norm, gather, GELU-mul, softmax).
-#pragma once
-#include <cstddef>
-#include <cstdint>
-#include <memory>
-
-#include "ckpt/layout.h"  // RawSpan
-#include "models/config.h"
-#include "core/tensor.h"
-
-#include <functional>
-#include <optional>
-#include <string>
-
-namespace wan {
-struct T5Weights;
-}
-
-namespace wan::cuda {
-
-class DeviceLoader;  // cuda/load_gpu.h
-
-// Where the weights come from: official T5Encoder names (spec §4.4, e.g. "blocks.3.attn.q.weight"),
-// any float dtype, fetched one tensor at a time (host memory peaks at one tensor plus a 16 MB staging
-// buffer, not 22 GB of f32); or drawn on the GPU from the engine RNG at the real sizes, for
-// `--weights random` benchmarks: tensor `name` element i = round(philox_normal(random_weight_seed(seed,
-// name), i)·scale + offset) to its storage dtype (as DiTGpu), with PyTorch's default init in spirit:
-// Linear weights N(0, 1/(3·fan_in)) (≈ U(±1/√fan_in)), token and relative-position embeddings N(0, 1)
-// (nn.Embedding), norm weights 1 + N(0, 0.05²).
-struct T5WeightSource {
-  std::function<Tensor(const std::string& official_name)> get;  // used when !random
-  bool random = false;
-  uint64_t seed = 0;
-  // Streaming (issue 6, as DiTWeightSource in dit_gpu.h): with `span` the weights go file -> pinned
-  // staging -> device, converted on the GPU; with `loader` too, the constructor only adds them to that
-  // loader (not started; completion group `group`) and encode() must wait until the group is loaded.
-  std::function<std::optional<RawSpan>(const std::string& official_name)> span;
-  DeviceLoader* loader = nullptr;
-  int group = 0;
-};
-
 class T5EncoderGpu {
  public:
   // Uploads (or draws) the weights on `device`. Throws wan::Error (BadInput) with the bytes needed vs

@@ -1,26 +1,6 @@
-// The Wan 2.1 VAE decoder on one GPU in bf16 (issue 4 item 6; spec §5), with the reference's chunked
-// causal execution: one latent frame per chunk, a 2-frame cache per temporal-kernel-3 convolution,
-// the skipped first time_conv ("Rep") of each upsample3d, clamp to [-1, 1].
-//
-// Numerics: bf16 conv/attention weights and activations with fp32 accumulation (cuDNN convolutions with
-// fp32 compute, cuBLAS GEMMs with CUBLAS_COMPUTE_32F); biases, norm gammas, RMS norm statistics, SiLU,
-// residual sums and softmax in fp32 with one rounding per stored activation; the latent un-normalise
-// and conv2 (1×1×1) and the output in fp32. Difference to the fp32 reference: that of bf16 activations,
-// measured 1.1e-2 (tiny fixture) and 1.7e-2 (real widths, random weights) relative L2, 0.86 to 1.06 times
-// the error of the same decoder done plainly in bf16 (tests/gpu/test_vae_gpu.cu).
-//
-// Execution: activations channels-last [frames, H·W, C]. A causal 3×3×3 convolution sees its 2 cached
-// frames and the chunk's frames in a staging buffer, filled by the producer kernel (residual add + RMS
-// norm + SiLU fused) and the cache copies, then one cuDNN call computes it:
-//   VaeConvMode::Folded2d  (default) the 3 temporal taps folded into channels ([T, H, W, 3C]) and a
-//                          2-D cuDNN convolution: 3× the staging writes, but cuDNN's tuned 2-D kernels
-//   VaeConvMode::Conv3d    a cuDNN 3-D convolution over [T + 2, H, W, C] (time padding 0)
-// Measured (H100, cuDNN 9.14, 720p, 81 frames, real widths): Folded2d 1.74 s (convs at 539 TFLOP/s),
-// Conv3d 2.11 s (383 TFLOP/s: cuDNN's 3-D kernels run the 96-channel 720p convs at 245 TFLOP/s against
-// 506 for the folded 2-D ones); timing every algorithm (find_algorithms) picked the heuristic's choice.
-// Resample convs are 2-D cuDNN convolutions over the chunk's frames, 1×1 convs and attention cuBLAS
-// GEMMs (attention per frame: S = QKᵀ in fp32, row softmax to bf16, PV), biases are added by the next
-// kernel that reads a conv output.
+// The Wan 2.1 VAE decoder on one GPU in bf16 (spec §5), with the reference's chunked causal
+// execution: one latent frame per chunk, a 2-frame cache per temporal-kernel-3 convolution, the
+// skipped first time_conv ("Rep") of each upsample3d, clamp to [-1, 1].
 //
 // Memory is planned: create() walks the decoder once on shapes only (the first chunk and a later one),
 // records every buffer role's largest use and every convolution's algorithm and workspace, then makes
@@ -39,12 +19,24 @@
 #include <string>
 #include <vector>
 
-#include "models/config.h"  // VaeConfig (plain data: wan_cuda does not link wan_config)
+#include "models/config.h"
 #include "core/tensor.h"
-#include "models/vae/vae_cpu.h"        // VaeWeights (plain data: wan_cuda does not link wan_vae)
+#include "models/vae/weights.h"
 
 namespace wan::cuda {
 
+// Execution: activations channels-last [frames, H·W, C]. A causal 3×3×3 convolution sees its 2 cached
+// frames and the chunk's frames in a staging buffer, filled by the producer kernel (residual add + RMS
+// norm + SiLU fused) and the cache copies, then one cuDNN call computes it:
+//   VaeConvMode::Folded2d  (default) the 3 temporal taps folded into channels ([T, H, W, 3C]) and a
+//                          2-D cuDNN convolution: 3× the staging writes, but cuDNN's tuned 2-D kernels
+//   VaeConvMode::Conv3d    a cuDNN 3-D convolution over [T + 2, H, W, C] (time padding 0)
+// Measured (H100, cuDNN 9.14, 720p, 81 frames, real widths): Folded2d 1.74 s (convs at 539 TFLOP/s),
+// Conv3d 2.11 s (383 TFLOP/s: cuDNN's 3-D kernels run the 96-channel 720p convs at 245 TFLOP/s against
+// 506 for the folded 2-D ones); timing every algorithm (find_algorithms) picked the heuristic's choice.
+// Resample convs are 2-D cuDNN convolutions over the chunk's frames, 1×1 convs and attention cuBLAS
+// GEMMs (attention per frame: S = QKᵀ in fp32, row softmax to bf16, PV), biases are added by the next
+// kernel that reads a conv output.
 enum class VaeConvMode : uint8_t { Conv3d, Folded2d };
 
 struct VaeGpuOptions {
@@ -64,6 +56,12 @@ struct VaeGpuShape {
   int64_t height = 0, width = 0;  // latent
 };
 
+// Numerics: bf16 conv/attention weights and activations with fp32 accumulation (cuDNN convolutions with
+// fp32 compute, cuBLAS GEMMs with CUBLAS_COMPUTE_32F); biases, norm gammas, RMS norm statistics, SiLU,
+// residual sums and softmax in fp32 with one rounding per stored activation; the latent un-normalise
+// and conv2 (1×1×1) and the output in fp32. Difference to the fp32 reference: that of bf16 activations,
+// measured 1.1e-2 (tiny fixture) and 1.7e-2 (real widths, random weights) relative L2, 0.86 to 1.06 times
+// the error of the same decoder done plainly in bf16 (tests/gpu/test_vae_gpu.cu).
 class VaeDecoderGpu {
  public:
   // Uploads the decoder (and top-level conv2) weights of a Wan 2.1 VAE (any float dtype, converted on

@@ -1,6 +1,6 @@
-// How the processes of a multi-process launch find each other (issue 5: "NCCL bootstrapped through MPI
-// when built with it, or through a TCP rendezvous given by environment variables; the same code path
-// either way").
+// How the processes of a multi-process launch find each other: NCCL bootstrapped through MPI when
+// built with it, or through a TCP rendezvous given by environment variables; the same code path
+// either way.
 //
 // Two bootstraps deliver the same three things to every rank: its rank, world size and local rank; the
 // NCCL unique id made by rank 0; rank 0's control-channel address (rendezvous.h). launch() continues on
@@ -12,26 +12,6 @@
 //    ephemeral TCP port (WAN_MASTER_PORT when set) and broadcasts, over MPI, the unique id, its address
 //    (WAN_MASTER_ADDR when set; 127.0.0.1 when every rank shares its node; else its host name and
 //    interface addresses, tried in turn) and a random job token. No WAN_MASTER_* is needed.
-// Choice (WAN_BOOTSTRAP=auto|tcp|mpi, default auto): auto takes mpi when built with MPI and the
-// environment is an MPI launcher's (OMPI_COMM_WORLD_SIZE, PMI_RANK/PMI_SIZE, PMIX_RANK,
-// MPI_LOCALNRANKS: mpirun, mpiexec, srun --mpi=pmix|pmi2) and WAN_RANK is not set (a launch by hand);
-// else tcp, e.g. under plain srun. WAN_BOOTSTRAP=mpi in a build without MPI is one clear error, as is
-// any other value (checked at every launch). Only multi-process launches of more than one rank use a
-// bootstrap.
-//
-// Failures before the exchange (MPI): the exchange is a bounded collective (non-blocking MPI calls
-// polled against WAN_DIST_TIMEOUT). Every rank first says whether it failed (bad --devices, no
-// device, no free port, forced test failure, ...); if any did, every rank throws the lowest failing
-// rank's failure, the same message everywhere. A rank that never reaches the exchange (stuck) makes the
-// others fail with the timeout error; a rank that dies makes mpirun end the job.
-// MPI's life: MPI_Init_thread (MPI_THREAD_SERIALIZED; all MPI calls come from the thread that calls
-// launch(), or from exit) runs at the first MPI launch unless MPI is already initialised; if it was
-// initialised here, MPI_Finalize runs at process exit (atexit) only when the last MPI launch ended
-// well. After a failure MPI_Finalize is never called (it synchronises with the other ranks, so it could
-// hang on a stuck or dead one): the process prints its one error and exits with code 1 or 2; at exit
-// it first waits, at most 3 s (a non-blocking barrier), until every rank is exiting, so that each rank
-// has printed its error before mpirun, seeing the first non-zero exit, ends the job. mpirun then
-// reports the non-zero exit and ends any rank still running (a stuck one).
 #pragma once
 #include <cstdint>
 #include <optional>
@@ -43,13 +23,19 @@
 
 namespace wan::dist {
 
+// Choice (WAN_BOOTSTRAP=auto|tcp|mpi, default auto): auto takes mpi when built with MPI and the
+// environment is an MPI launcher's (OMPI_COMM_WORLD_SIZE, PMI_RANK/PMI_SIZE, PMIX_RANK,
+// MPI_LOCALNRANKS: mpirun, mpiexec, srun --mpi=pmix|pmi2) and WAN_RANK is not set (a launch by hand);
+// else tcp, e.g. under plain srun. WAN_BOOTSTRAP=mpi in a build without MPI is one clear error, as is
+// any other value (checked at every launch). Only multi-process launches of more than one rank use a
+// bootstrap.
 enum class BootstrapKind { Auto, Tcp, Mpi };
 
 bool mpi_built();  // this build has the MPI bootstrap (WAN_HAVE_MPI)
 // WAN_BOOTSTRAP: unset, empty or "auto" -> Auto; "tcp"; "mpi". Throws wan::Error on any other value,
 // and on "mpi" when !built_with_mpi.
 BootstrapKind parse_bootstrap(const EnvLookup& env, bool built_with_mpi);
-// The environment shows an MPI launcher (see the top of this file).
+// The environment shows an MPI launcher (see "Choice" above).
 bool mpi_launcher_env(const EnvLookup& env);
 // The bootstrap of a multi-process launch: Tcp or Mpi (never Auto).
 BootstrapKind choose_bootstrap(BootstrapKind requested, const EnvLookup& env, bool built_with_mpi);
@@ -71,6 +57,20 @@ std::string control_addresses(bool one_node);
 
 #ifdef WAN_HAVE_MPI
 namespace mpi {
+
+// Failures before the exchange (MPI): the exchange is a bounded collective (non-blocking MPI calls
+// polled against WAN_DIST_TIMEOUT). Every rank first says whether it failed (bad --devices, no
+// device, no free port, forced test failure, ...); if any did, every rank throws the lowest failing
+// rank's failure, the same message everywhere. A rank that never reaches the exchange (stuck) makes the
+// others fail with the timeout error; a rank that dies makes mpirun end the job.
+// MPI's life: MPI_Init_thread (MPI_THREAD_SERIALIZED; all MPI calls come from the thread that calls
+// launch(), or from exit) runs at the first MPI launch unless MPI is already initialised; if it was
+// initialised here, MPI_Finalize runs at process exit (atexit) only when the last MPI launch ended
+// well. After a failure MPI_Finalize is never called (it synchronises with the other ranks, so it could
+// hang on a stuck or dead one): the process prints its one error and exits with code 1 or 2; at exit
+// it first waits, at most 3 s (a non-blocking barrier), until every rank is exiting, so that each rank
+// has printed its error before mpirun, seeing the first non-zero exit, ends the job. mpirun then
+// reports the non-zero exit and ends any rank still running (a stuck one).
 
 struct World {
   int rank = 0, world = 1;

@@ -1,4 +1,4 @@
-// NCCL communicator wrapper (issue 5): the collectives the parallel DiT forward needs, implementing
+// NCCL communicator wrapper: the collectives the parallel DiT forward needs, implementing
 // cuda::SeqComm (src/kernels/seq_comm.h) so the model code stays free of NCCL, plus sub-group splits.
 //   all_to_all     grouped ncclSend/ncclRecv of equal chunks (the local chunk is a device copy)
 //   all_gather     ncclAllGather (in place allowed as NCCL allows it)

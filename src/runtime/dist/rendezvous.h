@@ -7,24 +7,6 @@
 // a wrong world size, a port in use or an unreachable rank 0 is one clear wan::Error, never a hang.
 // A rendezvous error that rank 0 detects is also sent to the ranks already connected, so they fail
 // with the same message.
-//
-// Control channel. The connections stay open for the whole launch:
-//  - failure: a rank that fails sends its Failure to rank 0; rank 0 decides the verdict (the first
-//    failure it sees, its own included) and sends it to every rank. The verdict is what every rank
-//    reports, so all ranks fail with the same message even when two fail at once.
-//  - lost peer: a connection that closes before the final barrier (the process died, was killed,
-//    closed its socket), or is silent for heartbeat_timeout_s (frozen host), is the failure
-//    "lost peer rank R: ..." (decided by rank 0 for ranks > 0; by each rank > 0 for rank 0).
-//  - barrier: abortable; returns false (instead of hanging) once a verdict is known.
-//  - heartbeat: both ends send a ping every second.
-// Invariants: every blocking call is bounded (deadline, verdict, or lost peer); the failure handler
-// is called at most once per process, with the verdict; after the final barrier releases, closing
-// connections are expected and are not failures.
-//
-// Rank 0's address may be a comma-separated list of candidates (the MPI bootstrap sends rank 0's host
-// name and interface addresses): a rank > 0 tries each in turn until one answers. Rank 0 may be handed
-// a socket it bound earlier (TcpListener; the MPI bootstrap binds an ephemeral port first, then sends
-// its address to the other ranks).
 #pragma once
 #include <condition_variable>
 #include <cstdint>
@@ -73,6 +55,23 @@ class TcpListener {
   int fd_ = -1, port_ = 0;
 };
 
+// Control channel. The connections stay open for the whole launch:
+//  - failure: a rank that fails sends its Failure to rank 0; rank 0 decides the verdict (the first
+//    failure it sees, its own included) and sends it to every rank. The verdict is what every rank
+//    reports, so all ranks fail with the same message even when two fail at once.
+//  - lost peer: a connection that closes before the final barrier (the process died, was killed,
+//    closed its socket), or is silent for heartbeat_timeout_s (frozen host), is the failure
+//    "lost peer rank R: ..." (decided by rank 0 for ranks > 0; by each rank > 0 for rank 0).
+//  - barrier: abortable; returns false (instead of hanging) once a verdict is known.
+//  - heartbeat: both ends send a ping every second.
+// Invariants: every blocking call is bounded (deadline, verdict, or lost peer); the failure handler
+// is called at most once per process, with the verdict; after the final barrier releases, closing
+// connections are expected and are not failures.
+//
+// Rank 0's address may be a comma-separated list of candidates (the MPI bootstrap sends rank 0's host
+// name and interface addresses): a rank > 0 tries each in turn until one answers. Rank 0 may be handed
+// a socket it bound earlier (TcpListener; the MPI bootstrap binds an ephemeral port first, then sends
+// its address to the other ranks).
 class ControlChannel {
  public:
   static constexpr size_t kMaxBlob = 4096;
