@@ -12,6 +12,7 @@
 // process writes the outputs and prints the summary (with every rank's load figures).
 #include <chrono>
 #include <cstdio>
+#include <optional>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -130,6 +131,167 @@ void print_summary(const RunReport& rep, const GeneratePlan& plan, const Generat
   if (plan.random_weights) printf("note: random weights (--weights random): the video is noise\n");
 }
 
+// Checks every output path before any heavy work: their sets (a stopping run writes only its state
+// and the timings), that no two name the same file, and that the video format can be written.
+OutputPaths check_outputs(const api::Values& a, bool stopping, VideoFormat* format) {
+  OutputPaths out;
+  out.save_state = a.get_or("save-state", "");
+  out.output = a.get_or("output", api::default_video_output());
+  out.save_latents = a.get_or("save-latents", "");
+  out.json = a.get_or("json", "");
+  WAN_CHECK(!stopping || (!a.get("output") && out.save_latents.empty()),
+            "--stop-after-steps: the run stops before the end, so there is no video or final latents to write ",
+            "(drop --output / --save-latents; they belong to the --resume run)");
+  if (stopping) {
+    check_output_path(out.save_state, "--save-state");
+    WAN_CHECK(out.save_state != out.json, "--save-state and --json name the same file");
+  }
+  check_output_path(out.output, "--output");
+  *format = video_format_from_path(out.output);
+  WAN_CHECK(*format != VideoFormat::Mp4 || video_have_ffmpeg(), "--output ", out.output,
+            ": this build has no FFmpeg for .mp4; use .y4m or .png");
+  if (!out.save_latents.empty()) {
+    check_output_path(out.save_latents, "--save-latents");
+    WAN_CHECK(out.save_latents != out.output, "--save-latents and --output name the same file");
+  }
+  if (!out.json.empty()) {
+    check_output_path(out.json, "--json");
+    WAN_CHECK(out.json != out.output && out.json != out.save_latents, "--json names the same file as another output");
+  }
+  return out;
+}
+
+// A finished run: its plan (one device, or the ranks' on several GPUs) and its result.
+struct GenerateRun {
+  GeneratePlan single;      // one device
+  ParallelRun prun;         // several GPUs
+  double plan_done_at = 0;  // process start -> plan checked (start-up breakdown)
+  GenerateResult res;
+};
+
+// Plans and runs the generation with progress on stderr and Ctrl-C support. Returns the exit code
+// when the command ends here (interrupted, or a rank whose process writes nothing), else nullopt.
+std::optional<int> run_pipeline(const GenerateOptions& o, const ParallelRequest& par, bool quiet,
+                                ProgressPrinter& printer, const InterruptGuard& interrupt, GenerateRun& run) {
+  RunHooks hooks;
+  hooks.progress = [&](const ProgressEvent& e) { printer(e); };
+  hooks.cancel = &interrupt.flag();
+  try {
+    if (par.active()) {
+      run.prun = run_generate_parallel(o, par, hooks, true, [&](const GeneratePlan& p, const dist::Layout& l) {
+        run.plan_done_at = process_age_seconds();
+        if (!quiet) fprintf(stderr, "%s%s", p.describe().c_str(), describe_parallel(par, l, p.random_weights).c_str());
+      });
+      if (!run.prun.output_rank) return 0;  // rank 0's process writes the outputs
+      run.res = std::move(run.prun.result);
+    } else {
+      run.single = plan_generate(o);
+      run.plan_done_at = process_age_seconds();
+      if (!quiet) fprintf(stderr, "%s", run.single.describe().c_str());
+      run.res = run_generate(run.single, hooks);
+    }
+  } catch (const Cancelled&) {
+    printer.finish_line();
+    fprintf(stderr, "interrupted: nothing written\n");
+    return kExitInterrupted;
+  }
+  return std::nullopt;
+}
+
+// The state file of a stopped run, or the video (one file, or a PNG sequence); adds what it wrote to
+// `pending` and sets the video's frames and size (0 for a state file).
+void write_main_output(const GeneratePlan& plan, const GenerateResult& res, const OutputPaths& out, VideoFormat format,
+                       PendingOutputs& pending, int& F, int& H, int& W) {
+  if (res.state) {
+    write_run_state(out.save_state, *res.state,
+                    {{"task", task_name(plan.task)},
+                     {"step", std::to_string(res.state->step)},
+                     {"steps", std::to_string(plan.sampler.steps)},
+                     {"weights", plan.weights},
+                     {"fingerprint", plan.fingerprint}});
+    pending.add(out.save_state);
+    return;
+  }
+  const Tensor& v = res.video;
+  F = static_cast<int>(v.dim(1));
+  H = static_cast<int>(v.dim(2));
+  W = static_cast<int>(v.dim(3));
+  write_video(out.output, v.f32(), F, H, W, plan.fps);
+  if (format == VideoFormat::Png) {
+    for (const std::string& p : png_sequence_paths(out.output, F)) pending.add(p);
+  } else {
+    pending.add(out.output);
+  }
+}
+
+void write_final_latents(const GeneratePlan& plan, const GenerateResult& res, const std::string& path) {
+  std::map<std::string, std::string> meta = {
+      {"task", task_name(plan.task)},
+      {"width", std::to_string(plan.width)},
+      {"height", std::to_string(plan.height)},
+      {"frames", std::to_string(plan.frames)},
+      {"steps", std::to_string(plan.sampler.steps)},
+      {"sampler", solver_name(plan.sampler.solver)},
+      {"schedule", schedule_name(plan.sampler.schedule)},
+      {"shift", cat(plan.sampler.shift)},
+      {"guide_scale", cat(plan.guide_low, ",", plan.guide_high)},
+      {"seed", plan.init_latents.defined() ? "init-latents" : std::to_string(plan.seed)},
+  };
+  write_latents(path, res.latents, meta);
+}
+
+RunReport make_report(const GeneratePlan& plan, const GenerateResult& res, const GenerateOptions& o,
+                      const OutputPaths& out, double write_s, std::chrono::steady_clock::time_point t_start) {
+  RunReport rep;
+  rep.timings = res.timings;
+  rep.write_s = write_s;
+  rep.command = "generate";
+  rep.task = task_name(plan.task);
+  rep.device = o.device;
+  rep.width = plan.width;
+  rep.height = plan.height;
+  rep.frames = plan.frames;
+  rep.steps = plan.sampler.steps;
+  rep.sampler = solver_name(plan.sampler.solver);
+  rep.schedule = schedule_name(plan.sampler.schedule);
+  rep.seed = plan.seed;
+  rep.has_seed = !plan.init_latents.defined();
+  rep.output = res.state ? out.save_state : out.output;
+  rep.peak_rss_bytes = peak_rss_bytes();
+  rep.total_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+  return rep;
+}
+
+// Writes every output, all or nothing: a failure (the PendingOutputs destructor) or a Ctrl-C while
+// writing removes what this run wrote. Prints the summary unless quiet; returns the exit code.
+int write_outputs(const GenerateRun& run, const GeneratePlan& plan, const GenerateOptions& o,
+                  const ParallelRequest& par, const OutputPaths& out, VideoFormat format,
+                  const InterruptGuard& interrupt, bool quiet, std::chrono::steady_clock::time_point t_start) {
+  const GenerateResult& res = run.res;
+  PendingOutputs pending;
+  const auto t_write = std::chrono::steady_clock::now();
+  int F = 0, H = 0, W = 0;
+  write_main_output(plan, res, out, format, pending, F, H, W);
+  if (!out.save_latents.empty()) {
+    write_final_latents(plan, res, out.save_latents);
+    pending.add(out.save_latents);
+  }
+  const double write_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_write).count();
+  const RunReport rep = make_report(plan, res, o, out, write_s, t_start);
+  if (!out.json.empty()) {
+    write_text_file(out.json, timings_document(rep, plan, res, out.save_state, par, run.prun, run.plan_done_at));
+    pending.add(out.json);
+  }
+  if (interrupt.interrupted()) {  // Ctrl-C while writing: honour it, leave nothing behind
+    pending.rollback();
+    fprintf(stderr, "interrupted: outputs removed\n");
+    return kExitInterrupted;
+  }
+  pending.commit();
+  if (!quiet) print_summary(rep, plan, res, par, run.prun, out, F, W, H);
+  return 0;
+}
+
 }  // namespace
 
 int cmd_generate(int argc, char** argv) {
@@ -142,135 +304,18 @@ int cmd_generate(int argc, char** argv) {
   const bool quiet = a.flag("quiet");
   ParallelArgs pa;
   GenerateOptions o = api::generate_options(a, &pa);
-  const std::string save_state = a.get_or("save-state", "");
   const bool stopping = o.stop_after_steps > 0;
   // Several GPUs: checked (flags, layout products) before anything else; sets o.device.
   const ParallelRequest par = parse_parallel_request(pa, &o);
-
-  // Outputs: checked before any heavy work.
-  const std::string output = a.get_or("output", api::default_video_output());
-  const std::string save_latents = a.get_or("save-latents", "");
-  const std::string timings_json = a.get_or("json", "");
-  WAN_CHECK(!stopping || (!a.get("output") && save_latents.empty()),
-            "--stop-after-steps: the run stops before the end, so there is no video or final latents to write ",
-            "(drop --output / --save-latents; they belong to the --resume run)");
-  if (stopping) {
-    check_output_path(save_state, "--save-state");
-    WAN_CHECK(save_state != timings_json, "--save-state and --json name the same file");
-  }
-  check_output_path(output, "--output");
-  const VideoFormat format = video_format_from_path(output);
-  WAN_CHECK(format != VideoFormat::Mp4 || video_have_ffmpeg(), "--output ", output,
-            ": this build has no FFmpeg for .mp4; use .y4m or .png");
-  if (!save_latents.empty()) {
-    check_output_path(save_latents, "--save-latents");
-    WAN_CHECK(save_latents != output, "--save-latents and --output name the same file");
-  }
-  if (!timings_json.empty()) {
-    check_output_path(timings_json, "--json");
-    WAN_CHECK(timings_json != output && timings_json != save_latents,
-              "--json names the same file as another output");
-  }
+  VideoFormat format{};
+  const OutputPaths out = check_outputs(a, stopping, &format);
 
   ProgressPrinter printer = ProgressPrinter::for_stderr(quiet);
   InterruptGuard interrupt;
-  RunHooks hooks;
-  hooks.progress = [&](const ProgressEvent& e) { printer(e); };
-  hooks.cancel = &interrupt.flag();
-  GeneratePlan single;  // one device
-  ParallelRun prun;     // several GPUs
-  double plan_done_at = 0;  // process start -> plan checked (start-up breakdown)
-  GenerateResult res;
-  try {
-    if (par.active()) {
-      prun = run_generate_parallel(o, par, hooks, true, [&](const GeneratePlan& p, const dist::Layout& l) {
-        plan_done_at = process_age_seconds();
-        if (!quiet) fprintf(stderr, "%s%s", p.describe().c_str(), describe_parallel(par, l, p.random_weights).c_str());
-      });
-      if (!prun.output_rank) return 0;  // rank 0's process writes the outputs
-      res = std::move(prun.result);
-    } else {
-      single = plan_generate(o);
-      plan_done_at = process_age_seconds();
-      if (!quiet) fprintf(stderr, "%s", single.describe().c_str());
-      res = run_generate(single, hooks);
-    }
-  } catch (const Cancelled&) {
-    printer.finish_line();
-    fprintf(stderr, "interrupted: nothing written\n");
-    return kExitInterrupted;
-  }
-  const GeneratePlan& plan = par.active() ? prun.plan : single;
-
-  // Outputs, all or nothing.
-  PendingOutputs pending;
-  const auto t_write = std::chrono::steady_clock::now();
-  const Tensor& v = res.video;
-  int F = 0, H = 0, W = 0;
-  if (res.state) {
-    write_run_state(save_state, *res.state,
-                    {{"task", task_name(plan.task)},
-                     {"step", std::to_string(res.state->step)},
-                     {"steps", std::to_string(plan.sampler.steps)},
-                     {"weights", plan.weights},
-                     {"fingerprint", plan.fingerprint}});
-    pending.add(save_state);
-  } else {
-    F = static_cast<int>(v.dim(1));
-    H = static_cast<int>(v.dim(2));
-    W = static_cast<int>(v.dim(3));
-    write_video(output, v.f32(), F, H, W, plan.fps);
-    if (format == VideoFormat::Png) {
-      for (const std::string& p : png_sequence_paths(output, F)) pending.add(p);
-    } else {
-      pending.add(output);
-    }
-  }
-  if (!save_latents.empty()) {
-    std::map<std::string, std::string> meta = {
-        {"task", task_name(plan.task)},
-        {"width", std::to_string(plan.width)},
-        {"height", std::to_string(plan.height)},
-        {"frames", std::to_string(plan.frames)},
-        {"steps", std::to_string(plan.sampler.steps)},
-        {"sampler", solver_name(plan.sampler.solver)},
-        {"schedule", schedule_name(plan.sampler.schedule)},
-        {"shift", cat(plan.sampler.shift)},
-        {"guide_scale", cat(plan.guide_low, ",", plan.guide_high)},
-        {"seed", plan.init_latents.defined() ? "init-latents" : std::to_string(plan.seed)},
-    };
-    write_latents(save_latents, res.latents, meta);
-    pending.add(save_latents);
-  }
-  RunReport rep;
-  rep.timings = res.timings;
-  rep.write_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_write).count();
-  rep.command = "generate";
-  rep.task = task_name(plan.task);
-  rep.device = o.device;
-  rep.width = plan.width;
-  rep.height = plan.height;
-  rep.frames = plan.frames;
-  rep.steps = plan.sampler.steps;
-  rep.sampler = solver_name(plan.sampler.solver);
-  rep.schedule = schedule_name(plan.sampler.schedule);
-  rep.seed = plan.seed;
-  rep.has_seed = !plan.init_latents.defined();
-  rep.output = res.state ? save_state : output;
-  rep.peak_rss_bytes = peak_rss_bytes();
-  rep.total_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
-  if (!timings_json.empty()) {
-    write_text_file(timings_json, timings_document(rep, plan, res, save_state, par, prun, plan_done_at));
-    pending.add(timings_json);
-  }
-  if (interrupt.interrupted()) {  // Ctrl-C while writing: honour it, leave nothing behind
-    pending.rollback();
-    fprintf(stderr, "interrupted: outputs removed\n");
-    return kExitInterrupted;
-  }
-  pending.commit();
-  if (!quiet) print_summary(rep, plan, res, par, prun, {output, save_state, save_latents, timings_json}, F, W, H);
-  return 0;
+  GenerateRun run;
+  if (const std::optional<int> code = run_pipeline(o, par, quiet, printer, interrupt, run)) return *code;
+  const GeneratePlan& plan = par.active() ? run.prun.plan : run.single;
+  return write_outputs(run, plan, o, par, out, format, interrupt, quiet, t_start);
 }
 
 }  // namespace wan::cli

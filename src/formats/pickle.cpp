@@ -156,9 +156,7 @@ Value* Unpickler::reduce(Value* callable, Value* args) {
   switch (callable->fn) {
     case Fn::OrderedDict: {
       if (!a.empty()) fail("collections.OrderedDict: only the empty constructor is supported");
-      Value* d = make(Kind::Dict);
-      d->dict_index = std::make_unique<std::unordered_map<std::string, size_t>>();
-      return d;
+      return make_dict();
     }
     case Fn::RebuildTensorV2:
     case Fn::RebuildTensorV3: {
@@ -215,250 +213,281 @@ void Unpickler::set_item(Value* dict, Value* key, Value* value) {
   }
 }
 
+Value* Unpickler::make_dict() {
+  Value* d = make(Kind::Dict);
+  d->dict_index = std::make_unique<std::unordered_map<std::string, size_t>>();
+  return d;
+}
+
+uint64_t Unpickler::take_uint(size_t width) {
+  const uint8_t* p = take(width);
+  uint64_t n = 0;
+  for (size_t i = width; i-- > 0;) n = (n << 8) | p[i];
+  return n;
+}
+
+// One "module" or "name" line of GLOBAL, bounded so that a missing newline cannot grow it unchecked.
+std::string Unpickler::take_line(size_t at) {
+  std::string s;
+  for (;;) {
+    char ch = static_cast<char>(*take(1));
+    if (ch == '\n') break;
+    if (s.size() >= 256) fail(cat("malformed pickle: GLOBAL name too long at byte ", at));
+    s.push_back(ch);
+  }
+  return s;
+}
+
+bool Unpickler::framing_op(uint8_t op) {
+  switch (op) {
+    case 0x80: {  // PROTO
+      uint8_t proto = *take(1);
+      if (proto > 5) fail(cat("unsupported pickle protocol ", int(proto)));
+      return true;
+    }
+    case 0x95:  // FRAME: a length hint only
+      take(8);
+      return true;
+    default:
+      return false;
+  }
+}
+
+bool Unpickler::stack_op(uint8_t op, size_t at) {
+  switch (op) {
+    case '(':  // MARK
+      if (marks_.size() >= kMaxMarkDepth) fail(cat("pickle nesting deeper than ", kMaxMarkDepth, " levels"));
+      marks_.push_back(stack_.size());
+      return true;
+    case 'q':
+    case 'r':
+    case 0x94: {  // BINPUT, LONG_BINPUT, MEMOIZE
+      const uint64_t idx = op == 'q' ? take_uint(1) : op == 'r' ? take_uint(4) : memo_.size();
+      if (stack_.empty() || stack_.size() <= (marks_.empty() ? 0 : marks_.back()))
+        fail(cat("malformed pickle: memo store from an empty stack at byte ", at));
+      memo_[idx] = stack_.back();
+      return true;
+    }
+    case 'h':
+    case 'j': {  // BINGET, LONG_BINGET
+      const uint64_t idx = take_uint(op == 'h' ? 1 : 4);
+      auto it = memo_.find(idx);
+      if (it == memo_.end()) fail(cat("malformed pickle: memo key ", idx, " not found at byte ", at));
+      stack_.push_back(it->second);
+      return true;
+    }
+    default:
+      return false;
+  }
+}
+
+bool Unpickler::string_op(uint8_t op, size_t at) {
+  size_t width = 0;  // of the length prefix
+  bool bytes = false;
+  switch (op) {
+    case 'X': width = 4; break;                  // BINUNICODE
+    case 0x8c: width = 1; break;                 // SHORT_BINUNICODE
+    case 0x8d: width = 8; break;                 // BINUNICODE8
+    case 'B': width = 4; bytes = true; break;   // BINBYTES
+    case 'C': width = 1; bytes = true; break;   // SHORT_BINBYTES
+    case 0x8e: width = 8; bytes = true; break;  // BINBYTES8
+    default: return false;
+  }
+  const uint64_t n = take_uint(width);
+  if (n > size_ - pos_) fail(cat("truncated pickle: string of ", n, " bytes at byte ", at));
+  Value* v = make(bytes ? Kind::Bytes : Kind::Str);
+  const uint8_t* s = take(static_cast<size_t>(n));
+  v->s.assign(reinterpret_cast<const char*>(s), static_cast<size_t>(n));
+  stack_.push_back(v);
+  return true;
+}
+
+bool Unpickler::number_op(uint8_t op, size_t at) {
+  Value* v = nullptr;
+  switch (op) {
+    case 'J':  // BININT: signed 32-bit
+    case 'K':  // BININT1
+    case 'M': {  // BININT2
+      const uint64_t u = take_uint(op == 'J' ? 4 : op == 'K' ? 1 : 2);
+      v = make(Kind::Int);
+      v->i = op == 'J' ? static_cast<int32_t>(static_cast<uint32_t>(u)) : static_cast<int64_t>(u);
+      break;
+    }
+    case 0x8a: {  // LONG1: little-endian two's complement of n bytes
+      size_t n = *take(1);
+      if (n > 8) fail(cat("pickle integer of ", n, " bytes is too large at byte ", at));
+      const uint8_t* p = take(n);
+      uint64_t u = 0;
+      for (size_t i = n; i-- > 0;) u = (u << 8) | p[i];
+      if (n > 0 && n < 8 && (p[n - 1] & 0x80)) u |= ~uint64_t{0} << (8 * n);  // sign-extend
+      v = make(Kind::Int);
+      v->i = static_cast<int64_t>(u);
+      break;
+    }
+    case 0x88:
+    case 0x89:  // NEWTRUE, NEWFALSE
+      v = make(Kind::Bool);
+      v->b = op == 0x88;
+      break;
+    case 'N':  // NONE
+      v = make(Kind::None);
+      break;
+    case 'G': {  // BINFLOAT: big-endian double
+      const uint8_t* p = take(8);
+      uint64_t u = 0;
+      for (int i = 0; i < 8; ++i) u = (u << 8) | p[i];
+      v = make(Kind::Float);
+      std::memcpy(&v->f, &u, 8);
+      break;
+    }
+    default:
+      return false;
+  }
+  stack_.push_back(v);
+  return true;
+}
+
+bool Unpickler::container_op(uint8_t op, size_t at) {
+  switch (op) {
+    case '}':  // EMPTY_DICT
+      stack_.push_back(make_dict());
+      return true;
+    case ']':  // EMPTY_LIST
+      stack_.push_back(make(Kind::List));
+      return true;
+    case ')':  // EMPTY_TUPLE
+      stack_.push_back(make(Kind::Tuple));
+      return true;
+    case 't': {  // TUPLE
+      Value* t = make(Kind::Tuple);
+      t->items = pop_mark();
+      stack_.push_back(t);
+      return true;
+    }
+    case 0x85:
+    case 0x86:
+    case 0x87: {  // TUPLE1..3
+      Value* t = make(Kind::Tuple);
+      t->items.resize(op - 0x84);
+      for (size_t i = t->items.size(); i-- > 0;) t->items[i] = pop();
+      stack_.push_back(t);
+      return true;
+    }
+    case 's': {  // SETITEM
+      Value* value = pop();
+      Value* key = pop();
+      if (stack_.empty()) fail(cat("malformed pickle: SETITEM without a dict at byte ", at));
+      set_item(stack_.back(), key, value);
+      return true;
+    }
+    case 'u': {  // SETITEMS
+      std::vector<Value*> kv = pop_mark();
+      if (kv.size() % 2) fail(cat("malformed pickle: odd SETITEMS count at byte ", at));
+      if (stack_.empty()) fail(cat("malformed pickle: SETITEMS without a dict at byte ", at));
+      for (size_t i = 0; i < kv.size(); i += 2) set_item(stack_.back(), kv[i], kv[i + 1]);
+      return true;
+    }
+    case 'a':
+    case 'e': {  // APPEND, APPENDS
+      std::vector<Value*> xs;
+      if (op == 'a') {
+        xs.push_back(pop());
+      } else {
+        xs = pop_mark();
+      }
+      if (stack_.empty() || stack_.back()->kind != Kind::List)
+        fail(cat("malformed pickle: APPEND to a non-list at byte ", at));
+      auto& items = stack_.back()->items;
+      items.insert(items.end(), xs.begin(), xs.end());
+      return true;
+    }
+    default:
+      return false;
+  }
+}
+
+// BUILD: an OrderedDict's state is its instance __dict__ (state_dict()._metadata) or
+// (dict_state, slot_state): attributes, not items, so dropping it keeps the tensors intact.
+void Unpickler::build(Value* state, size_t at) {
+  if (stack_.empty()) fail(cat("malformed pickle: BUILD without an object at byte ", at));
+  Value* obj = stack_.back();
+  auto attrs_ok = [](const Value* s) { return s->kind == Kind::None || s->kind == Kind::Dict; };
+  bool ok = obj->kind == Kind::Dict &&
+            (attrs_ok(state) || (state->kind == Kind::Tuple && state->items.size() == 2 &&
+                                 attrs_ok(state->items[0]) && attrs_ok(state->items[1])));
+  if (!ok)
+    fail(cat("refused pickle BUILD of a ", kind_name(obj->kind), " with a ", kind_name(state->kind),
+             " state (only tensor state dicts are read)"));
+}
+
+// BINPERSID: ("storage", storage_type, key, location, numel) becomes a Storage value.
+Value* Unpickler::persistent_storage(Value* pid, size_t at) {
+  const auto& it = pid->items;
+  bool ok = pid->kind == Kind::Tuple && it.size() == 5 && it[0]->kind == Kind::Str && it[0]->s == "storage" &&
+            it[1]->kind == Kind::StorageType && it[2]->kind == Kind::Str && it[3]->kind == Kind::Str &&
+            it[4]->kind == Kind::Int && it[4]->i >= 0;
+  if (!ok)
+    fail(cat("refused pickle persistent id at byte ", at,
+             " (expected (\"storage\", storage type, key, location, numel))"));
+  Value* st = make(Kind::Storage);
+  st->typed = it[1]->typed;
+  st->dtype = it[1]->dtype;
+  st->s = it[2]->s;
+  st->numel = it[4]->i;
+  return st;
+}
+
+// Globals, calls, object state and persistent ids: only interpreted through the whitelists of
+// global() and reduce(), never run.
+bool Unpickler::object_op(uint8_t op, size_t at) {
+  switch (op) {
+    case 'c': {  // GLOBAL: "module\nname\n"
+      std::string module = take_line(at);
+      std::string name = take_line(at);
+      stack_.push_back(global(module, name));
+      return true;
+    }
+    case 0x93: {  // STACK_GLOBAL
+      Value* name = pop();
+      Value* module = pop();
+      if (name->kind != Kind::Str || module->kind != Kind::Str)
+        fail(cat("malformed pickle: STACK_GLOBAL needs two strings at byte ", at));
+      stack_.push_back(global(module->s, name->s));
+      return true;
+    }
+    case 'R': {  // REDUCE
+      Value* args = pop();
+      Value* fn = pop();
+      stack_.push_back(reduce(fn, args));
+      return true;
+    }
+    case 'b':  // BUILD
+      build(pop(), at);
+      return true;
+    case 'Q':  // BINPERSID
+      stack_.push_back(persistent_storage(pop(), at));
+      return true;
+    default:
+      return false;
+  }
+}
+
 const Value* Unpickler::load() {
   for (;;) {
-    size_t at = pos_;
-    uint8_t op = *take(1);
-    switch (op) {
-      case 0x80: {  // PROTO
-        uint8_t proto = *take(1);
-        if (proto > 5) fail(cat("unsupported pickle protocol ", int(proto)));
-        break;
-      }
-      case 0x95:  // FRAME: a length hint only
-        take(8);
-        break;
-      case '.': {  // STOP
-        if (stack_.size() != 1 || !marks_.empty())
-          fail(cat("malformed pickle: STOP with ", stack_.size(), " values on the stack"));
-        return stack_.back();
-      }
-      case '(':  // MARK
-        if (marks_.size() >= kMaxMarkDepth) fail(cat("pickle nesting deeper than ", kMaxMarkDepth, " levels"));
-        marks_.push_back(stack_.size());
-        break;
-      case '}': {  // EMPTY_DICT
-        Value* d = make(Kind::Dict);
-        d->dict_index = std::make_unique<std::unordered_map<std::string, size_t>>();
-        stack_.push_back(d);
-        break;
-      }
-      case ']':  // EMPTY_LIST
-        stack_.push_back(make(Kind::List));
-        break;
-      case ')':  // EMPTY_TUPLE
-        stack_.push_back(make(Kind::Tuple));
-        break;
-      case 't': {  // TUPLE
-        Value* t = make(Kind::Tuple);
-        t->items = pop_mark();
-        stack_.push_back(t);
-        break;
-      }
-      case 0x85:
-      case 0x86:
-      case 0x87: {  // TUPLE1..3
-        Value* t = make(Kind::Tuple);
-        t->items.resize(op - 0x84);
-        for (size_t i = t->items.size(); i-- > 0;) t->items[i] = pop();
-        stack_.push_back(t);
-        break;
-      }
-      case 'X':
-      case 0x8c:
-      case 0x8d:
-      case 'B':
-      case 'C':
-      case 0x8e: {  // BINUNICODE, SHORT_BINUNICODE, BINUNICODE8, BINBYTES, SHORT_BINBYTES, BINBYTES8
-        uint64_t n = 0;
-        size_t width = (op == 0x8c || op == 'C') ? 1 : (op == 0x8d || op == 0x8e) ? 8 : 4;
-        const uint8_t* p = take(width);
-        for (size_t i = width; i-- > 0;) n = (n << 8) | p[i];
-        if (n > size_ - pos_) fail(cat("truncated pickle: string of ", n, " bytes at byte ", at));
-        Value* v = make((op == 'B' || op == 'C' || op == 0x8e) ? Kind::Bytes : Kind::Str);
-        const uint8_t* s = take(static_cast<size_t>(n));
-        v->s.assign(reinterpret_cast<const char*>(s), static_cast<size_t>(n));
-        stack_.push_back(v);
-        break;
-      }
-      case 'J': {  // BININT: signed 32-bit
-        const uint8_t* p = take(4);
-        Value* v = make(Kind::Int);
-        v->i = static_cast<int32_t>(p[0] | (p[1] << 8) | (p[2] << 16) | (static_cast<uint32_t>(p[3]) << 24));
-        stack_.push_back(v);
-        break;
-      }
-      case 'K': {  // BININT1
-        Value* v = make(Kind::Int);
-        v->i = *take(1);
-        stack_.push_back(v);
-        break;
-      }
-      case 'M': {  // BININT2
-        const uint8_t* p = take(2);
-        Value* v = make(Kind::Int);
-        v->i = p[0] | (p[1] << 8);
-        stack_.push_back(v);
-        break;
-      }
-      case 0x8a: {  // LONG1: little-endian two's complement of n bytes
-        size_t n = *take(1);
-        if (n > 8) fail(cat("pickle integer of ", n, " bytes is too large at byte ", at));
-        const uint8_t* p = take(n);
-        uint64_t u = 0;
-        for (size_t i = n; i-- > 0;) u = (u << 8) | p[i];
-        if (n > 0 && n < 8 && (p[n - 1] & 0x80)) u |= ~uint64_t{0} << (8 * n);  // sign-extend
-        Value* v = make(Kind::Int);
-        v->i = static_cast<int64_t>(u);
-        stack_.push_back(v);
-        break;
-      }
-      case 0x88:
-      case 0x89: {  // NEWTRUE, NEWFALSE
-        Value* v = make(Kind::Bool);
-        v->b = op == 0x88;
-        stack_.push_back(v);
-        break;
-      }
-      case 'N':
-        stack_.push_back(make(Kind::None));
-        break;
-      case 'G': {  // BINFLOAT: big-endian double
-        const uint8_t* p = take(8);
-        uint64_t u = 0;
-        for (int i = 0; i < 8; ++i) u = (u << 8) | p[i];
-        Value* v = make(Kind::Float);
-        std::memcpy(&v->f, &u, 8);
-        stack_.push_back(v);
-        break;
-      }
-      case 'q':
-      case 'r':
-      case 0x94: {  // BINPUT, LONG_BINPUT, MEMOIZE
-        uint64_t idx;
-        if (op == 'q') {
-          idx = *take(1);
-        } else if (op == 'r') {
-          const uint8_t* p = take(4);
-          idx = p[0] | (p[1] << 8) | (p[2] << 16) | (static_cast<uint64_t>(p[3]) << 24);
-        } else {
-          idx = memo_.size();
-        }
-        if (stack_.empty() || stack_.size() <= (marks_.empty() ? 0 : marks_.back()))
-          fail(cat("malformed pickle: memo store from an empty stack at byte ", at));
-        memo_[idx] = stack_.back();
-        break;
-      }
-      case 'h':
-      case 'j': {  // BINGET, LONG_BINGET
-        uint64_t idx;
-        if (op == 'h') {
-          idx = *take(1);
-        } else {
-          const uint8_t* p = take(4);
-          idx = p[0] | (p[1] << 8) | (p[2] << 16) | (static_cast<uint64_t>(p[3]) << 24);
-        }
-        auto it = memo_.find(idx);
-        if (it == memo_.end()) fail(cat("malformed pickle: memo key ", idx, " not found at byte ", at));
-        stack_.push_back(it->second);
-        break;
-      }
-      case 's': {  // SETITEM
-        Value* value = pop();
-        Value* key = pop();
-        if (stack_.empty()) fail(cat("malformed pickle: SETITEM without a dict at byte ", at));
-        set_item(stack_.back(), key, value);
-        break;
-      }
-      case 'u': {  // SETITEMS
-        std::vector<Value*> kv = pop_mark();
-        if (kv.size() % 2) fail(cat("malformed pickle: odd SETITEMS count at byte ", at));
-        if (stack_.empty()) fail(cat("malformed pickle: SETITEMS without a dict at byte ", at));
-        for (size_t i = 0; i < kv.size(); i += 2) set_item(stack_.back(), kv[i], kv[i + 1]);
-        break;
-      }
-      case 'a':
-      case 'e': {  // APPEND, APPENDS
-        std::vector<Value*> xs;
-        if (op == 'a') {
-          xs.push_back(pop());
-        } else {
-          xs = pop_mark();
-        }
-        if (stack_.empty() || stack_.back()->kind != Kind::List)
-          fail(cat("malformed pickle: APPEND to a non-list at byte ", at));
-        auto& items = stack_.back()->items;
-        items.insert(items.end(), xs.begin(), xs.end());
-        break;
-      }
-      case 'c': {  // GLOBAL: "module\nname\n"
-        auto line = [&] {
-          std::string s;
-          for (;;) {
-            char ch = static_cast<char>(*take(1));
-            if (ch == '\n') break;
-            if (s.size() >= 256) fail(cat("malformed pickle: GLOBAL name too long at byte ", at));
-            s.push_back(ch);
-          }
-          return s;
-        };
-        std::string module = line();
-        std::string name = line();
-        stack_.push_back(global(module, name));
-        break;
-      }
-      case 0x93: {  // STACK_GLOBAL
-        Value* name = pop();
-        Value* module = pop();
-        if (name->kind != Kind::Str || module->kind != Kind::Str)
-          fail(cat("malformed pickle: STACK_GLOBAL needs two strings at byte ", at));
-        stack_.push_back(global(module->s, name->s));
-        break;
-      }
-      case 'R': {  // REDUCE
-        Value* args = pop();
-        Value* fn = pop();
-        stack_.push_back(reduce(fn, args));
-        break;
-      }
-      case 'b': {  // BUILD
-        Value* state = pop();
-        if (stack_.empty()) fail(cat("malformed pickle: BUILD without an object at byte ", at));
-        Value* obj = stack_.back();
-        // An OrderedDict's state is its instance __dict__ (state_dict()._metadata) or
-        // (dict_state, slot_state): attributes, not items, so dropping it keeps the tensors intact.
-        auto attrs_ok = [](const Value* s) { return s->kind == Kind::None || s->kind == Kind::Dict; };
-        bool ok = obj->kind == Kind::Dict &&
-                  (attrs_ok(state) || (state->kind == Kind::Tuple && state->items.size() == 2 &&
-                                       attrs_ok(state->items[0]) && attrs_ok(state->items[1])));
-        if (!ok)
-          fail(cat("refused pickle BUILD of a ", kind_name(obj->kind), " with a ", kind_name(state->kind),
-                   " state (only tensor state dicts are read)"));
-        break;
-      }
-      case 'Q': {  // BINPERSID: ("storage", storage_type, key, location, numel)
-        Value* pid = pop();
-        const auto& it = pid->items;
-        bool ok = pid->kind == Kind::Tuple && it.size() == 5 && it[0]->kind == Kind::Str && it[0]->s == "storage" &&
-                  it[1]->kind == Kind::StorageType && it[2]->kind == Kind::Str && it[3]->kind == Kind::Str &&
-                  it[4]->kind == Kind::Int && it[4]->i >= 0;
-        if (!ok)
-          fail(cat("refused pickle persistent id at byte ", at,
-                   " (expected (\"storage\", storage type, key, location, numel))"));
-        Value* st = make(Kind::Storage);
-        st->typed = it[1]->typed;
-        st->dtype = it[1]->dtype;
-        st->s = it[2]->s;
-        st->numel = it[4]->i;
-        stack_.push_back(st);
-        break;
-      }
-      default: {
-        static const char* hex = "0123456789abcdef";
-        fail(cat("refused pickle opcode 0x", hex[op >> 4], hex[op & 15], " at byte ", at,
-                 " (only tensor state dicts are read)"));
-      }
+    const size_t at = pos_;
+    const uint8_t op = *take(1);
+    if (op == '.') {  // STOP
+      if (stack_.size() != 1 || !marks_.empty())
+        fail(cat("malformed pickle: STOP with ", stack_.size(), " values on the stack"));
+      return stack_.back();
     }
+    // The families take disjoint opcodes; one that none takes is refused.
+    if (framing_op(op) || stack_op(op, at) || string_op(op, at) || number_op(op, at) || container_op(op, at) ||
+        object_op(op, at))
+      continue;
+    static const char* hex = "0123456789abcdef";
+    fail(cat("refused pickle opcode 0x", hex[op >> 4], hex[op & 15], " at byte ", at,
+             " (only tensor state dicts are read)"));
   }
 }
 

@@ -59,12 +59,25 @@ class Unpickler {
 
  private:
   Value* make(Kind k);
+  Value* make_dict();
   Value* pop();
   std::vector<Value*> pop_mark();
   const uint8_t* take(size_t n);
+  uint64_t take_uint(size_t width);  // little-endian unsigned
+  std::string take_line(size_t at);
   Value* global(const std::string& module, const std::string& name);
   Value* reduce(Value* callable, Value* args);
   void set_item(Value* dict, Value* key, Value* value);
+  void build(Value* state, size_t at);
+  Value* persistent_storage(Value* pid, size_t at);
+  // One handler per opcode family, called by load() with the opcode and the byte it starts at; each
+  // returns false for an opcode outside its family.
+  bool framing_op(uint8_t op);               // PROTO, FRAME
+  bool stack_op(uint8_t op, size_t at);      // MARK and the memo
+  bool string_op(uint8_t op, size_t at);     // str and bytes constants
+  bool number_op(uint8_t op, size_t at);     // int, bool, None and float constants
+  bool container_op(uint8_t op, size_t at);  // tuples, lists, dicts and filling them
+  bool object_op(uint8_t op, size_t at);     // globals, REDUCE, BUILD, persistent ids
   [[noreturn]] void fail(const std::string& msg) const;
 
   const uint8_t* data_;

@@ -35,7 +35,6 @@ namespace wan::cuda {
 
 namespace {
 
-
 size_t round64(size_t b) { return std::max<size_t>(64, b / 64 * 64); }
 
 bool needs_conversion(const LoadTarget& t) {
@@ -97,6 +96,11 @@ std::vector<uint8_t> host_bytes(const LoadTarget& t, const Tensor& src) {
   return out;
 }
 
+void create_events(std::vector<cudaEvent_t>& v, size_t n) {
+  v.assign(n, nullptr);
+  for (cudaEvent_t& e : v) CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+}
+
 }  // namespace
 
 LoadOptions LoadOptions::tuned(int device) {
@@ -153,6 +157,38 @@ struct DeviceLoader::Impl {
 
   void run();
   void load(Resources& r);
+  void upload_fallbacks(Resources& r);
+
+  // One load's streaming part on the load thread: the plan of streamed tensors and the staging
+  // buffers in flight. grow() runs on the StreamLoader's grow thread, sink() and reclaim() under its
+  // sink serialisation.
+  struct StreamJob {
+    Impl& impl;
+    Resources& r;
+    const size_t buf;  // staging buffer and chunk bytes
+    const int dev;
+    LoadPlan plan;
+    std::vector<size_t> target_of;  // plan tensor -> target
+    std::vector<int64_t> remaining;  // chunks still to enqueue, per group
+    bool convert = false;            // some target needs a conversion kernel (so device slots)
+    int K = 0;                       // staging buffers
+    struct Pending {
+      int buffer;
+      StagingLease lease;
+    };
+    std::deque<Pending> pending;  // in enqueue order
+    uint64_t converted = 0;
+
+    StreamJob(Impl& l, Resources& res, size_t buffer_bytes) : impl(l), r(res), buf(buffer_bytes), dev(l.opt.device) {}
+    bool plan_targets();
+    void make_ring();
+    void grow(const StreamOptions::AddStaging& add);
+    void reclaim();
+    void release_finished();
+    void sink(const Chunk& c, const void* host, StagingLease lease);
+    void issue(const Chunk& c, const void* host);
+    void run(Clock::time_point t0);
+  };
 };
 
 void DeviceLoader::Impl::run() {
@@ -186,13 +222,19 @@ void DeviceLoader::Impl::run() {
 
 void DeviceLoader::Impl::load(Resources& r) {
   const Clock::time_point t0 = Clock::now();
-  const int dev = opt.device;
-  CUDA_CHECK(cudaSetDevice(dev));
+  CUDA_CHECK(cudaSetDevice(opt.device));
   const size_t buf = round64(opt.buffer_bytes);
   CUDA_CHECK(cudaStreamCreateWithFlags(&r.copy, cudaStreamNonBlocking));
   CUDA_CHECK(cudaStreamCreateWithFlags(&r.conv, cudaStreamNonBlocking));
+  upload_fallbacks(r);
+  StreamJob job(*this, r, buf);
+  if (!job.plan_targets()) return;
+  job.make_ring();
+  job.run(t0);
+}
 
-  // 1. Tensors without a byte range: through their getter, converted on the host (rare: strided .pth).
+// Tensors without a byte range: through their getter, converted on the host (rare: strided .pth).
+void DeviceLoader::Impl::upload_fallbacks(Resources& r) {
   for (const LoadTarget& t : targets) {
     if (t.span) continue;
     if (cancelled) WAN_THROW("cancelled");
@@ -207,129 +249,142 @@ void DeviceLoader::Impl::load(Resources& r) {
     ++stats.fallback_tensors;
     stats.fallback_bytes += bytes.size();
   }
+}
 
-  // 2. The plan: streamed tensors, read group by group in the order groups were added.
-  LoadPlan plan;
-  std::vector<size_t> target_of;  // plan tensor -> target
-  std::vector<int64_t> remaining(group_events.size(), 0);  // chunks still to enqueue, per group
-  bool convert = false;
-  for (size_t i = 0; i < targets.size(); ++i) {
-    const LoadTarget& t = targets[i];
+// The streamed tensors, read group by group in the order groups were added. Returns false when
+// there is nothing to stream.
+bool DeviceLoader::Impl::StreamJob::plan_targets() {
+  remaining.assign(impl.group_events.size(), 0);
+  for (size_t i = 0; i < impl.targets.size(); ++i) {
+    const LoadTarget& t = impl.targets[i];
     if (!t.span || t.span->length == 0) continue;
-    const int gi = group_index.at(t.group);
+    const int gi = impl.group_index.at(t.group);
     plan.add(t.name, *t.span, gi);
     target_of.push_back(i);
     remaining[static_cast<size_t>(gi)] += static_cast<int64_t>((t.span->length + buf - 1) / buf);
     convert |= needs_conversion(t);
   }
-  stats.tensors = static_cast<int>(plan.tensors.size());
+  impl.stats.tensors = static_cast<int>(plan.tensors.size());
   for (size_t g = 0; g < remaining.size(); ++g)
-    if (remaining[g] == 0) mark_group(static_cast<int>(g));  // nothing to stream: the fallbacks are done
-  if (plan.tensors.empty()) return;
+    if (remaining[g] == 0) impl.mark_group(static_cast<int>(g));  // nothing to stream: the fallbacks are done
+  return !plan.tensors.empty();
+}
 
+// The ring's events and (empty) buffer slots; the grow thread fills the slots.
+void DeviceLoader::Impl::StreamJob::make_ring() {
   // A small plan needs no more buffers than it has chunks' worth of bytes (at least 2).
   const uint64_t chunks_worth = (plan.total_bytes() + buf - 1) / buf;
-  const int K = static_cast<int>(std::max<uint64_t>(2, std::min<uint64_t>(static_cast<uint64_t>(opt.buffers), chunks_worth)));
-  auto events = [](std::vector<cudaEvent_t>& v, size_t n) {
-    v.assign(n, nullptr);
-    for (cudaEvent_t& e : v) CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-  };
-  events(r.slot_events, static_cast<size_t>(K));
-  events(r.copy_events, static_cast<size_t>(K));
-  events(r.group_copy, group_events.size());
+  K = static_cast<int>(std::max<uint64_t>(2, std::min<uint64_t>(static_cast<uint64_t>(impl.opt.buffers), chunks_worth)));
+  create_events(r.slot_events, static_cast<size_t>(K));
+  create_events(r.copy_events, static_cast<size_t>(K));
+  create_events(r.group_copy, impl.group_events.size());
   r.pinned.assign(static_cast<size_t>(K), nullptr);
   r.dev_slots.assign(static_cast<size_t>(K), nullptr);
+}
 
-  struct Pending {
-    int buffer;
-    StagingLease lease;
-  };
-  std::deque<Pending> pending;  // in enqueue order
-  uint64_t converted = 0;
-  // Hands back every buffer whose copy (and conversion) has finished, oldest first.
-  auto release_finished = [&] {
-    while (!pending.empty()) {
-      const cudaError_t q = cudaEventQuery(r.slot_events[static_cast<size_t>(pending.front().buffer)]);
-      if (q == cudaErrorNotReady) {
-        cudaGetLastError();  // "not ready" is no error
-        return;
-      }
-      CUDA_CHECK(q);
-      pending.front().lease.release();
-      pending.pop_front();
+// The staging ring is made buffer by buffer on the StreamLoader's grow thread while the readers
+// already fill the first ones: pinning costs milliseconds per 8 MB (~30 ms for the tuned ring of
+// 12), which would all come before the first read if made in one piece. Buffer k is the ring's
+// k-th (the ring starts empty), so the sink finds its device slot at index c.buffer. Everything
+// lands in `r` as it is made: every way out frees it (after the streams are synchronised).
+void DeviceLoader::Impl::StreamJob::grow(const StreamOptions::AddStaging& add) {
+  CUDA_CHECK(cudaSetDevice(dev));  // this thread's device: pinned memory is mapped for it
+  for (size_t k = 0; k < static_cast<size_t>(K); ++k) {
+    if (impl.cancelled) WAN_THROW("cancelled");
+    void* host = nullptr;
+    CUDA_CHECK(cudaHostAlloc(&host, buf, cudaHostAllocPortable));
+    r.pinned[k] = host;
+    if (convert) {
+      void* slot = nullptr;
+      CUDA_CHECK(cudaMalloc(&slot, buf));
+      r.dev_slots[k] = slot;
     }
-  };
+    if (!add(host)) return;  // every chunk has its buffer, or the load stopped
+  }
+}
 
-  StreamOptions so;
-  so.chunk_bytes = buf;
-  so.threads = std::max(1, opt.threads);
-  // The staging ring is made buffer by buffer on the StreamLoader's grow thread while the readers
-  // already fill the first ones: pinning costs milliseconds per 8 MB (~30 ms for the tuned ring of
-  // 12), which would all come before the first read if made in one piece. Buffer k is the ring's
-  // k-th (the ring starts empty), so the sink finds its device slot at index c.buffer. Everything
-  // lands in `r` as it is made: every way out frees it (after the streams are synchronised).
-  so.grow = [&](const StreamOptions::AddStaging& add) {
-    CUDA_CHECK(cudaSetDevice(dev));  // this thread's device: pinned memory is mapped for it
-    for (size_t k = 0; k < static_cast<size_t>(K); ++k) {
-      if (cancelled) WAN_THROW("cancelled");
-      void* host = nullptr;
-      CUDA_CHECK(cudaHostAlloc(&host, buf, cudaHostAllocPortable));
-      r.pinned[k] = host;
-      if (convert) {
-        void* slot = nullptr;
-        CUDA_CHECK(cudaMalloc(&slot, buf));
-        r.dev_slots[k] = slot;
-      }
-      if (!add(host)) return;  // every chunk has its buffer, or the load stopped
+// The StreamLoader's reclaim hook: waits for the oldest buffer in flight and hands it back.
+void DeviceLoader::Impl::StreamJob::reclaim() {
+  if (pending.empty()) return;
+  CUDA_CHECK(cudaSetDevice(dev));
+  CUDA_CHECK(cudaEventSynchronize(r.slot_events[static_cast<size_t>(pending.front().buffer)]));
+  pending.front().lease.release();
+  pending.pop_front();
+}
+
+// Hands back every buffer whose copy (and conversion) has finished, oldest first.
+void DeviceLoader::Impl::StreamJob::release_finished() {
+  while (!pending.empty()) {
+    const cudaError_t q = cudaEventQuery(r.slot_events[static_cast<size_t>(pending.front().buffer)]);
+    if (q == cudaErrorNotReady) {
+      cudaGetLastError();  // "not ready" is no error
+      return;
     }
-  };
-  so.reclaim = [&] {
-    if (pending.empty()) return;
-    CUDA_CHECK(cudaSetDevice(dev));
-    CUDA_CHECK(cudaEventSynchronize(r.slot_events[static_cast<size_t>(pending.front().buffer)]));
+    CUDA_CHECK(q);
     pending.front().lease.release();
     pending.pop_front();
-  };
-  auto sink = [&](const Chunk& c, const void* host, StagingLease lease) {
-    if (cancelled) WAN_THROW("cancelled");
-    if (opt.on_chunk) opt.on_chunk(c);
-    CUDA_CHECK(cudaSetDevice(dev));
-    const LoadTarget& t = targets[target_of[c.tensor]];
-    const RawSpan& s = c.t->span;
-    const size_t ss = dtype_size(s.dtype), ds = dtype_size(t.dtype);
-    const int64_t first = static_cast<int64_t>(c.offset / ss), n = static_cast<int64_t>(c.length / ss);
-    char* dst = static_cast<char*>(t.dst) + static_cast<size_t>(first) * ds;
-    const size_t b = static_cast<size_t>(c.buffer);
-    if (!needs_conversion(t)) {
-      CUDA_CHECK(cudaMemcpyAsync(dst, host, c.length, cudaMemcpyHostToDevice, r.copy));
-      CUDA_CHECK(cudaEventRecord(r.slot_events[b], r.copy));
-    } else {
-      void* slot = r.dev_slots[b];
-      CUDA_CHECK(cudaMemcpyAsync(slot, host, c.length, cudaMemcpyHostToDevice, r.copy));
-      CUDA_CHECK(cudaEventRecord(r.copy_events[b], r.copy));
-      CUDA_CHECK(cudaStreamWaitEvent(r.conv, r.copy_events[b], 0));
-      convert_weights(slot, s.dtype, s.scaled, s.scale, dst, t.dtype, n, r.conv);
-      CUDA_CHECK(cudaEventRecord(r.slot_events[b], r.conv));
-      ++converted;
-    }
-    pending.push_back({c.buffer, std::move(lease)});
-    const size_t gi = static_cast<size_t>(c.t->priority);
-    if (--remaining[gi] == 0) {
-      // Every copy of the group is enqueued on `copy`, every conversion on `conv`: the group event
-      // on `conv` after a wait for `copy` completes when all of them have.
-      CUDA_CHECK(cudaEventRecord(r.group_copy[gi], r.copy));
-      CUDA_CHECK(cudaStreamWaitEvent(r.conv, r.group_copy[gi], 0));
-      CUDA_CHECK(cudaEventRecord(group_events[gi], r.conv));
-      mark_group(static_cast<int>(gi));
-    }
-    release_finished();
-  };
+  }
+}
 
+// The sink: enqueues one filled buffer's copy (and conversion), then its group's event when it was
+// the group's last chunk, then hands back the buffers already done.
+void DeviceLoader::Impl::StreamJob::sink(const Chunk& c, const void* host, StagingLease lease) {
+  if (impl.cancelled) WAN_THROW("cancelled");
+  if (impl.opt.on_chunk) impl.opt.on_chunk(c);
+  CUDA_CHECK(cudaSetDevice(dev));
+  issue(c, host);
+  pending.push_back({c.buffer, std::move(lease)});
+  const size_t gi = static_cast<size_t>(c.t->priority);
+  if (--remaining[gi] == 0) {
+    // Every copy of the group is enqueued on `copy`, every conversion on `conv`: the group event
+    // on `conv` after a wait for `copy` completes when all of them have.
+    CUDA_CHECK(cudaEventRecord(r.group_copy[gi], r.copy));
+    CUDA_CHECK(cudaStreamWaitEvent(r.conv, r.group_copy[gi], 0));
+    CUDA_CHECK(cudaEventRecord(impl.group_events[gi], r.conv));
+    impl.mark_group(static_cast<int>(gi));
+  }
+  release_finished();
+}
+
+// One buffer's copy straight into the destination, or into its device slot and then a conversion
+// on `conv` after it; the buffer's slot event completes when the destination is written.
+void DeviceLoader::Impl::StreamJob::issue(const Chunk& c, const void* host) {
+  const LoadTarget& t = impl.targets[target_of[c.tensor]];
+  const RawSpan& s = c.t->span;
+  const size_t ss = dtype_size(s.dtype), ds = dtype_size(t.dtype);
+  const int64_t first = static_cast<int64_t>(c.offset / ss), n = static_cast<int64_t>(c.length / ss);
+  char* dst = static_cast<char*>(t.dst) + static_cast<size_t>(first) * ds;
+  const size_t b = static_cast<size_t>(c.buffer);
+  if (!needs_conversion(t)) {
+    CUDA_CHECK(cudaMemcpyAsync(dst, host, c.length, cudaMemcpyHostToDevice, r.copy));
+    CUDA_CHECK(cudaEventRecord(r.slot_events[b], r.copy));
+  } else {
+    void* slot = r.dev_slots[b];
+    CUDA_CHECK(cudaMemcpyAsync(slot, host, c.length, cudaMemcpyHostToDevice, r.copy));
+    CUDA_CHECK(cudaEventRecord(r.copy_events[b], r.copy));
+    CUDA_CHECK(cudaStreamWaitEvent(r.conv, r.copy_events[b], 0));
+    convert_weights(slot, s.dtype, s.scaled, s.scale, dst, t.dtype, n, r.conv);
+    CUDA_CHECK(cudaEventRecord(r.slot_events[b], r.conv));
+    ++converted;
+  }
+}
+
+// Runs the StreamLoader over the plan, then waits for the last copies and fills the statistics.
+void DeviceLoader::Impl::StreamJob::run(Clock::time_point t0) {
+  StreamOptions so;
+  so.chunk_bytes = buf;
+  so.threads = std::max(1, impl.opt.threads);
+  so.grow = [this](const StreamOptions::AddStaging& add) { grow(add); };
+  so.reclaim = [this] { reclaim(); };
+  auto on_chunk = [this](const Chunk& c, const void* host, StagingLease lease) { sink(c, host, std::move(lease)); };
+
+  // `loader` is destroyed before `pending` (a member of this job) on every way out.
   StreamLoader loader(so);
   const Clock::time_point t1 = Clock::now();
   const double before_run = seconds_since(t0);
+  LoadStats& stats = impl.stats;
   try {
-    stats.stream = loader.run(plan, {}, buf, sink);
+    stats.stream = loader.run(plan, {}, buf, on_chunk);
   } catch (...) {
     // The readers are joined; leases still pending refer to buffers whose copies may be in flight:
     // let them finish before the buffers are freed (Resources), then drop the leases.
