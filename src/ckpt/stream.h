@@ -6,6 +6,23 @@
 // GPU path), and hands each filled buffer to a sink with a StagingLease. The sink consumes the
 // buffer (on the GPU, runtime/load_gpu.h: enqueue the H2D copy and the conversion kernel, record an
 // event) and releases the lease, now or later, from any thread; only then is that buffer refilled.
+//
+// Invariants (in full below the namespace line): at most K staging buffers are in use at any time;
+// every planned byte is delivered exactly once, in whole-element chunks inside one tensor; sink calls
+// are serialised; any error stops the load and run() throws it, naming the file and tensor; on
+// success run() returns only once every lease is released; reads never fault on a truncated file.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ckpt/layout.h"
+
+namespace wan {
+
 // Invariants:
 // - Ring bound: at most K buffers are being filled or held by the sink at any time, so the host
 //   memory the load needs is the K staging buffers, whatever the checkpoint size; no shard is ever
@@ -27,17 +44,6 @@
 // - Growing ring (StreamOptions::grow): buffers made while the load runs join the ring as they come,
 //   so the first read waits for one buffer, not for all of them; the grow thread is joined before
 //   run() returns or throws, and the ring bound is then the number of buffers given plus grown.
-#pragma once
-#include <cstddef>
-#include <cstdint>
-#include <functional>
-#include <memory>
-#include <string>
-#include <vector>
-
-#include "ckpt/layout.h"
-
-namespace wan {
 
 struct PlanTensor {
   std::string name;  // as the caller names it (internal name; may repeat across components)

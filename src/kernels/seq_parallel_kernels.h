@@ -3,14 +3,6 @@
 // the patch embedding of one rank's token slice. Host launchers on raw device pointers and a stream; no
 // model types, no communication (the caller moves the bytes through kernels/seq_comm.h).
 //
-// Layout names (U = group size, n = tensors moved together, R = rows per tensor = Bl·Lc tokens of the
-// local slice, W = bytes of one row's moved part, Du = heads/U · 128):
-//   token-major    T_i[r·ld_i + j·W ...]            (row r of tensor i; part j of its columns)
-//   chunked        C[((j·n + i)·R + r)·W ...]       (what an all-to-all sends to / receives from rank j)
-//   sequence-major S_i[((b·U + j)·Lc + t)·W ...]    (tensor i with the U slices of sample b in order, r = b·Lc + t)
-// Ulysses all-to-all #1: token-major q|k|v [Bl, Lc, H·128] --pack--> chunked --a2a--> chunked --unpack-->
-// sequence-major [Bl, U·Lc, Du]; all-to-all #2 runs the same mappings the other way.
-//
 // Invariants: every copy moves 16-byte vectors (W, ld_i·elem and every pointer must be multiples of 16
 // bytes: checked, wan::Error); nothing is rounded or reordered within a row, so the reshuffles are exact.
 // The merge is fp32 and deterministic (one thread per 8 output elements, fixed order). Launchers never
@@ -22,6 +14,14 @@
 #include <cstdint>
 
 namespace wan::cuda {
+
+// Layout names (U = group size, n = tensors moved together, R = rows per tensor = Bl·Lc tokens of the
+// local slice, W = bytes of one row's moved part, Du = heads/U · 128):
+//   token-major    T_i[r·ld_i + j·W ...]            (row r of tensor i; part j of its columns)
+//   chunked        C[((j·n + i)·R + r)·W ...]       (what an all-to-all sends to / receives from rank j)
+//   sequence-major S_i[((b·U + j)·Lc + t)·W ...]    (tensor i with the U slices of sample b in order, r = b·Lc + t)
+// Ulysses all-to-all #1: token-major q|k|v [Bl, Lc, H·128] --pack--> chunked --a2a--> chunked --unpack-->
+// sequence-major [Bl, U·Lc, Du]; all-to-all #2 runs the same mappings the other way.
 
 constexpr int kMaxMovedTensors = 3;  // q, k, v
 

@@ -2,6 +2,20 @@
 // bh2 order 2 with the UniC corrector, flow DPM++ 2M midpoint, Euler), classifier-free guidance and
 // the two-expert (high-noise / low-noise) schedule.
 //
+// Invariants (in full below the namespace line): the arithmetic is the reference schedulers' op by op
+// in float32 (bit-identical to the PyTorch schedulers on the CPU); schedules are computed in float64 as
+// the reference and stored as float32 sigmas; one Sampler carries its history across the expert
+// switch; a step is plan_step()'s coefficients applied by step_element(), on the host or the GPU.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "sampler/sampler_step.h"  // SolverKind, StepCoeffs, SamplerState, step_element
+
+namespace wan {
+
 // Invariants:
 //  - The arithmetic mirrors the reference schedulers op by op: scalar coefficients are float32
 //    (the reference keeps them in 0-dim float32 tensors), the latent path is float32, nothing is
@@ -18,15 +32,6 @@
 //    applied per element by step_element() (sampler/sampler_step.h). step() does exactly that on the
 //    host; the GPU sampler (sampler/sampler_gpu.h) applies the same coefficients on the device, with the
 //    history in device memory, after take_step() has advanced the index here.
-#pragma once
-#include <cstddef>
-#include <cstdint>
-#include <string>
-#include <vector>
-
-#include "sampler/sampler_step.h"  // SolverKind, StepCoeffs, SamplerState, step_element
-
-namespace wan {
 
 // Official: the Wan repository's schedulers (UniPC and Euler on the FlowUniPCMultistepScheduler
 // grid from float32(0.999), DPM++ on get_sampling_sigmas' grid from 1). Diffusers: the grid of

@@ -3,7 +3,15 @@
 // DiT's output where it lies in device memory. The scalar coefficients come from the host
 // (wan::Sampler::take_step(): schedule and index only); the per-element arithmetic is the CPU's own
 // step_element() (sampler/sampler_step.h) compiled for the device.
-//
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstddef>
+
+#include "sampler/sampler_step.h"
+
+namespace wan::cuda {
+
 // Numerics: bit-identical to wan::cfg_combine + wan::Sampler::step on the CPU for the same inputs:
 // every op an explicit round-to-nearest intrinsic (no fma contraction), the reference's order.
 // Without an uncond input the guided output is cond itself (the pipeline's guide = 1 batch-1 path).
@@ -16,14 +24,6 @@
 // the n mod 4 tail runs scalar); any misaligned pointer (e.g. uncond = cond + n with odd n) makes the
 // whole launch scalar. Both give the same bits.
 // Not thread-safe. Work is ordered on the caller's stream; upload/download calls synchronise it.
-#pragma once
-#include <cuda_runtime.h>
-
-#include <cstddef>
-
-#include "sampler/sampler_step.h"
-
-namespace wan::cuda {
 
 class SamplerGpu {
  public:

@@ -3,18 +3,6 @@
 // per-element update that applies them. The CPU sampler (sampler.cpp) and the fused GPU kernel
 // (sampler_gpu.cu) both run step_element(), so the two share one definition of the arithmetic.
 // Header-only plain data, so device code can include it.
-//
-// Numerics: every operation is one IEEE float32 op rounded to nearest, in the reference's order:
-// no fused multiply-add, no reassociation. Host code is built with -ffp-contract=off; device code
-// spells each op as an explicit _rn intrinsic, which nvcc never contracts. Divisions stay divisions.
-//
-// The state a step reads and writes, per element (the sampler's multistep history):
-//   x       the sample the model saw (in), the sample at the next sigma (out)
-//   m_last  M[-1], the last step's data prediction (UniPC, DPM++)
-//   m_prev  M[-2] (UniPC, DPM++); its slot receives this step's data prediction m, after which the
-//           caller swaps the roles of the m_prev and m_last buffers (M = [M[-1], m])
-//   xs      UniPC only: the (corrected) sample that entered the last predictor (in), this step's (out)
-// Before the first step the history is all zeros (none of it is read then).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -27,6 +15,18 @@
 #endif
 
 namespace wan {
+
+// Numerics: every operation is one IEEE float32 op rounded to nearest, in the reference's order:
+// no fused multiply-add, no reassociation. Host code is built with -ffp-contract=off; device code
+// spells each op as an explicit _rn intrinsic, which nvcc never contracts. Divisions stay divisions.
+//
+// The state a step reads and writes, per element (the sampler's multistep history):
+//   x       the sample the model saw (in), the sample at the next sigma (out)
+//   m_last  M[-1], the last step's data prediction (UniPC, DPM++)
+//   m_prev  M[-2] (UniPC, DPM++); its slot receives this step's data prediction m, after which the
+//           caller swaps the roles of the m_prev and m_last buffers (M = [M[-1], m])
+//   xs      UniPC only: the (corrected) sample that entered the last predictor (in), this step's (out)
+// Before the first step the history is all zeros (none of it is read then).
 
 enum class SolverKind { UniPC, DpmPP, Euler };
 

@@ -3,16 +3,6 @@
 // log-sum-exp) and their 2D hybrid (Ulysses inside a ring group, ring across). Used by DiTGpu
 // (dit_gpu.cpp); communication goes through kernels/seq_comm.h, so this file has no NCCL dependency.
 //
-// Sequence layout: each sample's padded sequence of P·S tokens (P = U·R) is split into P contiguous
-// slices; the rank of sequence rank c = ring rank·U + Ulysses rank holds tokens [c·S, (c+1)·S).
-//   Ulysses: q|k|v [B, S, H·128] (this rank's tokens, all heads) --all-to-all--> [B, U·S, H/U·128] (the
-//            ring block's U·S tokens, this rank's H/U heads); the attention output goes back the same way.
-//   Ring:    the ring block (tokens [r·U·S, (r+1)·U·S) of ring rank r) attends to all R blocks; the k|v
-//            block travels r -> r+1 on a side stream while the current block's attention runs on the
-//            main stream (double buffer), and each partial output is merged in fp32 with the LSE.
-// Padding keys (token index >= the real length L) are excluded with per-sample key lengths (k_lens);
-// a ring block made only of padding is skipped. Query rows of padding tokens are computed and ignored.
-//
 // Invariants: run() enqueues work on `stream` (and the side stream, joined back before it returns), never
 // synchronises the host and is capturable in a CUDA graph (events fork/join the side stream); every rank
 // of the groups calls it with the same geometry. The buffers come from the DiT arena (plan_buffers lists
@@ -34,6 +24,16 @@
 #include "kernels/seq_comm.h"
 
 namespace wan::cuda {
+
+// Sequence layout: each sample's padded sequence of P·S tokens (P = U·R) is split into P contiguous
+// slices; the rank of sequence rank c = ring rank·U + Ulysses rank holds tokens [c·S, (c+1)·S).
+//   Ulysses: q|k|v [B, S, H·128] (this rank's tokens, all heads) --all-to-all--> [B, U·S, H/U·128] (the
+//            ring block's U·S tokens, this rank's H/U heads); the attention output goes back the same way.
+//   Ring:    the ring block (tokens [r·U·S, (r+1)·U·S) of ring rank r) attends to all R blocks; the k|v
+//            block travels r -> r+1 on a side stream while the current block's attention runs on the
+//            main stream (double buffer), and each partial output is merged in fp32 with the LSE.
+// Padding keys (token index >= the real length L) are excluded with per-sample key lengths (k_lens);
+// a ring block made only of padding is skipped. Query rows of padding tokens are computed and ignored.
 
 class SeqParallelAttention {
  public:
