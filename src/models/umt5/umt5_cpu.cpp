@@ -1,21 +1,23 @@
-// UMT5 encoder, float32 CPU reference (see umt5.h for the maths and its invariants).
+// UMT5 encoder, float32 CPU reference (see umt5_cpu.h for the maths and its invariants).
 #include "models/umt5/umt5_cpu.h"
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <map>
 
 #include "ckpt/names.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
-#include "ops/cpu_ops.h"
 #include "formats/safetensors.h"
+#include "models/umt5/weights.h"
+#include "ops/cpu_ops.h"
 
 namespace wan {
 
 namespace {
 
-Tensor load_checked(const T5TensorLoader& load, const std::string& name, Shape want) {
+Tensor load_checked(const T5TensorLoader& load, const std::string& name, const Shape& want) {
   Tensor t;
   WAN_WITH_CONTEXT("T5 weight " + name, t = load(name));
   WAN_CHECK(t.defined(), "T5 weight ", name, ": loader returned no tensor");
@@ -33,24 +35,30 @@ T5Weights load_t5_weights(const T5Config& cfg, const T5TensorLoader& load) {
             " is not a multiple of num_heads ", cfg.num_heads);
   WAN_CHECK(cfg.num_buckets >= 2 && cfg.num_buckets % 2 == 0, "T5 config: num_buckets ", cfg.num_buckets,
             " must be even (bidirectional)");
-  const int64_t D = cfg.dim, A = cfg.dim_attn, F = cfg.dim_ffn;
+  // Names and shapes from the weight table (models/umt5/weights.h).
+  const std::map<std::string, Shape> shapes = shape_map(umt5_weight_table(cfg));
+  auto get = [&](const std::string& name) {
+    auto it = shapes.find(name);
+    WAN_ASSERT(it != shapes.end(), "T5 weight ", name, " is not in the weight table");
+    return load_checked(load, name, it->second);
+  };
   T5Weights w;
-  w.token_embedding = load_checked(load, "token_embedding.weight", {cfg.vocab, D});
-  w.norm = load_checked(load, "norm.weight", {D});
+  w.token_embedding = get("token_embedding.weight");
+  w.norm = get("norm.weight");
   w.blocks.resize(static_cast<size_t>(cfg.num_layers));
   for (int i = 0; i < cfg.num_layers; ++i) {
     const std::string p = "blocks." + std::to_string(i) + ".";
     T5Block& b = w.blocks[static_cast<size_t>(i)];
-    b.norm1 = load_checked(load, p + "norm1.weight", {D});
-    b.q = load_checked(load, p + "attn.q.weight", {A, D});
-    b.k = load_checked(load, p + "attn.k.weight", {A, D});
-    b.v = load_checked(load, p + "attn.v.weight", {A, D});
-    b.o = load_checked(load, p + "attn.o.weight", {D, A});
-    b.pos_embedding = load_checked(load, p + "pos_embedding.embedding.weight", {cfg.num_buckets, cfg.num_heads});
-    b.norm2 = load_checked(load, p + "norm2.weight", {D});
-    b.ffn_gate = load_checked(load, p + "ffn.gate.0.weight", {F, D});
-    b.ffn_fc1 = load_checked(load, p + "ffn.fc1.weight", {F, D});
-    b.ffn_fc2 = load_checked(load, p + "ffn.fc2.weight", {D, F});
+    b.norm1 = get(p + "norm1.weight");
+    b.q = get(p + "attn.q.weight");
+    b.k = get(p + "attn.k.weight");
+    b.v = get(p + "attn.v.weight");
+    b.o = get(p + "attn.o.weight");
+    b.pos_embedding = get(p + "pos_embedding.embedding.weight");
+    b.norm2 = get(p + "norm2.weight");
+    b.ffn_gate = get(p + "ffn.gate.0.weight");
+    b.ffn_fc1 = get(p + "ffn.fc1.weight");
+    b.ffn_fc2 = get(p + "ffn.fc2.weight");
   }
   return w;
 }
