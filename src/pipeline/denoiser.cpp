@@ -1,20 +1,14 @@
-// CPU denoiser and the device-independent parts of the factory.
+// CPU denoiser and the device-independent parts of the factory; in a CPU-only build, the stubs of the
+// GPU entry points (denoiser.h), so the dispatch needs no #ifdef.
 #include "pipeline/denoiser.h"
 
 #include <cstring>
 
 #include "models/dit/dit_cpu.h"
 #include "pipeline/models.h"
+#include "pipeline/pipeline_internal.h"
 
 namespace wan {
-
-#ifdef WAN_HAVE_CUDA
-std::unique_ptr<Denoiser> make_gpu_denoiser(const CheckpointInfo& ckpt, const DenoiserSpec& spec, int device);
-void check_gpu_denoiser_impl(const CheckpointInfo& ckpt, const DenoiserSpec& spec, int device);
-bool gpu_concurrent_load_fits_impl(const CheckpointInfo& ckpt, const DenoiserSpec& spec, size_t other_bytes);
-void check_gpu_vae_impl(const VaeConfig& vae, const std::string& device);
-Tensor gpu_vae_decode_impl(const VaeConfig& vae, const VaeWeights& w, const Tensor& latents, int device);
-#endif
 
 void Denoiser::begin_sampling(Sampler& s, const Tensor& x) {
   WAN_ASSERT(x.dtype() == DType::F32 && x.ndim() == 4, "sampling latent ", x.shape().str());
@@ -86,55 +80,43 @@ int parse_device(const std::string& device) {
   WAN_THROW("--device '", device, "' is not cpu, cuda or cuda:<index>");
 }
 
-void check_gpu_denoiser(const CheckpointInfo& ckpt, const DenoiserSpec& spec) {
-  const int device = parse_device(spec.device);
-  WAN_ASSERT(device >= 0, "check_gpu_denoiser on the CPU");
-#ifdef WAN_HAVE_CUDA
-  check_gpu_denoiser_impl(ckpt, spec, device);
-#else
-  WAN_THROW("--device ", spec.device, ": this build of wan has no CUDA support (configure with a CUDA toolkit)");
-#endif
-}
-
-bool gpu_concurrent_load_fits(const CheckpointInfo& ckpt, const DenoiserSpec& spec, size_t other_bytes) {
-#ifdef WAN_HAVE_CUDA
-  return gpu_concurrent_load_fits_impl(ckpt, spec, other_bytes);
-#else
-  (void)ckpt;
-  (void)spec;
-  (void)other_bytes;
-  return false;
-#endif
-}
-
-void check_gpu_vae(const VaeConfig& vae, const std::string& device) {
-#ifdef WAN_HAVE_CUDA
-  check_gpu_vae_impl(vae, device);
-#else
-  (void)vae;
-  WAN_THROW("--device ", device, ": this build of wan has no CUDA support (configure with a CUDA toolkit)");
-#endif
-}
-
-Tensor gpu_vae_decode(const VaeConfig& vae, const VaeWeights& w, const Tensor& latents, int device) {
-#ifdef WAN_HAVE_CUDA
-  return gpu_vae_decode_impl(vae, w, latents, device);
-#else
-  (void)vae;
-  (void)w;
-  (void)latents;
-  WAN_THROW("device ", device, ": this build of wan has no CUDA support");
-#endif
+DenoiserSpec pipeline_detail::denoiser_spec(const GeneratePlan& p) {
+  DenoiserSpec spec;
+  spec.device = p.device;
+  spec.use_high = pipeline_detail::uses_expert(p.experts, Expert::High);
+  spec.use_low = pipeline_detail::uses_expert(p.experts, Expert::Low);
+  spec.latent_shape = p.latent_shape;
+  spec.verbose = p.verbose;
+  spec.attention = p.attention;
+  spec.random_weights = p.random_weights;
+  spec.seed_high = random_expert_seed(p.weights_seed, p.task, true);
+  spec.seed_low = random_expert_seed(p.weights_seed, p.task, false);
+  spec.dit_plan = p.dit_memory;
+  return spec;
 }
 
 std::unique_ptr<Denoiser> make_denoiser(const CheckpointInfo& ckpt, const DenoiserSpec& spec) {
   const int device = parse_device(spec.device);
   if (device < 0) return std::make_unique<CpuDenoiser>(ckpt, spec);
-#ifdef WAN_HAVE_CUDA
   return make_gpu_denoiser(ckpt, spec, device);
-#else
-  WAN_THROW("--device ", spec.device, ": this build of wan has no CUDA support (configure with a CUDA toolkit)");
-#endif
 }
+
+#ifndef WAN_HAVE_CUDA
+// A CPU-only build: the GPU entry points (denoiser_gpu.cpp in CUDA builds) refuse.
+namespace {
+[[noreturn]] void no_cuda(const std::string& device) {
+  WAN_THROW("--device ", device, ": this build of wan has no CUDA support (configure with a CUDA toolkit)");
+}
+}  // namespace
+
+GpuDiTMemory plan_gpu_dit_memory(const CheckpointInfo&, const DenoiserSpec& spec) { no_cuda(spec.device); }
+std::unique_ptr<Denoiser> make_gpu_denoiser(const CheckpointInfo&, const DenoiserSpec& spec, int) {
+  no_cuda(spec.device);
+}
+void check_gpu_vae(const VaeConfig&, const std::string& device) { no_cuda(device); }
+Tensor gpu_vae_decode(const VaeConfig&, const VaeWeights&, const Tensor&, int device) {
+  WAN_THROW("device ", device, ": this build of wan has no CUDA support");
+}
+#endif
 
 }  // namespace wan

@@ -1,14 +1,17 @@
 // The DiT as the sampling loop sees it: one forward of an expert on a batch (cond[, uncond]) of the
 // same latent. Two implementations: the CPU float32 reference (wan::dit_forward) and, in CUDA builds,
 // the GPU engine (wan::cuda::DiTGpu: bf16 numerics, both experts resident, CUDA graphs).
-// Invariants: make_denoiser() does all loading (and, on the GPU, the memory-fit check) before the
-// first step; forward() writes batch × numel(x) floats to out, cond first.
+// Invariants: make_denoiser() does all loading before the first step; on the GPU the memory fit is
+// the run-level plan's (plan_gpu_dit_memory feeds it, DenoiserSpec::dit_plan carries the DiT's share
+// to creation, which then only allocates); forward() writes batch × numel(x) floats to out, cond first.
+// GPU entry points are defined in denoiser_gpu.cpp; a CPU-only build's stubs (denoiser.cpp) throw.
 // Sampling through a denoiser (begin_sampling / guided_step / sync_sampling) keeps the latent and the
 // solver's multistep history where the model runs: host memory on the CPU (forward, cfg_combine,
 // Sampler::step: the reference path), device memory on the GPU, where guidance and the solver update
 // are one fused fp32 kernel per step (cuda::SamplerGpu) reading the DiT's output on the device, bit-
 // identical to the host path for the same DiT outputs.
 #pragma once
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -22,7 +25,8 @@
 namespace wan {
 
 namespace cuda {
-class DeviceLoader;  // cuda/load_gpu.h (CUDA builds)
+class DeviceLoader;  // runtime/load_gpu.h (CUDA builds)
+struct MemoryPlan;   // models/dit/dit_gpu.h (CUDA builds)
 }
 
 class Denoiser {
@@ -62,9 +66,10 @@ struct DenoiserSpec {
   // CPU: random_dit_weights, the same values) with these seeds instead of loaded from the checkpoint.
   bool random_weights = false;
   uint64_t seed_high = 0, seed_low = 0;
-  // Device bytes the pipeline will hold next to the DiT that are not allocated yet when the fit is
-  // checked (the GPU text encoder with --keep-text-encoder, at plan time); added to the DiT's plan.
-  size_t other_device_bytes = 0;
+  // GPU: the DiT's arena plan (plan_gpu_dit_memory's), already checked against the device as part of
+  // the run-level memory plan: creation then only allocates. Null: make_denoiser checks the DiT's fit
+  // itself (callers without a run plan).
+  std::shared_ptr<const cuda::MemoryPlan> dit_plan;
   // GPU: guidance + solver update fused on the device (the default). Off: the DiT output goes to the
   // host for cfg_combine + Sampler::step each step (the pre-fusion path, kept for tests).
   bool fused_sampler = true;
@@ -83,15 +88,27 @@ std::unique_ptr<Denoiser> make_denoiser(const CheckpointInfo& ckpt, const Denois
 
 // Parses "cuda" / "cuda:<i>" (device index) or "cpu" (-1); throws wan::Error otherwise.
 int parse_device(const std::string& device);
-// Throws one clear wan::Error unless the CUDA path can run `spec` on this machine: built with CUDA, the
-// device exists, and the planned memory (experts + arena) fits its free memory. Cheap (no allocation).
-void check_gpu_denoiser(const CheckpointInfo& ckpt, const DenoiserSpec& spec);
-// GPU fast start (issue 6): true when the experts' weights, `other_bytes` already resident next to
-// them while they load (the text encoder) and the loader's staging fit the free memory now. The later
-// phase (weights + activations, the text encoder freed or kept) is check_gpu_denoiser's; the peak is
-// the larger of the two. False without CUDA.
-bool gpu_concurrent_load_fits(const CheckpointInfo& ckpt, const DenoiserSpec& spec, size_t other_bytes);
 
+// The GPU DiT's share of a run's device memory: the inputs of the run-level plan (runtime/memory_plan.h).
+struct GpuDiTMemory {
+  std::shared_ptr<const cuda::MemoryPlan> plan;  // DiTGpu::plan at the spec's shape: for DenoiserSpec::dit_plan
+  int experts = 0;
+  size_t weight_bytes = 0;   // one expert
+  size_t arena_bytes = 0;    // activations + workspaces (cuDNN's attention workspace excluded: known at creation)
+  size_t reserve_bytes = 0;  // kept free for handles, kernels and graphs
+  size_t sampler_bytes = 0;  // the fused sampler's device state
+  size_t staging_bytes = 0;  // the fast start's loader staging (DeviceLoader::device_bytes)
+  size_t free_bytes = 0;     // free on the device now
+  // weights + arena + reserve + sampler at `latent_frames` latent frames of the spec's size (what fits).
+  std::function<size_t(int64_t latent_frames)> bytes_at_frames;
+};
+// Throws one clear wan::Error unless the CUDA path can run `spec` on this machine (built with CUDA, the
+// device exists, the task and the attention kernel are supported there), else returns the DiT's memory
+// plan and the device's free memory. Host arithmetic and one cudaMemGetInfo: no allocation.
+GpuDiTMemory plan_gpu_dit_memory(const CheckpointInfo& ckpt, const DenoiserSpec& spec);
+
+// GPU entry points of make_denoiser / the pipeline (denoiser_gpu.cpp; a CPU-only build's throw).
+std::unique_ptr<Denoiser> make_gpu_denoiser(const CheckpointInfo& ckpt, const DenoiserSpec& spec, int device);
 // The VAE decode on the GPU (Wan 2.1 VAE, bf16, wan::cuda::VaeDecoderGpu).
 // check_gpu_vae: throws one clear wan::Error unless this build and VAE can decode on `device`.
 void check_gpu_vae(const VaeConfig& vae, const std::string& device);

@@ -5,12 +5,15 @@
 // Sampling (fused_sampler, the default): x, the DiT output and the solver history stay in device
 // memory (cuda::SamplerGpu, x read by the DiT as the one latent of its CFG batch); each step is the DiT
 // forward, then one fused guidance + solver kernel with coefficients from Sampler::take_step().
+// Also the other GPU entry points of denoiser.h: the DiT's share of the run-level memory plan and the
+// VAE decode. Creation only allocates when the caller passes the plan it checked (DenoiserSpec::dit_plan).
 #ifdef WAN_HAVE_CUDA
 #include <cuda_runtime.h>
 
 #include "kernels/check.h"
 #include "models/dit/dit_gpu.h"
 #include "runtime/load_gpu.h"
+#include "runtime/memory_plan.h"
 #include "kernels/rng.h"
 #include "sampler/sampler_gpu.h"
 #include "models/vae/vae_gpu.h"
@@ -62,6 +65,7 @@ class GpuDenoiser : public Denoiser {
     opt.verbose = spec.verbose;
     opt.attention = cuda::DiTGpu::parse_attention(spec.attention);
     opt.defer_arena = spec.loader != nullptr && !spec.random_weights;
+    opt.planned = spec.dit_plan;
     dit_ = std::make_unique<cuda::DiTGpu>(cuda::DiTGpu::create(ckpt.dit, sources, max_shape(spec), opt));
     high_index_ = spec.use_high ? 0 : -1;
     low_index_ = spec.use_low ? (spec.use_high ? 1 : 0) : -1;
@@ -116,52 +120,54 @@ class GpuDenoiser : public Denoiser {
 
 }  // namespace
 
-void check_gpu_denoiser_impl(const CheckpointInfo& ckpt, const DenoiserSpec& spec, int device) {
+GpuDiTMemory plan_gpu_dit_memory(const CheckpointInfo& ckpt, const DenoiserSpec& spec) {
+  const int device = parse_device(spec.device);
+  WAN_ASSERT(device >= 0, "plan_gpu_dit_memory on the CPU");
   const int n = cuda::device_count();
   WAN_CHECK(n > 0, "--device ", spec.device, ": no CUDA device is available on this machine");
   WAN_CHECK(device < n, "--device ", spec.device, ": this machine has ", n, " CUDA device(s)");
   WAN_CHECK(ckpt.dit.model_type != "ti2v", "--device ", spec.device,
             ": per-token timesteps (TI2V) are not supported on the GPU yet");
-  const int experts = static_cast<int>(expert_roles(ckpt, spec).size());
-  const cuda::MemoryPlan plan = cuda::DiTGpu::plan(ckpt.dit, max_shape(spec), experts);
+  GpuDiTMemory m;
+  m.experts = static_cast<int>(expert_roles(ckpt, spec).size());
+  auto plan = std::make_shared<cuda::MemoryPlan>(cuda::DiTGpu::plan(ckpt.dit, max_shape(spec), m.experts));
   CUDA_CHECK(cudaSetDevice(device));
   // --attention own on a device without the sm_90a kernel: one clear error before any work.
   (void)cuda::DiTGpu::resolve_attention(cuda::DiTGpu::parse_attention(spec.attention));
-  size_t free_b = 0, total_b = 0;
-  CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
-  const size_t sampler_b = sampler_bytes(spec);
-  WAN_CHECK(plan.total_bytes() + sampler_b + spec.other_device_bytes <= free_b, "--device ", spec.device,
-            ": the DiT needs ", (plan.total_bytes() + sampler_b) >> 20, " MiB (", experts, " expert(s) of ",
-            plan.weight_bytes >> 20, " MiB + activations ", plan.arena_bytes >> 20, " MiB + sampler ",
-            sampler_b >> 20, " MiB)",
-            spec.other_device_bytes ? cat(" next to the text encoder's ", spec.other_device_bytes >> 20,
-                                          " MiB (--keep-text-encoder)")
-                                    : std::string(),
-            " but only ", free_b >> 20, " MiB are free");
-}
-
-bool gpu_concurrent_load_fits_impl(const CheckpointInfo& ckpt, const DenoiserSpec& spec, size_t other_bytes) {
-  const int device = parse_device(spec.device);
-  if (device < 0 || device >= cuda::device_count()) return false;
-  const int experts = static_cast<int>(expert_roles(ckpt, spec).size());
-  const cuda::MemoryPlan plan = cuda::DiTGpu::plan(ckpt.dit, max_shape(spec), experts);
-  CUDA_CHECK(cudaSetDevice(device));
-  size_t free_b = 0, total_b = 0;
-  CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
-  const size_t need = plan.weight_bytes * static_cast<size_t>(experts) + plan.reserve_bytes + other_bytes +
-                      cuda::DeviceLoader::device_bytes(cuda::LoadOptions::tuned(device));
-  return need <= free_b;
+  size_t total_b = 0;
+  CUDA_CHECK(cudaMemGetInfo(&m.free_bytes, &total_b));
+  m.weight_bytes = plan->weight_bytes;
+  m.arena_bytes = plan->arena_bytes;
+  m.reserve_bytes = plan->reserve_bytes;
+  m.sampler_bytes = sampler_bytes(spec);
+  m.staging_bytes = cuda::DeviceLoader::device_bytes(cuda::LoadOptions::tuned(device));
+  m.plan = std::move(plan);
+  m.bytes_at_frames = [cfg = ckpt.dit, spec, experts = m.experts](int64_t frames) {
+    DenoiserSpec s = spec;
+    s.latent_shape = Shape{spec.latent_shape[0], frames, spec.latent_shape[2], spec.latent_shape[3]};
+    return cuda::DiTGpu::plan(cfg, max_shape(s), experts).total_bytes() + sampler_bytes(s);
+  };
+  return m;
 }
 
 std::unique_ptr<Denoiser> make_gpu_denoiser(const CheckpointInfo& ckpt, const DenoiserSpec& spec, int device) {
-  // With a loader (fast start) the text encoder is resident now and the arena comes in warm_up(),
-  // after the encoding, the encoder freed first unless kept (pipeline/startup.h): plan_generate checked
-  // both phases; DiTGpu::create checks the weights, warm_up the arena.
-  if (!spec.loader) check_gpu_denoiser_impl(ckpt, spec, device);
+  // Without a run-level plan (callers outside plan_generate) the DiT's own need is checked here; with
+  // a loader (the fast start) the caller has planned the run. DiTGpu::create checks its own fit too.
+  if (!spec.dit_plan && !spec.loader) {
+    const GpuDiTMemory m = plan_gpu_dit_memory(ckpt, spec);
+    RunMemoryPlan run;
+    run.request = cat(m.experts, " expert(s), latent ", spec.latent_shape.str());
+    const StageSet denoise = stage_bit(RunStage::Denoise);
+    run.add(spec.device, "DiT weights", m.weight_bytes * static_cast<size_t>(m.experts), denoise);
+    run.add(spec.device, "DiT activations", m.arena_bytes, denoise);
+    run.add(spec.device, "sampler", m.sampler_bytes, denoise);
+    run.add(spec.device, "reserve", m.reserve_bytes, denoise);
+    run.check(m.free_bytes);
+  }
   return std::make_unique<GpuDenoiser>(ckpt, spec, device);
 }
 
-void check_gpu_vae_impl(const VaeConfig& vae, const std::string& device) {
+void check_gpu_vae(const VaeConfig& vae, const std::string& device) {
   const int index = parse_device(device);
   const int n = cuda::device_count();
   WAN_CHECK(n > 0, "--device ", device, ": no CUDA device is available on this machine");
@@ -174,7 +180,7 @@ void check_gpu_vae_impl(const VaeConfig& vae, const std::string& device) {
             vae.dec_dim, "; the released Wan 2.1 VAE has 96)");
 }
 
-Tensor gpu_vae_decode_impl(const VaeConfig& vae, const VaeWeights& w, const Tensor& latents, int device) {
+Tensor gpu_vae_decode(const VaeConfig& vae, const VaeWeights& w, const Tensor& latents, int device) {
   CUDA_CHECK(cudaSetDevice(device));
   auto dec = cuda::VaeDecoderGpu::create(vae, w, cuda::VaeGpuShape{latents.dim(2), latents.dim(3)});
   return dec->decode(latents, /*clamp=*/true);

@@ -32,6 +32,7 @@
 #include "pipeline/models.h"
 #include "pipeline/startup.h"
 #include "pipeline/pipeline_internal.h"
+#include "runtime/memory_plan.h"
 
 namespace wan {
 
@@ -61,7 +62,6 @@ bool uses_expert(const ExpertSchedule& es, Expert e) {
 }  // namespace pipeline_detail
 
 namespace {
-
 
 std::string human_bytes(int64_t b) {
   char buf[32];
@@ -179,20 +179,6 @@ int64_t peak_rss_bytes() {
   return static_cast<int64_t>(ru.ru_maxrss) * 1024;  // Linux reports kilobytes
 }
 
-static DenoiserSpec denoiser_spec(const GeneratePlan& p) {
-  DenoiserSpec spec;
-  spec.device = p.device;
-  spec.use_high = uses_expert(p.experts, Expert::High);
-  spec.use_low = uses_expert(p.experts, Expert::Low);
-  spec.latent_shape = p.latent_shape;
-  spec.verbose = p.verbose;
-  spec.attention = p.attention;
-  spec.random_weights = p.random_weights;
-  spec.seed_high = random_expert_seed(p.weights_seed, p.task, true);
-  spec.seed_low = random_expert_seed(p.weights_seed, p.task, false);
-  return spec;
-}
-
 namespace {
 std::string fingerprint_numerics(const GeneratePlan& p) {
   return parse_device(p.device) < 0 ? std::string("cpu float32")
@@ -258,8 +244,10 @@ std::string fingerprint_differences(const std::string& saved, const std::string&
   return out;
 }
 
-GeneratePlan plan_generate(const GenerateOptions& o) {
-  GeneratePlan p;
+namespace {
+// plan_generate's steps, in order: each validates its options and fills its part of p.
+
+std::future<void> plan_device(const GenerateOptions& o, GeneratePlan& p) {
   // Device first: the cheapest check, and the CUDA path must not silently fall back to the CPU.
   p.device = o.device;
   p.verbose = o.verbose;
@@ -269,9 +257,11 @@ GeneratePlan plan_generate(const GenerateOptions& o) {
   WAN_CHECK(on_gpu || o.attention == "auto", "--attention ", o.attention, " applies to --device cuda only");
   p.attention = o.attention;
   // The CUDA context is created while the checkpoint is read (the future waits for it on return).
-  std::future<void> cuda_context;
-  if (on_gpu) cuda_context = gpu_prewarm(parse_device(o.device));
+  return on_gpu ? gpu_prewarm(parse_device(o.device)) : std::future<void>();
+}
 
+// Weights and task; returns the configuration's sizes for random weights without a model.
+std::optional<ModelPreset> plan_weights(const GenerateOptions& o, GeneratePlan& p) {
   // Weights: the checkpoint's, or random at the sizes of the checkpoint or of a configuration.
   p.random_weights = o.random_weights;
   p.weights_seed = o.weights_seed;
@@ -308,10 +298,12 @@ GeneratePlan plan_generate(const GenerateOptions& o) {
   p.weights = p.random_weights ? cat("random (seed ", p.weights_seed, ", ", p.ckpt.root, ")") : "checkpoint";
   WAN_CHECK(p.task == Task::T2V_A14B, "task ", task_name(p.task),
             ": this pipeline is not implemented yet (only t2v-A14B runs for now)");
-  const SamplingDefaults d = sampling_defaults(task_name(p.task));
-  const DiTConfig& dit = p.ckpt.dit;
   p.fps = task_fps(p.task);
+  return sizes;
+}
 
+void plan_text(const GenerateOptions& o, const std::optional<ModelPreset>& sizes, GeneratePlan& p) {
+  const DiTConfig& dit = p.ckpt.dit;
   // Text. Exactly one source per prompt; decide what must be encoded.
   WAN_CHECK(o.prompt || !o.prompt_embeds_file.empty(), "missing --prompt TEXT (or --prompt-embeds FILE)");
   WAN_CHECK(!(o.prompt && !o.prompt_embeds_file.empty()), "give --prompt or --prompt-embeds, not both");
@@ -349,7 +341,10 @@ GeneratePlan plan_generate(const GenerateOptions& o) {
     WAN_CHECK(p.t5.dim == dit.text_dim, p.ckpt.root, ": the text encoder's width ", p.t5.dim,
               " differs from the DiT's text_dim ", dit.text_dim);
   }
+}
 
+void plan_video(const GenerateOptions& o, const std::optional<ModelPreset>& sizes, GeneratePlan& p) {
+  const DiTConfig& dit = p.ckpt.dit;
   // Video geometry: explicit options, else the initial latents' shape, else the task's defaults.
   if (sizes) {
     p.vae = sizes->vae;
@@ -382,7 +377,10 @@ GeneratePlan plan_generate(const GenerateOptions& o) {
     WAN_CHECK(p.init_latents.shape() == p.latent_shape, "--init-latents ", o.init_latents_file, ": shape ",
               p.init_latents.shape().str(), " does not match ", p.latent_shape.str(), " of ", p.width, "x", p.height,
               ", ", p.frames, " frames");
+}
 
+void plan_sampling(const GenerateOptions& o, GeneratePlan& p) {
+  const SamplingDefaults d = sampling_defaults(task_name(p.task));
   // Sampling.
   p.sampler.solver = o.solver;
   p.sampler.schedule = o.schedule;
@@ -397,7 +395,10 @@ GeneratePlan plan_generate(const GenerateOptions& o) {
   p.schedule = make_schedule(p.sampler);
   p.experts = ExpertSchedule::make(p.schedule.timesteps, p.boundary, p.guide_low, p.guide_high,
                                    p.sampler.num_train_timesteps);
+}
 
+void plan_resume(const GenerateOptions& o, GeneratePlan& p) {
+  const DiTConfig& dit = p.ckpt.dit;
   // Pausing / resuming: the state is read (and checked) now, before anything heavy.
   if (!o.resume_file.empty()) {
     p.resume_file = o.resume_file;
@@ -439,33 +440,20 @@ GeneratePlan plan_generate(const GenerateOptions& o) {
     p.negative_embeds = p.resume->negative_embeds;
     p.needs_text_encoder = false;
   }
+}
 
-  // Memory plan: the text encoder is released before the DiT loads (unless kept on the GPU), the DiT
-  // before the VAE.
+// Memory: host (the weights held at once) and the GPU run's device plan, checked before any heavy work.
+void plan_memory(const GenerateOptions& o, GeneratePlan& p) {
+  const bool on_gpu = parse_device(o.device) >= 0;
+  // The text encoder is released before the DiT loads (unless kept on the GPU), the DiT before the VAE.
   WAN_CHECK(!o.keep_text_encoder || on_gpu, "--keep-text-encoder: only with --device cuda (the CPU path releases the "
                                             "text encoder before the DiT loads)");
   int experts_used = (uses_expert(p.experts, Expert::High) ? 1 : 0) + (uses_expert(p.experts, Expert::Low) ? 1 : 0);
-  p.weights_peak_bytes = std::max(experts_used * dit_f32_bytes(dit), p.needs_text_encoder ? t5_f32_bytes(p.t5) : 0);
-  if (on_gpu) {
-    p.text_on_gpu = p.needs_text_encoder;
-    if (p.text_on_gpu && !o.parallel) p.t5_device_bytes = static_cast<int64_t>(check_gpu_text_encoder(p.t5, p.device));
-    p.keep_text_encoder = o.keep_text_encoder && p.text_on_gpu;
-    DenoiserSpec spec = denoiser_spec(p);
-    if (p.keep_text_encoder) spec.other_device_bytes = static_cast<size_t>(p.t5_device_bytes);
-    if (!o.parallel) check_gpu_denoiser(p.ckpt, spec);
-    if (o.decode) check_gpu_vae(p.vae, p.device);
-    // Fast start: the text encoder and the experts stream in together when both fit next to each other
-    // (the arena comes after the encoder is freed: check_gpu_denoiser above is that phase).
-    p.fast_start = !o.parallel && !p.random_weights &&
-                   gpu_concurrent_load_fits(p.ckpt, spec, p.text_on_gpu ? static_cast<size_t>(p.t5_device_bytes) : 0);
-    // Host: the VAE's f32 weights, plus one tensor at a time while uploading (the largest: the text
-    // encoder's embedding table, converted per tensor on the GPU's side).
-    p.host_weights_bytes = vae_f32_bytes(p.vae);
-    if (!p.random_weights && p.needs_text_encoder)
-      p.host_weights_bytes += static_cast<int64_t>(p.t5.vocab) * p.t5.dim * 4;
-  }
+  p.weights_peak_bytes =
+      std::max(experts_used * dit_f32_bytes(p.ckpt.dit), p.needs_text_encoder ? t5_f32_bytes(p.t5) : 0);
   const int64_t phys = physical_memory_bytes();
   if (on_gpu) {
+    plan_gpu_run(o.parallel, o.decode, o.keep_text_encoder, p);
     WAN_CHECK(phys == 0 || p.host_weights_bytes < phys, "the run needs ", human_bytes(p.host_weights_bytes),
               " of host memory for weights but this machine has ", human_bytes(phys));
   } else {
@@ -473,6 +461,18 @@ GeneratePlan plan_generate(const GenerateOptions& o) {
               human_bytes(p.weights_peak_bytes), " for weights alone but this machine has ", human_bytes(phys),
               " of memory", p.random_weights ? " (random weights are drawn at the full size; use --device cuda)" : "");
   }
+}
+}  // namespace
+
+GeneratePlan plan_generate(const GenerateOptions& o) {
+  GeneratePlan p;
+  const std::future<void> cuda_context = plan_device(o, p);  // waits for the context on return
+  const std::optional<ModelPreset> sizes = plan_weights(o, p);
+  plan_text(o, sizes, p);
+  plan_video(o, sizes, p);
+  plan_sampling(o, p);
+  plan_resume(o, p);
+  plan_memory(o, p);
   return p;
 }
 
@@ -542,6 +542,7 @@ std::string GeneratePlan::describe() const {
       os << "text enc " << t5.num_layers << " layers, dim " << t5.dim << ", vocab " << t5.vocab << ": "
          << t5_device_bytes << " bytes on the device (bf16 GEMM weights, fp32 norms and position tables, "
          << "activation headroom)\n";
+    if (verbose && memory) os << memory->str();
   }
   return os.str();
 }
@@ -687,7 +688,7 @@ GenerateResult run_generate(const GeneratePlan& p, const RunHooks& hooks, bool d
     const std::pair<Expert, int> u{es.expert, es.guide != 1.0f ? 2 : 1};
     if (std::find(uses.begin(), uses.end(), u) == uses.end()) uses.push_back(u);
   }
-  const DenoiserSpec spec = denoiser_spec(p);
+  const DenoiserSpec spec = pipeline_detail::denoiser_spec(p);
   Tensor cond = p.prompt_embeds, uncond = p.negative_embeds;
   std::unique_ptr<GpuTextEncoder> te_gpu;
   std::unique_ptr<Denoiser> dit_model;

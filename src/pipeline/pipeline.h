@@ -91,6 +91,10 @@ struct GenerateOptions {
 };
 
 struct RunState;
+class RunMemoryPlan;  // runtime/memory_plan.h
+namespace cuda {
+struct MemoryPlan;    // models/dit/dit_gpu.h (CUDA builds)
+}
 
 // ---- resolved and validated ----
 struct GeneratePlan {
@@ -117,7 +121,7 @@ struct GeneratePlan {
   int64_t weights_peak_bytes = 0;          // largest set of f32 weights held at once
   std::string device = "cpu";              // where the DiT runs: "cpu" | "cuda[:i]"
   std::string attention = "auto";          // GPU attention kernel (GenerateOptions::attention)
-  bool verbose = false;                    // print the GPU memory plan
+  bool verbose = false;                    // print the run's GPU memory plan (describe())
   // Weights (GenerateOptions::random_weights). Without a model, ckpt is a stand-in with no components
   // (root names the configuration) that carries the task, the DiT config and the VAE version.
   bool random_weights = false;
@@ -131,6 +135,10 @@ struct GeneratePlan {
   // cuda, checkpoint weights: the text encoder and both experts stream to the device concurrently
   // through one loader (pipeline/startup.h) when they fit next to each other; else one after the other.
   bool fast_start = false;
+  // cuda, one GPU: the run-level device memory plan (what each stage holds; printed with verbose) that
+  // plan_generate checked, and the DiT's arena plan in it, which the DiT's creation then only allocates.
+  std::shared_ptr<const RunMemoryPlan> memory;
+  std::shared_ptr<const cuda::MemoryPlan> dit_memory;
   // Pausing and resuming.
   int stop_after_steps = 0;
   std::string resume_file;

@@ -3,7 +3,8 @@
 //   - StageTimer: the Begin / Advance / End progress events of one stage and its duration. The constructor
 //     honours the run's cancel flag (throws Cancelled), so a cancelled run stops at the next stage boundary;
 //     hooks without progress or cancel make it a plain timer.
-//   - context_batch, uses_expert, expert_roles: the DiT's text batch and the experts a schedule needs.
+//   - context_batch, uses_expert, expert_roles, denoiser_spec: the DiT's text batch, the experts a schedule
+//     needs and the denoiser of a plan.
 //   - denoise, begin_result, complete_state, check_resume: the denoising loop and the pause / resume
 //     bookkeeping around it. Every run executes this one loop: the CPU and one-GPU pipeline
 //     (run_generate) and every rank of a multi-GPU run (generate_parallel.cpp), where the Denoiser's
@@ -72,6 +73,10 @@ inline std::vector<Role> expert_roles(const CheckpointInfo& ckpt, bool use_high,
   if (use_low) roles.push_back(Role::DiTLow);
   return roles;
 }
+
+// The denoiser of plan p's run: device, experts, latent shape, weights' seeds and the DiT's checked
+// memory plan (p.dit_memory).
+DenoiserSpec denoiser_spec(const GeneratePlan& p);
 
 // The denoising stage of a run. From x [z, T, H, W] (the initial or the resumed latents) and the sampler
 // state `from` (nullptr: step 0; else a state of p's sampler, e.g. p.resume->sampler), runs the plan's

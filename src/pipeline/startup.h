@@ -12,9 +12,9 @@
 //     still stream. (A warm-up on its own thread beside the encoding measured no faster on an H100:
 //     the critical path is the load itself; and a cudaFree / cudaFreeHost on one thread, which
 //     synchronises the device, invalidates a graph capture running on another.)
-// Memory: the text encoder and the experts' weights are resident together (plan_generate checked that
-// phase, gpu_concurrent_load_fits, and the later one, weights + arena, check_gpu_denoiser, and chose
-// this path only when both fit); the arena is allocated once the encoder is freed.
+// Memory: the text encoder and the experts' weights are resident together (gpu_run_memory's load
+// stage; weights + arena is its denoise stage: plan_generate chose this path only when both fit); the
+// arena is allocated once the encoder is freed.
 // Environment (diagnostics; tests and `wan bench --load --first-step` use it):
 //   WAN_STARTUP_TRACE=FILE  writes the start-up's durations and milestones (process ages) as JSON
 //                           (kStartupTraceVersion) to FILE when the fast start returns.
@@ -33,6 +33,7 @@
 #include "pipeline/denoiser.h"
 #include "pipeline/models.h"
 #include "pipeline/pipeline.h"
+#include "runtime/memory_plan.h"
 
 namespace wan {
 
@@ -65,6 +66,17 @@ struct FastStart {
   double gb_per_s = 0;                   // bytes / the loader's own wall time
   StartupMarks marks;
 };
+
+// The run-level device memory plan of a one-GPU run (runtime/memory_plan.h) from the DiT's share `m`
+// and plan's text encoder and VAE: what the load, text encode, denoise and decode stages hold. With
+// checkpoint weights it plans the fast start when that load stage (text encoder, experts, staging,
+// reserve) fits m.free_bytes (*fast_start true), else the sequential start. Plain arithmetic.
+RunMemoryPlan gpu_run_memory(const GeneratePlan& plan, const GpuDiTMemory& m, bool decode, bool* fast_start);
+// plan_generate's device step for `--device cuda`: the text encoder's device bytes, then (one GPU) the
+// DiT's share and the run-level plan (p.memory, p.dit_memory, p.fast_start), checked against the free
+// memory now, then the VAE check and the host memory for weights (p.host_weights_bytes). Several GPUs:
+// each rank plans its DiT when it creates it.
+void plan_gpu_run(bool parallel, bool decode, bool keep_text_encoder, GeneratePlan& p);
 
 // `uses`: the (expert, batch) forwards of the run (warm-up). Needs plan.fast_start.
 FastStart gpu_fast_start(const GeneratePlan& plan, const DenoiserSpec& spec,

@@ -1,6 +1,7 @@
 // GPU fast start (see startup.h): one loader for the text encoder and the experts, the tokenizer on a
 // side thread, the encoding, then the warm-up while the experts stream. Without CUDA a stub that
-// throws (plan_generate never asks for it).
+// throws (plan_generate never asks for it). The run-level memory plan that chooses it is plain
+// arithmetic, built in every build.
 #include "pipeline/startup.h"
 
 #include <cstdlib>
@@ -10,6 +11,7 @@
 
 #include "core/clock.h"
 #include "core/error.h"
+#include "pipeline/pipeline_internal.h"
 
 #ifdef WAN_HAVE_CUDA
 #include "runtime/load_gpu.h"
@@ -23,7 +25,74 @@ namespace {
 // ...) are mapped and relocated by then, so it bounds what the process start costs before main.
 const double g_libraries_loaded_at = process_age_seconds();
 
+// `fast`: the text encoder and the experts stream in together, so the load and the encoding hold
+// both, with the loader's staging; else each model loads within its own stage.
+RunMemoryPlan run_memory(const GeneratePlan& p, const GpuDiTMemory& m, bool fast, bool decode) {
+  RunMemoryPlan run;
+  const std::string& dev = p.device;
+  const StageSet denoise = stage_bit(RunStage::Denoise);
+  const StageSet loading =
+      fast ? stage_bit(RunStage::Load) | (p.text_on_gpu ? stage_bit(RunStage::TextEncode) : 0) : StageSet{0};
+  run.request = cat(p.width, "x", p.height, ", ", p.frames, " frames, ", m.experts,
+                    m.experts == 1 ? " expert" : " experts",
+                    p.text_on_gpu ? (p.keep_text_encoder ? ", text encoder kept" : ", text encoder freed first") : "");
+  if (p.text_on_gpu)
+    run.add(dev, "text encoder (weights + activations)", static_cast<size_t>(p.t5_device_bytes),
+            stage_bit(RunStage::TextEncode) | loading | (p.keep_text_encoder ? denoise : StageSet{0}));
+  using pipeline_detail::uses_expert;
+  const bool high = uses_expert(p.experts, Expert::High), low = uses_expert(p.experts, Expert::Low);
+  for (Role r : pipeline_detail::expert_roles(p.ckpt, high, low))
+    run.add(dev, r == Role::DiTLow ? "low-noise expert weights" : "high-noise expert weights", m.weight_bytes,
+            loading | denoise);
+  if (fast) run.add(dev, "loader staging", m.staging_bytes, loading);
+  run.add(dev, "DiT activations", m.arena_bytes, denoise);
+  run.add(dev, "sampler state", m.sampler_bytes, denoise);
+  run.add(dev, "DiT reserve", m.reserve_bytes, loading | denoise);
+  // The decoder plans its arena when it is built (after the DiT is freed); its weights in bf16 here.
+  if (decode) run.add(dev, "VAE weights", static_cast<size_t>(vae_f32_bytes(p.vae) / 2), stage_bit(RunStage::Decode));
+  // What fits: the largest frame count at this size whose denoise stage fits.
+  const size_t kept = p.keep_text_encoder ? static_cast<size_t>(p.t5_device_bytes) : 0;
+  const int tf = vae_temporal_factor(p.vae);
+  run.what_fits = [m, kept, tf, w = p.width, h = p.height, T = p.latent_shape[1]](const std::string&, RunStage st,
+                                                                                   size_t free_bytes) -> std::string {
+    if (st != RunStage::Denoise) return {};
+    const int64_t fit = largest_fitting(T - 1, [&](int64_t t) { return m.bytes_at_frames(t) + kept <= free_bytes; });
+    if (fit >= 1)
+      return cat("at most ", (fit - 1) * tf + 1, " frames fit at ", w, "x", h, " (", fit, " latent frames)");
+    return cat("not even 1 frame fits at ", w, "x", h, " (the experts' weights alone take ",
+               memory_str(m.weight_bytes * static_cast<size_t>(m.experts)), ")");
+  };
+  return run;
+}
+
 }  // namespace
+
+RunMemoryPlan gpu_run_memory(const GeneratePlan& p, const GpuDiTMemory& m, bool decode, bool* fast_start) {
+  *fast_start = false;
+  if (p.random_weights) return run_memory(p, m, false, decode);  // drawn on the GPU: nothing streams
+  RunMemoryPlan fast = run_memory(p, m, true, decode);
+  *fast_start = fast.stage_peak(p.device, RunStage::Load) <= m.free_bytes;
+  return *fast_start ? fast : run_memory(p, m, false, decode);
+}
+
+void plan_gpu_run(bool parallel, bool decode, bool keep_text_encoder, GeneratePlan& p) {
+  p.text_on_gpu = p.needs_text_encoder;
+  if (p.text_on_gpu && !parallel) p.t5_device_bytes = static_cast<int64_t>(check_gpu_text_encoder(p.t5, p.device));
+  p.keep_text_encoder = keep_text_encoder && p.text_on_gpu;
+  // Several GPUs: each rank plans its own share when its DiT is created (generate_parallel.h).
+  if (!parallel) {
+    const GpuDiTMemory m = plan_gpu_dit_memory(p.ckpt, pipeline_detail::denoiser_spec(p));
+    auto run = std::make_shared<RunMemoryPlan>(gpu_run_memory(p, m, decode, &p.fast_start));
+    run->check(p.device, m.free_bytes);
+    p.memory = std::move(run);
+    p.dit_memory = m.plan;
+  }
+  if (decode) check_gpu_vae(p.vae, p.device);
+  // Host: the VAE's f32 weights, plus one tensor at a time while uploading (the largest: the text
+  // encoder's embedding table, converted per tensor on the GPU's side).
+  p.host_weights_bytes = vae_f32_bytes(p.vae);
+  if (!p.random_weights && p.needs_text_encoder) p.host_weights_bytes += static_cast<int64_t>(p.t5.vocab) * p.t5.dim * 4;
+}
 
 std::string startup_trace_json(const FastStart& fs) {
   nlohmann::ordered_json j;

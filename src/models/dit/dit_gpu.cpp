@@ -190,6 +190,16 @@ void check_fit(const DiTConfig& cfg, const DiTShape& shape, int experts, size_t 
             " GiB, but only ", gib(free_bytes), " GiB is free", what_fits);
 }
 
+// `p` (a plan without cuDNN's workspace) with the workspace: plan() adds it last, so no other buffer
+// moves and the result equals plan(..., attn_ws, ...).
+MemoryPlan with_attention_workspace(MemoryPlan p, size_t attn_ws) {
+  MemoryPlan::Buffer& ws = p.buffers.back();
+  WAN_ASSERT(ws.name == "cudnn_workspace" && ws.bytes == 0, "DiT GPU plan: the attention workspace is not last");
+  ws.bytes = attn_ws;
+  p.arena_bytes = align_up(ws.offset + attn_ws);
+  return p;
+}
+
 // Device pointers of one expert's weights, resolved once from the table.
 struct BlockPtrs {
   const float* mod;                      // [6D] f32
@@ -736,21 +746,27 @@ DiTGpu DiTGpu::create(const DiTConfig& cfg, const std::vector<DiTWeightSource>& 
   const int n = static_cast<int>(experts.size());
   // Everything checkable on the host first: config, shape, the plan without cuDNN's workspace.
   const dist::Layout par = opt.parallel.degrees();
-  MemoryPlan p = plan(cfg, max_shape, n, 0, par);
-  CUDA_CHECK(cudaSetDevice(opt.device));
-  size_t free_bytes = 0, total_bytes = 0;
-  CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
-  if (opt.defer_arena) {
-    // The arena comes later (warm_up / first forward, e.g. after a text encoder is freed): only the
-    // weights must fit now; the caller has checked the later phase (allocate_arena checks it again).
+  if (opt.planned)
+    WAN_ASSERT(opt.planned->shape == max_shape && opt.planned->experts == n && opt.planned->parallel == par,
+               "DiT GPU: the given plan is for another shape, expert count or layout");
+  MemoryPlan p = opt.planned ? *opt.planned : plan(cfg, max_shape, n, 0, par);
+  if (opt.defer_arena)
     for (const DiTWeightSource& e : experts)
       WAN_CHECK(!e.random, "DiT GPU: defer_arena needs loaded weights (random weights draw into the arena)");
-    const size_t need = p.weight_bytes * static_cast<size_t>(n) + p.reserve_bytes;
-    WAN_CHECK(need <= free_bytes, "DiT GPU: ", n, " expert(s) x ", gib(p.weight_bytes), " GiB of weights + ",
-              gib(p.reserve_bytes), " GiB reserve need ", gib(need), " GiB, but only ", gib(free_bytes),
-              " GiB is free on device ", opt.device);
-  } else {
-    check_fit(cfg, max_shape, n, 0, free_bytes, opt.device, par);
+  CUDA_CHECK(cudaSetDevice(opt.device));
+  size_t free_bytes = 0, total_bytes = 0;
+  if (!opt.planned) {
+    CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+    if (opt.defer_arena) {
+      // The arena comes later (warm_up / first forward, e.g. after a text encoder is freed): only the
+      // weights must fit now; the caller has checked the later phase (allocate_arena checks it again).
+      const size_t need = p.weight_bytes * static_cast<size_t>(n) + p.reserve_bytes;
+      WAN_CHECK(need <= free_bytes, "DiT GPU: ", n, " expert(s) x ", gib(p.weight_bytes), " GiB of weights + ",
+                gib(p.reserve_bytes), " GiB reserve need ", gib(need), " GiB, but only ", gib(free_bytes),
+                " GiB is free on device ", opt.device);
+    } else {
+      check_fit(cfg, max_shape, n, 0, free_bytes, opt.device, par);
+    }
   }
 
   auto im = std::make_unique<Impl>();
@@ -769,9 +785,19 @@ DiTGpu DiTGpu::create(const DiTConfig& cfg, const std::vector<DiTWeightSource>& 
   } else {
     for (const AttentionShape& a : attention_shapes(im->max_geo, true)) OwnAttention::validate(a);
   }
-  CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
-  if (!opt.defer_arena) check_fit(cfg, max_shape, n, im->attn_ws_bytes, free_bytes, opt.device, par);
-  p = plan(cfg, max_shape, n, im->attn_ws_bytes, par);
+  if (!opt.planned) {
+    CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+    if (!opt.defer_arena) check_fit(cfg, max_shape, n, im->attn_ws_bytes, free_bytes, opt.device, par);
+    p = plan(cfg, max_shape, n, im->attn_ws_bytes, par);
+  } else if (im->attn_ws_bytes > 0) {
+    // The caller checked its plan without cuDNN's workspace: one comparison that it still fits with it
+    // (a deferred arena is checked when it is allocated).
+    p = with_attention_workspace(std::move(p), im->attn_ws_bytes);
+    CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+    WAN_CHECK(opt.defer_arena || p.total_bytes() <= free_bytes, "DiT GPU: with cuDNN's attention workspace of ",
+              gib(im->attn_ws_bytes), " GiB the DiT needs ", gib(p.total_bytes()), " GiB, but only ",
+              gib(free_bytes), " GiB is free on device ", opt.device);
+  }
   im->plan = p;
   if (opt.verbose) std::fprintf(stderr, "%s", p.str().c_str());
 

@@ -186,6 +186,11 @@ class DiTGpu {
     // text encoder loaded next to the weights can be freed first (issue 6); create() then checks only
     // the weights against the free memory. Loaded weights only (random ones are drawn into the arena).
     bool defer_arena = false;
+    // The plan of exactly this (config, max_shape, experts, parallel layout) from plan() without
+    // cuDNN's workspace, already checked against the device by the caller (the pipeline's run-level
+    // memory plan): create() then skips its own fit check and only allocates, extending that plan by
+    // the attention workspace it finds. Null: create() plans and checks itself.
+    std::shared_ptr<const MemoryPlan> planned;
     // Parallel forward (issue 5): the groups this rank belongs to, owned by the caller (src/dist
     // implements them with NCCL) and alive as long as the DiTGpu. Null = degree 1. Ranks are laid out
     // as rank = (cfg rank·ring + ring rank)·ulysses + Ulysses rank: `seq` is the group of the
@@ -209,9 +214,9 @@ class DiTGpu {
   Attention attention() const;  // what this object runs
 
   // Plans the arena for max_shape, checks that experts.size() weight sets plus the arena fit the free
-  // device memory (throws before allocating anything when they do not, naming the frames that fit),
-  // then allocates, uploads or draws the weights. Every later forward must fit max_shape (batch <=
-  // max batch, tokens <= max tokens).
+  // device memory (throws before allocating anything when they do not, naming the frames that fit;
+  // with Options::planned the caller has done both), then allocates, uploads or draws the weights.
+  // Every later forward must fit max_shape (batch <= max batch, tokens <= max tokens).
   static DiTGpu create(const DiTConfig& cfg, const std::vector<DiTWeightSource>& experts, const DiTShape& max_shape,
                        const Options& opt);
   static DiTGpu create(const DiTConfig& cfg, const std::vector<DiTWeightSource>& experts, const DiTShape& max_shape) {
