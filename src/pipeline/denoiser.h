@@ -75,7 +75,7 @@ struct DenoiserSpec {
   bool fused_sampler = true;
   // GPU attention kernel: "auto" (the engine's own on sm_90, cuDNN elsewhere) | "own" | "cudnn".
   std::string attention = "auto";
-  // GPU fast start (issue 6): the experts' weights are added to this not yet started loader as
+  // GPU fast start: the experts' weights are added to this not yet started loader as
   // completion group `loader_group` instead of being loaded by make_denoiser (the caller starts the
   // loader and waits for it before the first step), and the activation arena is allocated in
   // warm_up(). Without a loader the weights still stream from the files, inside make_denoiser.

@@ -1,6 +1,6 @@
 // GPU denoiser: both experts resident on one device through wan::cuda::DiTGpu (bf16 weights, planned
 // arena, batched CFG, CUDA graphs). Compiled only in CUDA builds. Checkpoint weights stream from the
-// files (cuda/load_gpu.h), inside make_denoiser or through the caller's loader (DenoiserSpec::loader,
+// files (runtime/load_gpu.h), inside make_denoiser or through the caller's loader (DenoiserSpec::loader,
 // the fast start of pipeline/startup.h); warm_up() captures the graphs before the first step.
 // Sampling (fused_sampler, the default): x, the DiT output and the solver history stay in device
 // memory (cuda::SamplerGpu, x read by the DiT as the one latent of its CFG batch); each step is the DiT
@@ -49,7 +49,7 @@ class GpuDenoiser : public Denoiser {
       if (spec.use_high) sources.push_back(cuda::DiTWeightSource::random_weights(spec.seed_high));
       if (spec.use_low) sources.push_back(cuda::DiTWeightSource::random_weights(spec.seed_low));
     }
-    // Checkpoint weights stream from the files (cuda/load_gpu.h); the stores stay open while a
+    // Checkpoint weights stream from the files (runtime/load_gpu.h); the stores stay open while a
     // deferred load (spec.loader) may still call their getters.
     for (Role r : spec.random_weights ? std::vector<Role>{} : expert_roles(ckpt, spec)) {
       stores_.push_back(open_weights(ckpt, r));

@@ -21,7 +21,7 @@
 namespace wan {
 
 namespace cuda {
-class DeviceLoader;  // cuda/load_gpu.h (CUDA builds)
+class DeviceLoader;  // runtime/load_gpu.h (CUDA builds)
 }
 
 // The official default negative prompt (spec §1.1), used whenever the negative prompt is empty.
@@ -100,7 +100,7 @@ class GpuTextEncoder {
   virtual Tensor encode_ids(const std::vector<int32_t>& ids) = 0;   // same, from token ids
   virtual size_t device_bytes() const = 0;                         // weights on the device
 };
-// Weights streamed from the checkpoint's text encoder file (cuda/load_gpu.h: host memory is the
+// Weights streamed from the checkpoint's text encoder file (runtime/load_gpu.h: host memory is the
 // loader's staging ring), or drawn on the GPU (random, with random_t5_seed(S) as the seed). With
 // `loader` (not started) the checkpoint's weights are only added to it as completion group
 // `loader_group`: encode only after the caller has waited for that group.

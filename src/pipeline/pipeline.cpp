@@ -72,11 +72,9 @@ std::string human_bytes(int64_t b) {
   return buf;
 }
 
-void check_cancel(const RunHooks& h) {
-  if (h.cancel && h.cancel->load(std::memory_order_relaxed)) throw Cancelled();
-}
-
+using pipeline_detail::check_cancel;
 using pipeline_detail::context_batch;
+using pipeline_detail::decode_with;
 using pipeline_detail::StageTimer;
 using pipeline_detail::uses_expert;
 
@@ -547,49 +545,6 @@ std::string GeneratePlan::describe() const {
   return os.str();
 }
 
-namespace {
-// Load (or draw) the VAE weights, then decode (the LoadVae and Decode stages).
-Tensor decode_with(const std::function<VaeWeights()>& load, const VaeConfig& vae, const Tensor& latents,
-                   const RunHooks& hooks, Timings* timings, const std::string& device, int64_t* peak_device_bytes) {
-  WAN_CHECK(latents.ndim() == 4 && latents.dim(0) == vae.z_dim, "latents of shape ", latents.shape().str(),
-            " do not fit the VAE (", vae.z_dim, " channels)");
-  const int gpu = parse_device(device);
-  if (gpu >= 0) check_gpu_vae(vae, device);
-  VaeWeights w;
-  {
-    StageTimer st(hooks, Stage::LoadVae);
-    w = load();
-    double s = st.end();
-    if (timings) timings->load_vae += s;
-  }
-  const int chunks = static_cast<int>(latents.dim(1));  // the decoder runs one latent frame at a time
-  if (gpu >= 0) {
-    check_cancel(hooks);
-    StageTimer st(hooks, Stage::Decode, chunks);
-    int64_t peak = 0;
-    Tensor video = gpu_vae_decode_tracked(vae, w, latents, gpu, &peak);
-    if (peak_device_bytes) *peak_device_bytes = std::max(*peak_device_bytes, peak);
-    st.advance(chunks);
-    double s = st.end();
-    if (timings) timings->vae_decode += s;
-    return video;
-  }
-  StageTimer st(hooks, Stage::Decode, chunks);
-  Tensor video = vae_decode(vae, w, latents, /*clamp=*/true, [&](int done, int) {
-    st.advance(done);
-    check_cancel(hooks);
-  });
-  double s = st.end();
-  if (timings) timings->vae_decode += s;
-  return video;
-}
-}  // namespace
-
-Tensor decode_latents(const CheckpointInfo& ckpt, const VaeConfig& vae, const Tensor& latents, const RunHooks& hooks,
-                      Timings* timings, const std::string& device, int64_t* peak_device_bytes) {
-  return decode_with([&] { return load_vae(ckpt, vae); }, vae, latents, hooks, timings, device, peak_device_bytes);
-}
-
 namespace pipeline_detail {
 
 void set_parallel_numerics(GeneratePlan& p, const std::string& parallel) {
@@ -669,6 +624,48 @@ void denoise(const GeneratePlan& p, Denoiser& dit, const Tensor& cond, const Ten
 
 }  // namespace pipeline_detail
 
+namespace {
+
+// The sequential text stage: load the encoder only when a prompt must be encoded, encode what the plan
+// lacks, then release it before the DiT loads (on the GPU unless --keep-text-encoder: it then lives next
+// to the DiT until the denoising ends).
+void run_text_stage(const GeneratePlan& p, const RunHooks& hooks, int gpu, const std::function<void()>& probe,
+                    Tensor& cond, Tensor& uncond, std::unique_ptr<GpuTextEncoder>& te_gpu, Timings& tm) {
+  TextEncoder te;
+  std::function<Tensor(const std::string&)> encode;
+  {
+    StageTimer st(hooks, Stage::LoadTextEncoder);
+    PromptTokenizer tokens = load_prompt_tokenizer(&p.ckpt, p.t5.vocab, /*allow_stand_in=*/p.random_weights);
+    const uint64_t t5_seed = random_t5_seed(p.weights_seed);
+    if (gpu >= 0) {
+      te_gpu = make_gpu_text_encoder(p.ckpt, p.t5, p.random_weights, t5_seed, std::move(tokens), gpu);
+      encode = [&](const std::string& s) { return te_gpu->encode(s); };
+    } else {
+      te = p.random_weights ? random_text_encoder(p.t5, t5_seed, std::move(tokens)) : load_text_encoder(p.ckpt);
+      encode = [&](const std::string& s) { return encode_prompt(te, s); };
+    }
+    tm.load_text_encoder = st.end();
+    probe();
+  }
+  const int n = (cond.defined() ? 0 : 1) + (uncond.defined() ? 0 : 1);
+  StageTimer st(hooks, Stage::EncodeText, n);
+  int done = 0;
+  if (!cond.defined()) {
+    cond = encode(p.prompt);
+    st.advance(++done, "prompt");
+  }
+  if (!uncond.defined()) {
+    check_cancel(hooks);
+    uncond = encode(p.negative_prompt);
+    st.advance(++done, "negative prompt");
+  }
+  tm.text_encode = st.end();
+  probe();
+  if (!p.keep_text_encoder) te_gpu.reset();  // frees its device memory before the DiT is created
+}
+
+}  // namespace
+
 GenerateResult run_generate(const GeneratePlan& p, const RunHooks& hooks, bool decode) {
   GenerateResult r;
   Timings& tm = r.timings;
@@ -717,41 +714,8 @@ GenerateResult run_generate(const GeneratePlan& p, const RunHooks& hooks, bool d
     r.load_setup_s = fs.setup;
     probe();
   } else {
-    // 1. Text: load the encoder only when a prompt must be encoded; release it before the DiT loads
-    // (on the GPU: unless --keep-text-encoder, then it lives next to the DiT until the denoising ends).
-    if (p.needs_text_encoder) {
-      TextEncoder te;
-      std::function<Tensor(const std::string&)> encode;
-      {
-        StageTimer st(hooks, Stage::LoadTextEncoder);
-        PromptTokenizer tokens = load_prompt_tokenizer(&p.ckpt, p.t5.vocab, /*allow_stand_in=*/p.random_weights);
-        const uint64_t t5_seed = random_t5_seed(p.weights_seed);
-        if (gpu >= 0) {
-          te_gpu = make_gpu_text_encoder(p.ckpt, p.t5, p.random_weights, t5_seed, std::move(tokens), gpu);
-          encode = [&](const std::string& s) { return te_gpu->encode(s); };
-        } else {
-          te = p.random_weights ? random_text_encoder(p.t5, t5_seed, std::move(tokens)) : load_text_encoder(p.ckpt);
-          encode = [&](const std::string& s) { return encode_prompt(te, s); };
-        }
-        tm.load_text_encoder = st.end();
-        probe();
-      }
-      const int n = (cond.defined() ? 0 : 1) + (uncond.defined() ? 0 : 1);
-      StageTimer st(hooks, Stage::EncodeText, n);
-      int done = 0;
-      if (!cond.defined()) {
-        cond = encode(p.prompt);
-        st.advance(++done, "prompt");
-      }
-      if (!uncond.defined()) {
-        check_cancel(hooks);
-        uncond = encode(p.negative_prompt);
-        st.advance(++done, "negative prompt");
-      }
-      tm.text_encode = st.end();
-      probe();
-      if (!p.keep_text_encoder) te_gpu.reset();  // frees its device memory before the DiT is created
-    }
+    // 1. Text (see run_text_stage).
+    if (p.needs_text_encoder) run_text_stage(p, hooks, gpu, probe, cond, uncond, te_gpu, tm);
     // 3. Experts actually used by the schedule, on the CPU or streamed to the GPU, then (GPU) the warm-up.
     {
       StageTimer st(hooks, Stage::LoadDiT, (spec.use_high ? 1 : 0) + (spec.use_low ? 1 : 0));

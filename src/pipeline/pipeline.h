@@ -3,32 +3,6 @@
 // experts, decode with the VAE). Front ends (the `wan` CLI, later a server) are thin layers over
 // this API; progress and cancellation go through RunHooks.
 //
-// T2V-A14B run (spec §7.5.1, CFG as one batch-2 forward):
-//   1. prompt / negative prompt -> UMT5 embeddings (or given embeddings); an empty negative prompt
-//      means the official default one (kDefaultNegativePrompt).
-//   2. x = init latents, or philox_normal(seed, i) for element i of [16, T_lat, H/8, W/8]
-//      (C-order index, the whole tensor is one stream keyed by the seed).
-//   3. per step i: expert and guide scale from ExpertSchedule (t_i >= boundary*1000: high-noise
-//      expert with guide_high, else low-noise with guide_low); the DiT runs once on the batch
-//      (x, x) with timesteps (t_i, t_i) and contexts (prompt, negative); v = cfg_combine; the sampler
-//      steps x (its multistep history spans the expert switch). A guide scale of exactly 1 runs the
-//      conditional half alone (the guided velocity is then the conditional one).
-//   4. VAE decode (clamped to [-1, 1]) -> video [3, F, H, W].
-// Weights: the checkpoint's, or with `random_weights` every weight drawn from the engine RNG at the real
-// sizes (models.h: the experts on the GPU or with the GPU's rule on the host, the text encoder on the
-// GPU or the host, the VAE on the host); sizes from a make-checkpoint config name ("t2v-A14B", "tiny")
-// or, with a model, from the checkpoint (whose tokenizer is then used; without one, stand-in tokens).
-// Devices: "cpu" runs everything in float32; "cuda[:i]" encodes the text on the GPU (the encoder is
-// freed before the DiT is created unless keep_text_encoder), runs the DiT and decodes on the GPU.
-// With checkpoint weights on the GPU, when the text encoder and the experts' weights fit together
-// (plan.fast_start), they stream in concurrently through one loader and the encoding and the DiT's
-// warm-up overlap the load (pipeline/startup.h; the warm-up follows the encoding, the encoder freed
-// first unless keep_text_encoder). Weights always stream from the files (cuda/load_gpu.h).
-// Pausing and resuming: with stop_after_steps = N the run stops after step N and returns its RunState
-// (latents, sampler history, the encoded text, the plan's fingerprint, the timings so far) instead of
-// decoding; a plan with `resume` continues from such a state (its fingerprint must equal the plan's)
-// and gives bit-identical latents to an uninterrupted run (the text is not encoded again). The same on
-// several GPUs (pipeline/generate_parallel.h), where the fingerprint also names the layout.
 // Invariants: plan_generate() throws wan::Error (BadInput) for every invalid input before anything
 // heavy happens (memory fit included); run_generate() writes no files; cancellation is checked between
 // steps, stages and VAE chunks and surfaces as wan::Cancelled; everything that draws random numbers
@@ -49,6 +23,33 @@
 #include "models/vae/vae_cpu.h"
 
 namespace wan {
+
+// T2V-A14B run (spec §7.5.1, CFG as one batch-2 forward):
+//   1. prompt / negative prompt -> UMT5 embeddings (or given embeddings); an empty negative prompt
+//      means the official default one (kDefaultNegativePrompt).
+//   2. x = init latents, or philox_normal(seed, i) for element i of [16, T_lat, H/8, W/8]
+//      (C-order index, the whole tensor is one stream keyed by the seed).
+//   3. per step i: expert and guide scale from ExpertSchedule (t_i >= boundary*1000: high-noise
+//      expert with guide_high, else low-noise with guide_low); the DiT runs once on the batch
+//      (x, x) with timesteps (t_i, t_i) and contexts (prompt, negative); v = cfg_combine; the sampler
+//      steps x (its multistep history spans the expert switch). A guide scale of exactly 1 runs the
+//      conditional half alone (the guided velocity is then the conditional one).
+//   4. VAE decode (clamped to [-1, 1]) -> video [3, F, H, W].
+// Weights: the checkpoint's, or with `random_weights` every weight drawn from the engine RNG at the real
+// sizes (models.h: the experts on the GPU or with the GPU's rule on the host, the text encoder on the
+// GPU or the host, the VAE on the host); sizes from a make-checkpoint config name ("t2v-A14B", "tiny")
+// or, with a model, from the checkpoint (whose tokenizer is then used; without one, stand-in tokens).
+// Devices: "cpu" runs everything in float32; "cuda[:i]" encodes the text on the GPU (the encoder is
+// freed before the DiT is created unless keep_text_encoder), runs the DiT and decodes on the GPU.
+// With checkpoint weights on the GPU, when the text encoder and the experts' weights fit together
+// (plan.fast_start), they stream in concurrently through one loader and the encoding and the DiT's
+// warm-up overlap the load (pipeline/startup.h; the warm-up follows the encoding, the encoder freed
+// first unless keep_text_encoder). Weights always stream from the files (runtime/load_gpu.h).
+// Pausing and resuming: with stop_after_steps = N the run stops after step N and returns its RunState
+// (latents, sampler history, the encoded text, the plan's fingerprint, the timings so far) instead of
+// decoding; a plan with `resume` continues from such a state (its fingerprint must equal the plan's)
+// and gives bit-identical latents to an uninterrupted run (the text is not encoded again). The same on
+// several GPUs (pipeline/generate_parallel.h), where the fingerprint also names the layout.
 
 // Thrown when RunHooks::cancel becomes true; not a wan::Error (it is not a failure).
 struct Cancelled : std::exception {

@@ -111,4 +111,13 @@ void set_parallel_numerics(GeneratePlan& p, const std::string& parallel);
 // layout is resolved (run_generate_parallel calls it then).
 void check_resume(const GeneratePlan& p);
 
+// Throws Cancelled when the run's cancel flag is set (between stages, steps and latent frames).
+inline void check_cancel(const RunHooks& h) {
+  if (h.cancel && h.cancel->load(std::memory_order_relaxed)) throw Cancelled();
+}
+
+// Load (or draw) the VAE weights, then decode (the LoadVae and Decode stages; decode.cpp).
+Tensor decode_with(const std::function<VaeWeights()>& load, const VaeConfig& vae, const Tensor& latents,
+                   const RunHooks& hooks, Timings* timings, const std::string& device, int64_t* peak_device_bytes);
+
 }  // namespace wan::pipeline_detail

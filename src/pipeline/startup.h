@@ -1,7 +1,29 @@
-// GPU fast start (issue 6): everything between the plan and the first denoising step of a `--device
+// GPU fast start: everything between the plan and the first denoising step of a `--device cuda` run
+// with checkpoint weights, overlapped: one DeviceLoader streams the text encoder and both experts,
+// the prompts are encoded as soon as the encoder is resident, then the encoder is freed and the DiT
+// warms up (arena, plans, CUDA graphs) while the experts still stream.
+//
+// Invariants (in full below the namespace line): returns only when every weight is on the device and
+// the warm-up has finished; on any error the loader is stopped and quiesced before the models free
+// their memory, and the first error propagates; the loader's staging is freed on this thread, never
+// while a capture runs; plan_generate chose this path only when its load stage fits.
+#pragma once
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "pipeline/denoiser.h"
+#include "pipeline/models.h"
+#include "pipeline/pipeline.h"
+#include "runtime/memory_plan.h"
+
+namespace wan {
+
+// GPU fast start: everything between the plan and the first denoising step of a `--device
 // cuda` run with checkpoint weights, overlapped:
 //   - one cuda::DeviceLoader streams the text encoder (read first) and both experts from the files
-//     to the device (pinned staging ring, conversion on the GPU; cuda/load_gpu.h); the encoder and DiT
+//     to the device (pinned staging ring, conversion on the GPU; runtime/load_gpu.h); the encoder and DiT
 //     objects that own the weights are set up on two threads before it starts;
 //   - the tokenizer loads on a side thread meanwhile;
 //   - once the text encoder's weights are resident the prompts are encoded and the encoder is freed
@@ -24,18 +46,6 @@
 // Cancelled). The loader's staging is freed on this thread (finish()), never while a capture runs.
 // The VAE is not part of it: its weights are read on the host by the caller meanwhile (its decoder
 // is built after the DiT is freed).
-#pragma once
-#include <memory>
-#include <string>
-#include <utility>
-#include <vector>
-
-#include "pipeline/denoiser.h"
-#include "pipeline/models.h"
-#include "pipeline/pipeline.h"
-#include "runtime/memory_plan.h"
-
-namespace wan {
 
 // Milestones of one fast start as process ages (seconds since the process started, /proc/self/stat:
 // ~10 ms resolution of the start itself); 0 = did not happen (no text encoder, ...).

@@ -1,5 +1,35 @@
 // The Wan DiT (official WanModel, spec §2) forward on one GPU with the reference's bf16 numerics
 // (spec §2.10): bf16 weights and GEMM inputs with fp32 accumulation (cuBLASLt), the residual stream,
+// norms, modulation, RoPE, time embedding and output head in fp32, own / cuDNN flash attention.
+// Classifier-free guidance runs as one batch (cond, uncond), so each weight is read once per step.
+//
+// Invariants (in full below the namespace line): memory is planned before anything is allocated (one
+// weight allocation per expert, one activation arena) and create() refuses in one line naming what
+// would fit; no padding rows on one GPU; a parallel forward splits CFG and the sequence (dist::Layout)
+// and communicates only in the self-attention; forward() is deterministic, graph replay or not; the
+// first forward of a shape builds the plans, the second captures a CUDA graph; not thread-safe.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ckpt/layout.h"    // RawSpan (plain data)
+#include "models/config.h"
+#include "core/tensor.h"
+#include "kernels/seq_comm.h"
+#include "runtime/dist/parallel_layout.h"
+
+namespace wan::cuda {
+
+// The Wan DiT (official WanModel, spec §2) forward on one GPU with the reference's bf16 numerics
+// (spec §2.10): bf16 weights and GEMM inputs with fp32 accumulation (cuBLASLt), the residual stream,
 // norms, modulation, RoPE, time embedding and output head in fp32, cuDNN fused flash attention.
 // Classifier-free guidance runs as one batch (cond, uncond), so each weight is read once per step.
 //
@@ -13,10 +43,10 @@
 // - Sequence length = f·h·w (the single-GPU official seq_len): no padding rows, so self-attention
 //   attends to every key (the reference's k_lens = seq_lens is the full length); cross-attention attends
 //   to all text_len slots, zero-padded prompts included (spec §2.5).
-// - Parallel forward (Options::parallel, issue 5, spec §8): CFG-parallel runs one sample per half of the
+// - Parallel forward (Options::parallel, spec §8): CFG-parallel runs one sample per half of the
 //   ranks; with a split sequence the tokens are padded to a multiple of Ulysses x Ring, each rank holds
 //   one contiguous slice (RoPE at the slice's global positions), padded keys are masked with k_lens,
-//   and only the self-attention communicates (dit_seq_attention.h); the modulation, time and text
+//   and only the self-attention communicates (models/dit/seq_attention_gpu.h); the modulation, time and text
 //   embeddings are computed on every rank, cross-attention uses the local queries against the whole
 //   text. The head rows are all-gathered (sequence, then CFG) so every rank returns the whole batch.
 //   NCCL calls are captured into the forward's CUDA graph like every other op (all ranks capture the
@@ -31,7 +61,7 @@
 //   the plans and captures the graph without running a forward, so the first forward replays. Inputs are copied into
 //   fixed arena buffers before the graph, the output copied out after it.
 // - All work runs on an internal stream ordered after / before the caller's stream with events.
-// - In-step op profile (issue 4, `wan bench`): profile_forward() runs one forward of the production code
+// - In-step op profile (`wan bench`): profile_forward() runs one forward of the production code
 //   path eagerly (never a graph: events inside a graph cannot be read per op) with a CUDA event recorded
 //   on the stream before and after every GEMM (GemmRunner::linear) and every self- and cross-attention,
 //   from an event pool created before the forward (sized from the op count). Off (every other forward)
@@ -39,25 +69,6 @@
 //   sequence (the sequence-parallel self-attention is not bracketed; CFG-parallel is fine).
 // - Not thread-safe; one object per device. Files: dit_gpu.cpp (plan, forward, graphs),
 //   models/weights_gpu.cpp (placement of the weight table, upload, random draw), kernels/affine.cu (init kernels).
-#pragma once
-#include <cuda_runtime.h>
-
-#include <cstddef>
-#include <cstdint>
-#include <functional>
-#include <memory>
-#include <optional>
-#include <string>
-#include <utility>
-#include <vector>
-
-#include "ckpt/layout.h"    // RawSpan (plain data)
-#include "models/config.h"  // DiTConfig (used as plain data: wan_cuda does not link wan_config)
-#include "core/tensor.h"
-#include "kernels/seq_comm.h"
-#include "runtime/dist/parallel_layout.h"
-
-namespace wan::cuda {
 
 // Latent geometry of one forward: x is [batch, in_dim, frames, height, width] (latent units; height and
 // width multiples of the patch).
@@ -81,12 +92,12 @@ struct DiTShape {
 using DiTWeightGetter = std::function<Tensor(const std::string& official_name)>;
 // Where a tensor's stored bytes lie in its file (WeightStore::raw_span); nullopt: read it with `get`.
 using DiTWeightSpan = std::function<std::optional<RawSpan>(const std::string& official_name)>;
-class DeviceLoader;  // cuda/load_gpu.h
+class DeviceLoader;  // runtime/load_gpu.h
 struct DiTWeightSource {
   DiTWeightGetter get;  // used when !random
   bool random = false;
   uint64_t seed = 0;
-  // Streaming (issue 6, load_gpu.h): with `span`, the weights go file -> pinned staging -> device and
+  // Streaming (load_gpu.h): with `span`, the weights go file -> pinned staging -> device and
   // are converted on the GPU (tensors without a span through `get`). With `loader` too, create() only
   // adds them to that loader (not started; completion group `group`): the caller starts it and waits
   // for it before the first forward.
@@ -183,7 +194,7 @@ class DiTGpu {
     bool verbose = false;  // print the memory plan (MiB) to stderr at create
     Attention attention = Attention::Auto;
     // Allocate the activation arena in warm_up() (or the first forward) instead of create(), so that a
-    // text encoder loaded next to the weights can be freed first (issue 6); create() then checks only
+    // text encoder loaded next to the weights can be freed first; create() then checks only
     // the weights against the free memory. Loaded weights only (random ones are drawn into the arena).
     bool defer_arena = false;
     // The plan of exactly this (config, max_shape, experts, parallel layout) from plan() without
@@ -191,7 +202,7 @@ class DiTGpu {
     // memory plan): create() then skips its own fit check and only allocates, extending that plan by
     // the attention workspace it finds. Null: create() plans and checks itself.
     std::shared_ptr<const MemoryPlan> planned;
-    // Parallel forward (issue 5): the groups this rank belongs to, owned by the caller (src/dist
+    // Parallel forward: the groups this rank belongs to, owned by the caller (src/runtime/dist
     // implements them with NCCL) and alive as long as the DiTGpu. Null = degree 1. Ranks are laid out
     // as rank = (cfg rank·ring + ring rank)·ulysses + Ulysses rank: `seq` is the group of the
     // ulysses·ring ranks that share one sample (its rank = ring rank·ulysses + Ulysses rank, the index of
@@ -244,7 +255,7 @@ class DiTGpu {
   // wan::Error when `stream` is being captured into a CUDA graph or the sequence is split over ranks.
   OpProfile profile_forward(int expert, const DiTShape& shape, const DiTInputs& in, float* out, cudaStream_t stream);
 
-  // Warm-up (issue 6): allocates a deferred arena, then builds every cuBLASLt / cuDNN plan and captures
+  // Warm-up: allocates a deferred arena, then builds every cuBLASLt / cuDNN plan and captures
   // and instantiates the CUDA graph of each (expert, shape) without running it. Capture records
   // pointers, not data, so it may run while the weights are still streaming in; the first forward of
   // such an (expert, shape) then replays the graph (bit-identical to an eager forward).
@@ -259,10 +270,10 @@ class DiTGpu {
   // shape (for CPU references of random-weight models).
   Tensor download_weight(int expert, const std::string& official_name) const;
   // Expert `expert`'s weight allocation (laid out as weights_gpu.h's DeviceTable) and its size in
-  // *bytes: for filling an external source and for collectives over the weights (issue 5).
+  // *bytes: for filling an external source and for collectives over the weights.
   void* weight_allocation(int expert, size_t* bytes = nullptr) const;
 
-  // Sharded loading (issue 5, pipeline/generate_parallel.h), without the internal weight table:
+  // Sharded loading (pipeline/generate_parallel.h), without the internal weight table:
   // weight_ranges: the (byte offset, bytes) of every tensor of one expert's weight allocation for
   // `cfg`, ascending by offset (every expert of a config has this layout), and the allocation's size in
   // *total_bytes. Pure host arithmetic.

@@ -1,0 +1,228 @@
+// The GPU DiT's memory plan: the arena layout of one (config, shape, layout), its printout, and the fit
+// check that names what would fit. Invariant: every size comes from the forward's own Geometry, so the
+// plan and the forward never disagree.
+#include <algorithm>
+#include <cstdio>
+#include <string>
+
+#include "core/error.h"
+#include "kernels/gemm.h"
+#include "models/dit/dit_gpu_geometry.h"
+#include "models/weights_gpu.h"
+
+namespace wan::cuda {
+namespace dit_gpu_detail {
+
+Geometry geometry(const DiTConfig& c, const DiTShape& s, const dist::Layout& par) {
+  Geometry g{};
+  g.B = s.batch, g.C = c.in_dim, g.Co = c.out_dim, g.T = s.frames, g.H = s.height, g.W = s.width;
+  g.pt = c.patch[0], g.ph = c.patch[1], g.pw = c.patch[2];
+  WAN_CHECK(g.B >= 1 && g.T >= 1 && g.H >= 1 && g.W >= 1, "DiT GPU: bad shape batch ", g.B, ", latent [", g.T, ", ",
+            g.H, ", ", g.W, "]");
+  WAN_CHECK(g.T % g.pt == 0 && g.H % g.ph == 0 && g.W % g.pw == 0, "DiT GPU: latent [", g.T, ", ", g.H, ", ", g.W,
+            "] is not a multiple of the patch (", g.pt, ", ", g.ph, ", ", g.pw, ")");
+  g.f = g.T / g.pt, g.gh = g.H / g.ph, g.gw = g.W / g.pw;
+  WAN_CHECK(g.f <= kRopeMaxPos && g.gh <= kRopeMaxPos && g.gw <= kRopeMaxPos, "DiT GPU: grid (", g.f, ", ", g.gh,
+            ", ", g.gw, ") exceeds the ", kRopeMaxPos, " RoPE positions per axis");
+  g.L = g.f * g.gh * g.gw;
+  g.rows = g.B * g.L;
+  const int64_t P = static_cast<int64_t>(g.pt) * g.ph * g.pw;
+  g.K = g.C * P, g.OP = g.Co * P;
+  g.D = c.dim, g.F = c.ffn_dim, g.NH = c.num_heads, g.TL = c.text_len, g.TD = c.text_dim, g.FQ = c.freq_dim;
+  // Parallel split (spec §8): cfg halves the batch, the sequence is padded to a multiple of U·R tokens.
+  g.par = par, g.Bg = g.B, g.S = g.L, g.Lpad = g.L;
+  WAN_CHECK(par.cfg == 1 || par.cfg == 2, "DiT GPU: CFG-parallel degree ", par.cfg, " (expected 1 or 2)");
+  WAN_CHECK(par.ulysses >= 1 && par.ring >= 1, "DiT GPU: parallel degrees must be >= 1");
+  WAN_CHECK(g.Bg % par.cfg == 0, "DiT GPU: CFG-parallel needs an even batch (cond, uncond), got ", g.Bg);
+  WAN_CHECK(g.NH % par.ulysses == 0, "DiT GPU: Ulysses degree ", par.ulysses, " does not divide the ", g.NH,
+            " heads");
+  g.B = g.Bg / par.cfg;
+  const SeqSplit sp = seq_split(g.L, par.seq());
+  g.Lpad = sp.padded, g.S = sp.per_rank;
+  g.rows = g.B * g.S;
+  g.one_latent = s.one_latent;
+  return g;
+}
+
+SeqParallelAttention::Geometry spa_geometry(const Geometry& g) {
+  SeqParallelAttention::Geometry a;
+  a.B = g.B, a.S = g.S, a.L = g.L, a.heads = g.NH, a.U = g.par.ulysses, a.R = g.par.ring;
+  return a;
+}
+
+// Appends buffers to a plan, each at the next kAlign boundary; views alias part of an earlier one.
+class PlanBuilder {
+ public:
+  explicit PlanBuilder(MemoryPlan& p) : p_(p) {}
+  size_t add(const std::string& name, size_t bytes) {
+    const size_t at = p_.arena_bytes;
+    p_.buffers.push_back({name, at, bytes, false});
+    p_.arena_bytes = align_up(at + bytes);
+    return at;
+  }
+  void view(const std::string& name, size_t base, size_t rel, size_t bytes) {
+    WAN_ASSERT(rel % 16 == 0, "arena view ", name, " unaligned");
+    p_.buffers.push_back({name, base + rel, bytes, true});
+  }
+
+ private:
+  MemoryPlan& p_;
+};
+
+
+
+std::string gib(size_t b) {
+  char s[32];
+  std::snprintf(s, sizeof s, "%.2f", static_cast<double>(b) / (kMiB * 1024.0));
+  return s;
+}
+
+void check_fit(const DiTConfig& cfg, const DiTShape& shape, int experts, size_t attn_ws, size_t free_bytes,
+               int device, const dist::Layout& par) {
+  const MemoryPlan p = DiTGpu::plan(cfg, shape, experts, attn_ws, par);
+  if (p.total_bytes() <= free_bytes) return;
+  const int64_t pt = cfg.patch[0];
+  auto fits = [&](int64_t frames) {
+    DiTShape s = shape;
+    s.frames = frames;
+    return DiTGpu::plan(cfg, s, experts, attn_ws, par).total_bytes() <= free_bytes;
+  };
+  // Largest multiple of pt below the request that fits (the plan grows with the frames).
+  int64_t lo = 0, hi = shape.frames / pt;  // fits(lo·pt) unknown for lo = 0 (means none), !fits(hi·pt)
+  while (hi - lo > 1) {
+    const int64_t mid = (lo + hi) / 2;
+    (fits(mid * pt) ? lo : hi) = mid;
+  }
+  const int64_t T = lo * pt;
+  std::string what_fits;
+  if (T >= 1)
+    what_fits = cat("; at this size (latent ", shape.height, "x", shape.width, ", batch ", shape.batch, ") at most ",
+                    T, " latent frames fit (", 4 * (T - 1) + 1, " video frames at the Wan VAE's temporal stride 4)");
+  else
+    what_fits = cat("; not even one latent frame fits at latent ", shape.height, "x", shape.width, ", batch ",
+                    shape.batch, " (the weights alone take ",
+                    gib(p.weight_bytes * static_cast<size_t>(experts)), " GiB)");
+  WAN_THROW("DiT GPU memory plan does not fit device ", device, ": ", experts, " expert(s) x ", gib(p.weight_bytes),
+            " GiB weights + ", gib(p.arena_bytes), " GiB activations (batch ", shape.batch, ", latent ", shape.frames,
+            "x", shape.height, "x", shape.width, ") + ", gib(p.reserve_bytes), " GiB reserve = ", gib(p.total_bytes()),
+            " GiB, but only ", gib(free_bytes), " GiB is free", what_fits);
+}
+
+MemoryPlan with_attention_workspace(MemoryPlan p, size_t attn_ws) {
+  MemoryPlan::Buffer& ws = p.buffers.back();
+  WAN_ASSERT(ws.name == "cudnn_workspace" && ws.bytes == 0, "DiT GPU plan: the attention workspace is not last");
+  ws.bytes = attn_ws;
+  p.arena_bytes = align_up(ws.offset + attn_ws);
+  return p;
+}
+
+}  // namespace dit_gpu_detail
+
+using dit_gpu_detail::DeviceTable;
+using dit_gpu_detail::Geometry;
+using dit_gpu_detail::kMiB;
+using dit_gpu_detail::kReserveBytes;
+using dit_gpu_detail::kRopeMaxPos;
+using dit_gpu_detail::geometry;
+using dit_gpu_detail::PlanBuilder;
+using dit_gpu_detail::spa_geometry;
+
+// ---- MemoryPlan ----
+
+const MemoryPlan::Buffer& MemoryPlan::get(const std::string& name) const {
+  for (const Buffer& b : buffers)
+    if (b.name == name) return b;
+  WAN_THROW("memory plan: no buffer named '", name, "'");
+}
+
+std::string MemoryPlan::str() const {
+  std::string s = cat("DiT GPU memory plan (batch ", shape.batch, ", latent ", shape.frames, "x", shape.height, "x",
+                      shape.width, ", ", experts, " expert(s)",
+                      parallel.active() ? cat(", this rank of cfg ", parallel.cfg, " x Ulysses ", parallel.ulysses,
+                                              " x Ring ", parallel.ring)
+                                        : std::string(),
+                      "):\n");
+  char line[160];
+  for (const Buffer& b : buffers) {
+    std::snprintf(line, sizeof line, "  %-22s %s offset %10.2f MiB  size %10.2f MiB\n", b.name.c_str(),
+                  b.view ? "view " : "     ", b.offset / kMiB, b.bytes / kMiB);
+    s += line;
+  }
+  std::snprintf(line, sizeof line,
+                "  arena %.2f MiB + weights %d x %.2f MiB + reserve %.2f MiB = %.2f MiB (%.2f GiB)\n",
+                arena_bytes / kMiB, experts, weight_bytes / kMiB, reserve_bytes / kMiB, total_bytes() / kMiB,
+                total_bytes() / kMiB / 1024.0);
+  s += line;
+  return s;
+}
+
+SeqSplit seq_split(int64_t tokens, int seq_ranks) {
+  WAN_CHECK(tokens >= 1 && seq_ranks >= 1, "sequence split: ", tokens, " tokens over ", seq_ranks, " ranks");
+  SeqSplit s;
+  s.per_rank = (tokens + seq_ranks - 1) / seq_ranks;
+  s.padded = s.per_rank * seq_ranks;
+  return s;
+}
+
+dist::Layout DiTGpu::Options::Parallel::degrees() const {
+  dist::Layout d;
+  d.cfg = cfg ? cfg->size() : 1;
+  d.ulysses = ulysses ? ulysses->size() : 1;
+  d.ring = ring ? ring->size() : 1;
+  return d;
+}
+
+MemoryPlan DiTGpu::plan(const DiTConfig& cfg, const DiTShape& shape, int experts, size_t attn_workspace,
+                        const dist::Layout& par) {
+  WAN_CHECK(experts >= 1, "DiT GPU: at least one expert");
+  const DeviceTable wt = dit_gpu_detail::build_weight_table(cfg);  // also checks the config
+  const Geometry g = geometry(cfg, shape, par);
+  MemoryPlan p;
+  p.shape = shape;
+  p.parallel = par;
+  p.experts = experts;
+  p.weight_bytes = wt.bytes;
+  p.reserve_bytes = kReserveBytes;
+  PlanBuilder a(p);
+  const size_t f4 = 4, b2 = 2;
+  const size_t rows = static_cast<size_t>(g.rows), D = static_cast<size_t>(g.D);
+  const size_t ctx_rows = static_cast<size_t>(g.B * g.TL);
+  a.add("x_in", static_cast<size_t>(g.B * g.C * g.T * g.H * g.W) * f4);
+  a.add("t", static_cast<size_t>(g.B) * f4);
+  a.add("ctx_f32", ctx_rows * g.TD * f4);
+  a.add("ctx_in", ctx_rows * g.TD * b2);
+  a.add("ctx_hidden", ctx_rows * D * b2);
+  a.add("ctx", ctx_rows * D * b2);
+  a.add("ckv", ctx_rows * 2 * D * b2);
+  a.add("ck", ctx_rows * D * b2);
+  a.add("sinus", static_cast<size_t>(g.B * g.FQ) * f4);
+  a.add("temb", static_cast<size_t>(g.B) * D * f4);
+  a.add("e", static_cast<size_t>(g.B) * D * f4);
+  a.add("e_silu", static_cast<size_t>(g.B) * D * f4);
+  a.add("e0", static_cast<size_t>(g.B) * 6 * D * f4);
+  a.add("rope", static_cast<size_t>(kRopeMaxPos) * 128 * f4);  // [max_pos][64 pairs][cos, sin]
+  a.add("resid", rows * D * f4);
+  a.add("h", rows * D * b2);
+  a.add("att", rows * D * b2);
+  const size_t big_bytes = std::max({rows * 5 * D * b2, rows * static_cast<size_t>(g.F) * b2, rows * D * f4,
+                                     rows * static_cast<size_t>(g.K) * b2});
+  const size_t big = a.add("big", big_bytes);
+  a.view("big.qkv", big, 0, rows * 3 * D * b2);
+  a.view("big.q", big, rows * 3 * D * b2, rows * D * b2);
+  a.view("big.k", big, rows * 4 * D * b2, rows * D * b2);
+  a.view("big.ffn", big, 0, rows * static_cast<size_t>(g.F) * b2);
+  a.view("big.patch_rows", big, 0, rows * static_cast<size_t>(g.K) * b2);
+  a.view("big.head_in", big, 0, rows * D * f4);
+  // head rows: with a split sequence, all ranks' rows [P][B·S] (this rank's written in place, then
+  // all-gathered) and, for B > 1, the same rows in sample order [B][P·S]
+  const size_t P = static_cast<size_t>(par.seq());
+  a.add("head_out", P * rows * static_cast<size_t>(g.OP) * f4);
+  if (P > 1 && g.B > 1) a.add("head_seq", P * rows * static_cast<size_t>(g.OP) * f4);
+  a.add("out", static_cast<size_t>(g.Bg * g.Co * g.T * g.H * g.W) * f4);  // all samples (CFG-parallel: gathered)
+  for (const auto& [name, bytes] : SeqParallelAttention::plan_buffers(spa_geometry(g))) a.add(name, bytes);
+  a.add("cublaslt_workspace", GemmRunner::kWorkspaceBytes);
+  a.add("cudnn_workspace", attn_workspace);
+  return p;
+}
+
+}  // namespace wan::cuda

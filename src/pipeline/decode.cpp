@@ -1,0 +1,60 @@
+// The decode stage: load (or draw) the VAE weights, then decode the latents on the GPU or the CPU,
+// timed as the LoadVae and Decode stages and cancellable between latent frames.
+#include <algorithm>
+#include <functional>
+
+#include "pipeline/denoiser.h"
+#include "pipeline/models.h"
+#include "pipeline/pipeline.h"
+#include "pipeline/pipeline_internal.h"
+
+namespace wan {
+
+using pipeline_detail::check_cancel;
+using pipeline_detail::StageTimer;
+
+namespace pipeline_detail {
+
+Tensor decode_with(const std::function<VaeWeights()>& load, const VaeConfig& vae, const Tensor& latents,
+                   const RunHooks& hooks, Timings* timings, const std::string& device, int64_t* peak_device_bytes) {
+  WAN_CHECK(latents.ndim() == 4 && latents.dim(0) == vae.z_dim, "latents of shape ", latents.shape().str(),
+            " do not fit the VAE (", vae.z_dim, " channels)");
+  const int gpu = parse_device(device);
+  if (gpu >= 0) check_gpu_vae(vae, device);
+  VaeWeights w;
+  {
+    StageTimer st(hooks, Stage::LoadVae);
+    w = load();
+    double s = st.end();
+    if (timings) timings->load_vae += s;
+  }
+  const int chunks = static_cast<int>(latents.dim(1));  // the decoder runs one latent frame at a time
+  if (gpu >= 0) {
+    check_cancel(hooks);
+    StageTimer st(hooks, Stage::Decode, chunks);
+    int64_t peak = 0;
+    Tensor video = gpu_vae_decode_tracked(vae, w, latents, gpu, &peak);
+    if (peak_device_bytes) *peak_device_bytes = std::max(*peak_device_bytes, peak);
+    st.advance(chunks);
+    double s = st.end();
+    if (timings) timings->vae_decode += s;
+    return video;
+  }
+  StageTimer st(hooks, Stage::Decode, chunks);
+  Tensor video = vae_decode(vae, w, latents, /*clamp=*/true, [&](int done, int) {
+    st.advance(done);
+    check_cancel(hooks);
+  });
+  double s = st.end();
+  if (timings) timings->vae_decode += s;
+  return video;
+}
+
+}  // namespace pipeline_detail
+
+Tensor decode_latents(const CheckpointInfo& ckpt, const VaeConfig& vae, const Tensor& latents, const RunHooks& hooks,
+                      Timings* timings, const std::string& device, int64_t* peak_device_bytes) {
+  return pipeline_detail::decode_with([&] { return load_vae(ckpt, vae); }, vae, latents, hooks, timings, device, peak_device_bytes);
+}
+
+}  // namespace wan
