@@ -5,6 +5,7 @@
 # times the 40-block DiT step at SIZE alternating base, new, base, new (same board, same power state).
 # Writes $OUT/ab-step.json ({device, size, runs: [{tree, s_per_step}], base_s, new_s, ratio}) and logs.
 # Needs .carry/prefix (nlohmann json) like scripts/device_test.sh. Usage: bench/run_ab_step.sh [832x480]
+# WAN_AB_NEW_BIN=path/to/wan uses an already built new binary; WAN_AB_PAIRS=N times N (base, new) pairs (2).
 set -euo pipefail
 SIZE=${1:-832x480}
 BASE=${WAN_AB_BASE:-.carry/base}
@@ -15,13 +16,13 @@ export PATH=/usr/local/cuda/bin:$PATH NCCL_NVLS_ENABLE=0
 ROOT=$PWD
 build() {  # tree dir
   cmake -S "$1" -B "$2" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=OFF \
-    -DCMAKE_PREFIX_PATH="$ROOT/.carry/prefix" >"$2.configure.log" 2>&1 || { cat "$2.configure.log"; return 1; }
-  cmake --build "$2" -j 8 --target wan >"$2.build.log" 2>&1 || { tail -30 "$2.build.log"; return 1; }
+    -DCMAKE_CUDA_ARCHITECTURES=90a -DCMAKE_PREFIX_PATH="$ROOT/.carry/prefix" >"$2.configure.log" 2>&1 || { cat "$2.configure.log"; return 1; }
+  cmake --build "$2" -j "${WAN_AB_JOBS:-8}" --target wan >"$2.build.log" 2>&1 || { tail -30 "$2.build.log"; return 1; }
 }
 build "$BASE" "$ROOT/build-ab-base" & pb=$!
-build "$NEW" "$ROOT/build-ab-new" & pn=$!
-wait $pb && wait $pn
-B=$ROOT/build-ab-base/wan N=$ROOT/build-ab-new/wan
+if [ -z "${WAN_AB_NEW_BIN:-}" ]; then build "$NEW" "$ROOT/build-ab-new" & pn=$!; wait $pn; fi
+wait $pb
+B=$ROOT/build-ab-base/wan N=${WAN_AB_NEW_BIN:-$ROOT/build-ab-new/wan}
 nvidia-smi --query-gpu=name --format=csv,noheader | head -1 >"$OUTDIR/device.txt"
 
 T=/tmp/ab-tiny; rm -rf $T; mkdir -p $T
@@ -35,7 +36,7 @@ done
 cmp $T/base.y4m $T/new.y4m && cmp $T/base.safetensors $T/new.safetensors && echo "GPU pipeline: byte-identical" |
   tee -a "$OUTDIR/gpu-pipeline-sums.txt"
 
-for i in 1 2; do
+for i in $(seq 1 "${WAN_AB_PAIRS:-2}"); do
   for w in base new; do
     W=$B; [ $w = new ] && W=$N
     $W bench --size "$SIZE" --frames 81 --layers 40 --steps 2 --warmup 2 --no-breakdown --profile-reps 0 \
