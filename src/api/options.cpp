@@ -4,6 +4,7 @@
 
 #include <cctype>
 #include <cerrno>
+#include <cstdio>
 #include <cmath>
 #include <cstdlib>
 #include <sstream>
@@ -420,6 +421,12 @@ int parse_device(const std::string& s, const std::string& key, bool gpu_index) {
   if (!digits.empty() && digits.size() < 5 && digits.find_first_not_of("0123456789") == std::string::npos)
     return std::stoi(digits);
   throw OptionError(key, cat("{} '", s, "' is not cpu, cuda or cuda:<index>"));
+}
+
+bool print_help_if_asked(const Values& v, const CommandSpec& spec) {
+  if (!v.help()) return false;
+  std::fputs(help_text(spec).c_str(), stdout);
+  return true;
 }
 
 }  // namespace wan::api

@@ -110,6 +110,8 @@ Values parse_json(const CommandSpec& spec, const nlohmann::json& j);
 
 // The command's help: usage, about, the documented options (wrapped, defaults appended), epilog.
 std::string help_text(const CommandSpec& spec);
+// Prints help_text(spec) to stdout when `v` asked for it (-h / --help); the caller then exits 0.
+bool print_help_if_asked(const Values& v, const CommandSpec& spec);
 
 // An error from any layer as a JSON front end shows it: OptionError in its JSON form; a message that
 // starts with "--name" of an option of `spec` gets that option named the JSON way.

@@ -778,10 +778,7 @@ const api::CommandSpec& bench_spec() {
 
 int cmd_bench(int argc, char** argv) {
   const api::Values args = api::parse_argv(bench_spec(), argc, argv);
-  if (args.help()) {
-    printf("%s", api::help_text(bench_spec()).c_str());
-    return 0;
-  }
+  if (api::print_help_if_asked(args, bench_spec())) return 0;
   const BenchSettings o = parse_settings(args);
 #ifndef WAN_HAVE_CUDA
   (void)o;

@@ -494,10 +494,7 @@ const api::CommandSpec& bench_attention_spec() {
 
 int cmd_bench_attention(int argc, char** argv) {
   const api::Values args = api::parse_argv(bench_attention_spec(), argc, argv);
-  if (args.help()) {
-    printf("%s", api::help_text(bench_attention_spec()).c_str());
-    return 0;
-  }
+  if (api::print_help_if_asked(args, bench_attention_spec())) return 0;
   const AttnSettings s = parse_settings(args);
 #ifndef WAN_HAVE_CUDA
   (void)s;

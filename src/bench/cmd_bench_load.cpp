@@ -682,10 +682,7 @@ int cmd_bench_load(int argc, char** argv) {
   // `wan bench --load PATH ...` arrives here with argv[0] = "bench"; `--load` may also be given as the
   // positional PATH of `wan bench-load`.
   const api::Values args = api::parse_argv(bench_load_spec(), argc, argv);
-  if (args.help()) {
-    printf("%s", api::help_text(bench_load_spec()).c_str());
-    return 0;
-  }
+  if (api::print_help_if_asked(args, bench_load_spec())) return 0;
   const LoadSettings s = parse_settings(args);
 #ifndef WAN_HAVE_CUDA
   (void)s;

@@ -296,10 +296,7 @@ const api::CommandSpec& bench_vae_spec() {
 
 int cmd_bench_vae(int argc, char** argv) {
   const api::Values args = api::parse_argv(bench_vae_spec(), argc, argv);
-  if (args.help()) {
-    printf("%s", api::help_text(bench_vae_spec()).c_str());
-    return 0;
-  }
+  if (api::print_help_if_asked(args, bench_vae_spec())) return 0;
   const VaeSettings s = parse_settings(args);
 #ifndef WAN_HAVE_CUDA
   (void)s;

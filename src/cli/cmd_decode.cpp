@@ -20,10 +20,7 @@ namespace wan::cli {
 int cmd_decode(int argc, char** argv) {
   const auto t_start = std::chrono::steady_clock::now();
   const api::Values a = api::parse_argv(api::decode_spec(), argc, argv);
-  if (a.help()) {
-    printf("%s", api::help_text(api::decode_spec()).c_str());
-    return 0;
-  }
+  if (api::print_help_if_asked(a, api::decode_spec())) return 0;
   const bool quiet = a.flag("quiet");
   const std::string model = a.require("model");
   const std::string latents_file = a.require("latents");

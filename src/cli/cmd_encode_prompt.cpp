@@ -19,10 +19,7 @@ namespace wan::cli {
 int cmd_encode_prompt(int argc, char** argv) {
   const auto t0 = std::chrono::steady_clock::now();
   const api::Values a = api::parse_argv(api::encode_prompt_spec(), argc, argv);
-  if (a.help()) {
-    printf("%s", api::help_text(api::encode_prompt_spec()).c_str());
-    return 0;
-  }
+  if (api::print_help_if_asked(a, api::encode_prompt_spec())) return 0;
   const bool quiet = a.flag("quiet");
   const std::string model = a.require("model");
   const std::string output = a.require("output");

@@ -70,10 +70,7 @@ Stats stats(const Tensor& t) {
 
 int cmd_forward(int argc, char** argv) {
   const api::Values args = api::parse_argv(api::forward_spec(), argc, argv);
-  if (args.help()) {
-    printf("%s", api::help_text(api::forward_spec()).c_str());
-    return 0;
-  }
+  if (api::print_help_if_asked(args, api::forward_spec())) return 0;
   const std::string model = args.require("model");
   const long long frames = args.get_int("frames", 5);
   const long long seed = args.get_int("seed", 0);

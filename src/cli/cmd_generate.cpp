@@ -297,10 +297,7 @@ int write_outputs(const GenerateRun& run, const GeneratePlan& plan, const Genera
 int cmd_generate(int argc, char** argv) {
   const auto t_start = std::chrono::steady_clock::now();
   const api::Values a = api::parse_argv(api::generate_spec(), argc, argv);
-  if (a.help()) {
-    printf("%s", api::help_text(api::generate_spec()).c_str());
-    return 0;
-  }
+  if (api::print_help_if_asked(a, api::generate_spec())) return 0;
   const bool quiet = a.flag("quiet");
   ParallelArgs pa;
   GenerateOptions o = api::generate_options(a, &pa);

@@ -164,10 +164,7 @@ void print_json(const CheckpointInfo& info, const std::vector<ComponentReport>& 
 
 int cmd_inspect(int argc, char** argv) {
   const api::Values args = api::parse_argv(api::inspect_spec(), argc, argv);
-  if (args.help()) {
-    printf("%s", api::help_text(api::inspect_spec()).c_str());
-    return 0;
-  }
+  if (api::print_help_if_asked(args, api::inspect_spec())) return 0;
   WAN_CHECK(args.positional().size() == 1, "inspect: expected one PATH, got ", args.positional().size(),
             " (usage: wan inspect PATH [--json])");
   CheckpointInfo info = detect_checkpoint(args.positional()[0]);

@@ -52,10 +52,7 @@ const api::CommandSpec& make_checkpoint_spec() {
 
 int cmd_make_checkpoint(int argc, char** argv) {
   const api::Values a = api::parse_argv(make_checkpoint_spec(), argc, argv);
-  if (a.help()) {
-    std::printf("%s", api::help_text(make_checkpoint_spec()).c_str());
-    return 0;
-  }
+  if (api::print_help_if_asked(a, make_checkpoint_spec())) return 0;
   gen::MakeCheckpointOptions o;
   o.config = a.require("config");
   const std::string layout = a.require("layout");
