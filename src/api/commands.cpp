@@ -266,13 +266,15 @@ const CommandSpec& inspect_spec() {
     CommandSpec c;
     c.name = "inspect";
     c.summary = "show layout, task, components, config and tensors of a checkpoint";
-    c.usage = {"inspect PATH [--json]"};
+    c.usage = {"inspect PATH [--json FILE]"};
     c.about =
         "PATH: an official Wan2.2 folder, a diffusers folder, a diffusers transformer folder, an official expert "
         "folder, or a ComfyUI .safetensors DiT file. Prints the layout, task, DiT config and each component's "
         "tensors; DiT tensors are checked against the official names and shapes (missing / unexpected / shape "
         "mismatches).";
-    c.options = {flag_option("json", "print machine-readable output (JSON, the full lists) instead of the text")};
+    c.options = {option("json", Kind::Path, "FILE", "",
+                        "write the machine-readable report (JSON, the full lists) to FILE; - prints it instead of "
+                        "the text")};
     c.max_positional = 1;
     c.positional_name = "PATH";
     return c;

@@ -1,4 +1,4 @@
-// `wan inspect PATH [--json]`: layout, task, DiT config and, per component, its tensors (count,
+// `wan inspect PATH [--json FILE]`: layout, task, DiT config and, per component, its tensors (count,
 // dtypes, parameters) and, for the DiT experts, the tensors missing, unexpected or of the wrong
 // shape against the official table (spec §3.2).
 // Exit codes: 0 when everything could be read (missing tensors are printed, not fatal); any
@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -15,6 +16,7 @@
 #include "ckpt/layout.h"
 #include "api/commands.h"
 #include "cli/commands.h"
+#include "pipeline/files.h"
 
 namespace wan::cli {
 namespace {
@@ -122,7 +124,7 @@ void print_text(const CheckpointInfo& info, const std::vector<ComponentReport>& 
   else printf("status: ok\n");
 }
 
-void print_json(const CheckpointInfo& info, const std::vector<ComponentReport>& reports) {
+std::string json_report(const CheckpointInfo& info, const std::vector<ComponentReport>& reports) {
   json j;
   j["path"] = info.root;
   j["layout"] = layout_name(info.layout);
@@ -157,7 +159,7 @@ void print_json(const CheckpointInfo& info, const std::vector<ComponentReport>& 
   }
   j["components"] = comps;
   j["complete"] = ok;
-  printf("%s\n", j.dump(2).c_str());
+  return j.dump(2) + "\n";
 }
 
 }  // namespace
@@ -165,13 +167,16 @@ void print_json(const CheckpointInfo& info, const std::vector<ComponentReport>& 
 int cmd_inspect(int argc, char** argv) {
   const api::Values args = api::parse_argv(api::inspect_spec(), argc, argv);
   if (api::print_help_if_asked(args, api::inspect_spec())) return 0;
+  const std::optional<std::string> json_file = args.get("json");
   WAN_CHECK(args.positional().size() == 1, "inspect: expected one PATH, got ", args.positional().size(),
-            " (usage: wan inspect PATH [--json])");
+            " (usage: wan inspect PATH [--json FILE]; `--json -` prints the JSON instead of the text)");
+  if (json_file && *json_file != "-") check_output_path(*json_file, "--json");
   CheckpointInfo info = detect_checkpoint(args.positional()[0]);
   std::vector<ComponentReport> reports;
   for (const Component& c : info.components) reports.push_back(inspect_component(info, c));
-  if (args.flag("json")) print_json(info, reports);
-  else print_text(info, reports);
+  if (!json_file) print_text(info, reports);
+  else if (*json_file == "-") printf("%s", json_report(info, reports).c_str());
+  else write_text_file(*json_file, json_report(info, reports));
   return 0;
 }
 

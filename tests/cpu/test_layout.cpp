@@ -623,7 +623,7 @@ TEST(Layout, InspectCommand) {
   EXPECT_NE(r.out.find("dit_high_noise"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("status: ok"), std::string::npos) << r.out;
 
-  r = run_wan(cat("inspect --json '", t.str(), "'"), out.p);
+  r = run_wan(cat("inspect --json - '", t.str(), "'"), out.p);
   ASSERT_EQ(r.code, 0) << r.err;
   auto j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["layout"], "official");
@@ -637,6 +637,16 @@ TEST(Layout, InspectCommand) {
   EXPECT_EQ(j["components"][0]["parameters"], dit_param_count(cfg));
   EXPECT_EQ(j["components"][0]["dtypes"]["f32"], dit_expected_shapes(cfg).size());
   EXPECT_EQ(j["components"][2]["unexpected"], nlohmann::json::array({"bogus.weight"}));
+  // --json FILE writes the same document to FILE (and prints nothing); a PATH-less call names the usage.
+  const std::string first = r.out;
+  r = run_wan(cat("inspect --json '", (out.p / "report.json").string(), "' '", t.str(), "'"), out.p);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out, "");
+  std::ifstream report(out.p / "report.json");
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(report), {}), first);
+  r = run_wan(cat("inspect --json '", t.str(), "'"), out.p);
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("--json FILE"), std::string::npos) << r.err;
 
   // Missing and unexpected DiT tensors are listed; the exit code stays 0.
   TempDir d;
@@ -644,7 +654,7 @@ TEST(Layout, InspectCommand) {
   low.drop = {"blocks.1.ffn.2.bias"};
   low.extra = {"blocks.0.attn2.add_k_proj.weight"};
   build_diffusers(d.p, cfg, kT2VIndex, low);
-  r = run_wan(cat("inspect --json '", d.str(), "'"), out.p);
+  r = run_wan(cat("inspect --json - '", d.str(), "'"), out.p);
   ASSERT_EQ(r.code, 0) << r.err;
   j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["complete"], false);
