@@ -12,7 +12,6 @@
 #include "kernels/affine.h"
 #include "kernels/check.h"
 #include "kernels/rng.h"
-#include "models/dit/weights.h"
 #include "runtime/load_gpu.h"
 
 namespace wan::cuda {
@@ -65,27 +64,8 @@ const DeviceEntry& DeviceTable::at(const std::string& name) const {
   return entries[it->second];
 }
 
-void check_config(const DiTConfig& c) {
-  WAN_CHECK(c.dim > 0 && c.num_heads > 0 && c.dim % c.num_heads == 0 && c.dim / c.num_heads == 128,
-            "DiT GPU: dim ", c.dim, " / heads ", c.num_heads, " must give head_dim 128 (the attention kernel's)");
-  WAN_CHECK(c.ffn_dim > 0 && c.ffn_dim % 8 == 0, "DiT GPU: ffn_dim ", c.ffn_dim, " must be a positive multiple of 8");
-  WAN_CHECK(c.text_dim > 0 && c.text_dim % 8 == 0, "DiT GPU: text_dim ", c.text_dim, " must be a multiple of 8");
-  WAN_CHECK(c.freq_dim > 0 && c.freq_dim % 8 == 0, "DiT GPU: freq_dim ", c.freq_dim, " must be a multiple of 8");
-  WAN_CHECK(c.text_len >= 1 && c.num_layers >= 1 && c.in_dim >= 1 && c.out_dim >= 1,
-            "DiT GPU: text_len, num_layers, in_dim and out_dim must be positive");
-  WAN_CHECK(c.patch[0] >= 1 && c.patch[1] >= 1 && c.patch[2] >= 1, "DiT GPU: bad patch size");
-  const int64_t P = static_cast<int64_t>(c.patch[0]) * c.patch[1] * c.patch[2];
-  WAN_CHECK(c.in_dim * P % 8 == 0, "DiT GPU: in_dim·patch volume ", c.in_dim * P, " must be a multiple of 8");
-  WAN_CHECK(c.eps > 0.0f, "DiT GPU: eps must be positive");
-}
-
-DeviceTable build_weight_table(const DiTConfig& c) {
-  check_config(c);
-  return place_weights(dit_weight_table(c));
-}
-
-void upload_weights(const DeviceTable& table, void* dev, const DiTWeightGetter& get, const char* what,
-                    const DiTWeightSpan& span, DeviceLoader* loader, int group) {
+void upload_weights(const DeviceTable& table, void* dev, const WeightGetter& get, const char* what,
+                    const WeightSpanFn& span, DeviceLoader* loader, int group) {
   WAN_CHECK(static_cast<bool>(get), what, " GPU weights: no weight callback");
   if (span || loader) {  // streaming (load_gpu.h)
     std::vector<LoadTarget> targets = weight_targets(table, dev, get, what, span, group);
@@ -128,8 +108,8 @@ void upload_weights(const DeviceTable& table, void* dev, const DiTWeightGetter& 
   }
 }
 
-std::vector<LoadTarget> weight_targets(const DeviceTable& table, void* dev, const DiTWeightGetter& get, const char* what,
-                                       const DiTWeightSpan& span, int group) {
+std::vector<LoadTarget> weight_targets(const DeviceTable& table, void* dev, const WeightGetter& get, const char* what,
+                                       const WeightSpanFn& span, int group) {
   std::vector<LoadTarget> targets;
   targets.reserve(table.entries.size());
   for (const DeviceEntry& e : table.entries) {

@@ -1,7 +1,8 @@
-// Internal to the GPU DiT (dit_gpu.cpp): the layout of one expert's weight allocation and the three
-// ways to fill or read it (host upload, random draw on the GPU, download for CPU references).
+// A model's weights in one device allocation (the GPU DiT's experts, the GPU text encoder): the placement
+// of its weight table (models/*/weights.h) and the three ways to fill or read it (host upload, random
+// draw on the GPU, download for CPU references).
 //
-// Layout: every official tensor (spec §3.2) is one contiguous range of the allocation, in the dtype the
+// DiT layout: every official tensor (spec §3.2) is one contiguous range of the allocation, in the dtype the
 // forward consumes it in (bf16: GEMM weights/biases and the q/k RMSNorm weights; fp32: modulation
 // tables, norm3, time MLP/projection, head). Fused GEMMs are made by placement, not by copies: the
 // self-attention q, k, v weights are consecutive ([3D, D] rows q|k|v) as are their biases ([3D]), and
@@ -13,17 +14,25 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
-#include "models/config.h"
+#include "ckpt/layout.h"
 #include "core/tensor.h"
-#include "models/dit/dit_gpu.h"
 #include "models/weight_spec.h"
 #include "runtime/load_gpu.h"
 
-namespace wan::cuda::dit_gpu_detail {
+namespace wan::cuda {
+
+// Where a model's weights come from: the tensor stored under an official name (host, any float dtype),
+// and, for streaming, the byte range of that tensor in its file (none: the getter is used).
+using WeightGetter = std::function<Tensor(const std::string& official_name)>;
+using WeightSpanFn = std::function<std::optional<RawSpan>(const std::string& official_name)>;
+
+namespace dit_gpu_detail {
 
 struct DeviceEntry {
   std::string name;  // official name
@@ -49,9 +58,6 @@ constexpr size_t kGroupAlign = 256;  // a new group of tensors starts on this bo
 // (16-byte aligned, in table order) where the group's first row falls.
 DeviceTable place_weights(const WeightTable& rows);
 
-// Checks the parts of cfg this engine relies on (head_dim 128, widths multiples of 8, ...).
-void check_config(const DiTConfig& cfg);
-DeviceTable build_weight_table(const DiTConfig& cfg);  // check_config, then the placed dit_weight_table
 
 // Fills dev (table.bytes). Without `span`: from the callback, one tensor at a time, converting on the
 // host in chunks (host peak: the source tensor + a 16 MB staging chunk). With `span`: streamed from the
@@ -59,12 +65,12 @@ DeviceTable build_weight_table(const DiTConfig& cfg);  // check_config, then the
 // current device); tensors without a byte range go through the callback. With `loader` (not started):
 // only adds the tensors to it as completion group `group`; the caller starts it and waits for it.
 // Errors name the tensor ("<what> weight <name>").
-void upload_weights(const DeviceTable& table, void* dev, const DiTWeightGetter& get, const char* what = "DiT",
-                    const DiTWeightSpan& span = {}, DeviceLoader* loader = nullptr, int group = 0);
+void upload_weights(const DeviceTable& table, void* dev, const WeightGetter& get, const char* what = "DiT",
+                    const WeightSpanFn& span = {}, DeviceLoader* loader = nullptr, int group = 0);
 // The streaming upload's targets of a table (what upload_weights hands the loader): one per tensor, its
 // span when `span` gives one, else the getter as the fallback.
-std::vector<LoadTarget> weight_targets(const DeviceTable& table, void* dev, const DiTWeightGetter& get, const char* what,
-                                       const DiTWeightSpan& span, int group = 0);
+std::vector<LoadTarget> weight_targets(const DeviceTable& table, void* dev, const WeightGetter& get, const char* what,
+                                       const WeightSpanFn& span, int group = 0);
 // Draws every tensor on the GPU (random_weight_key of the row name, normal_draw of its rule); scratch holds at least max_small_floats()
 // floats (staging of the bf16 tensors that have an offset).
 void draw_random_weights(const DeviceTable& table, void* dev, uint64_t seed, float* scratch, size_t scratch_floats,
@@ -72,4 +78,5 @@ void draw_random_weights(const DeviceTable& table, void* dev, uint64_t seed, flo
 size_t max_small_floats(const DeviceTable& table);
 Tensor download_weight(const DeviceTable& table, const void* dev, const std::string& name);
 
-}  // namespace wan::cuda::dit_gpu_detail
+}  // namespace dit_gpu_detail
+}  // namespace wan::cuda

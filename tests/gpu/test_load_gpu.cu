@@ -55,6 +55,7 @@
 #include "core/error.h"
 #include "kernels/check.h"
 #include "models/dit/dit_gpu.h"
+#include "models/dit/dit_gpu_geometry.h"  // build_weight_table
 #include "models/weights_gpu.h"
 #include "runtime/load_gpu.h"
 #include "models/umt5/umt5_gpu.h"

@@ -24,6 +24,7 @@
 #include "models/config.h"
 #include "core/tensor.h"
 #include "kernels/seq_comm.h"
+#include "models/weights_gpu.h"  // WeightGetter, WeightSpanFn
 #include "runtime/dist/parallel_layout.h"
 
 namespace wan::cuda {
@@ -89,9 +90,9 @@ struct DiTShape {
 
 // Where an expert's weights come from: a name -> tensor callback (official names, any float dtype,
 // converted on the host), or drawn on the GPU from the engine RNG at the real sizes (no files).
-using DiTWeightGetter = std::function<Tensor(const std::string& official_name)>;
+using DiTWeightGetter = WeightGetter;
 // Where a tensor's stored bytes lie in its file (WeightStore::raw_span); nullopt: read it with `get`.
-using DiTWeightSpan = std::function<std::optional<RawSpan>(const std::string& official_name)>;
+using DiTWeightSpan = WeightSpanFn;
 class DeviceLoader;  // runtime/load_gpu.h
 struct DiTWeightSource {
   DiTWeightGetter get;  // used when !random

@@ -9,6 +9,7 @@
 #include "models/config.h"
 #include "models/dit/dit_gpu.h"
 #include "models/dit/seq_attention_gpu.h"
+#include "models/weights_gpu.h"
 #include "runtime/dist/parallel_layout.h"
 
 namespace wan::cuda::dit_gpu_detail {
@@ -42,6 +43,10 @@ struct Geometry {
 
 Geometry geometry(const DiTConfig& c, const DiTShape& s, const dist::Layout& par = {});
 SeqParallelAttention::Geometry spa_geometry(const Geometry& g);
+
+// Checks the parts of cfg this engine relies on (head_dim 128, widths multiples of 8, ...).
+void check_config(const DiTConfig& cfg);
+DeviceTable build_weight_table(const DiTConfig& cfg);  // check_config, then the placed dit_weight_table
 
 std::string gib(size_t bytes);  // "12.34" (GiB, two decimals)
 

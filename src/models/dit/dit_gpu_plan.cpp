@@ -8,10 +8,30 @@
 #include "core/error.h"
 #include "kernels/gemm.h"
 #include "models/dit/dit_gpu_geometry.h"
+#include "models/dit/weights.h"
 #include "models/weights_gpu.h"
 
 namespace wan::cuda {
 namespace dit_gpu_detail {
+
+void check_config(const DiTConfig& c) {
+  WAN_CHECK(c.dim > 0 && c.num_heads > 0 && c.dim % c.num_heads == 0 && c.dim / c.num_heads == 128,
+            "DiT GPU: dim ", c.dim, " / heads ", c.num_heads, " must give head_dim 128 (the attention kernel's)");
+  WAN_CHECK(c.ffn_dim > 0 && c.ffn_dim % 8 == 0, "DiT GPU: ffn_dim ", c.ffn_dim, " must be a positive multiple of 8");
+  WAN_CHECK(c.text_dim > 0 && c.text_dim % 8 == 0, "DiT GPU: text_dim ", c.text_dim, " must be a multiple of 8");
+  WAN_CHECK(c.freq_dim > 0 && c.freq_dim % 8 == 0, "DiT GPU: freq_dim ", c.freq_dim, " must be a multiple of 8");
+  WAN_CHECK(c.text_len >= 1 && c.num_layers >= 1 && c.in_dim >= 1 && c.out_dim >= 1,
+            "DiT GPU: text_len, num_layers, in_dim and out_dim must be positive");
+  WAN_CHECK(c.patch[0] >= 1 && c.patch[1] >= 1 && c.patch[2] >= 1, "DiT GPU: bad patch size");
+  const int64_t P = static_cast<int64_t>(c.patch[0]) * c.patch[1] * c.patch[2];
+  WAN_CHECK(c.in_dim * P % 8 == 0, "DiT GPU: in_dim·patch volume ", c.in_dim * P, " must be a multiple of 8");
+  WAN_CHECK(c.eps > 0.0f, "DiT GPU: eps must be positive");
+}
+
+DeviceTable build_weight_table(const DiTConfig& c) {
+  check_config(c);
+  return place_weights(dit_weight_table(c));
+}
 
 Geometry geometry(const DiTConfig& c, const DiTShape& s, const dist::Layout& par) {
   Geometry g{};
