@@ -15,11 +15,6 @@ namespace {
 constexpr size_t kHelpWidth = 108;  // the widest help line
 constexpr size_t kHelpColumn = 28;  // where an option's description starts
 
-std::string fill(std::string text, const std::string& who) {
-  for (size_t p = text.find("{}"); p != std::string::npos; p = text.find("{}", p + who.size())) text.replace(p, 2, who);
-  return text;
-}
-
 std::string num(double v) {
   if (std::floor(v) == v && std::fabs(v) < 1e15) return std::to_string(static_cast<long long>(v));
   std::ostringstream os;
@@ -129,11 +124,6 @@ std::string json_text(const Option& o, const nlohmann::json& v) {
 }
 
 }  // namespace
-
-OptionError::OptionError(std::string key, std::string text)
-    : Error(fill(text, "--" + key)), key_(std::move(key)), text_(std::move(text)) {}
-
-std::string OptionError::json_message() const { return fill(text_, "'" + key_ + "'"); }
 
 Option option(std::string name, Kind kind, std::string meta, std::string def, std::string help) {
   Option o;

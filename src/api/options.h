@@ -19,17 +19,8 @@ namespace wan::api {
 
 enum class Kind { Flag, String, Path, Int, Float, Size, Enum, List, Device };
 
-// An error about one option. `text` holds "{}" where the option is named; what() is the command-line
-// form ("--frames: must be 4n+1, got 10"), json_message() the JSON form ("'frames': must be ...").
-class OptionError : public Error {
- public:
-  OptionError(std::string key, std::string text);
-  const std::string& key() const { return key_; }
-  std::string json_message() const;
-
- private:
-  std::string key_, text_;
-};
+// An error about one option (wan::OptionError, core/error.h): any layer may throw it.
+using wan::OptionError;
 
 struct Option {
   std::string name;  // "size": --size on the command line, "size" in JSON

@@ -31,6 +31,25 @@ std::string cat(Args&&... args) {
   return os.str();
 }
 
+// A bad value of one option, thrown by any layer: `key` is the option's name in the option tables
+// (api/options.h: "frames"), and `text` holds "{}" where the option is named. what() is the command
+// line's form ("--frames: must be 4n+1"); a JSON front end shows json_message() ("'frames': must be ...").
+class OptionError : public Error {
+ public:
+  OptionError(std::string key, std::string text)
+      : Error(fill(text, "--" + key)), key_(std::move(key)), text_(std::move(text)) {}
+  const std::string& key() const { return key_; }
+  std::string json_message() const { return fill(text_, "'" + key_ + "'"); }
+
+ private:
+  static std::string fill(std::string text, const std::string& who) {
+    for (size_t p = text.find("{}"); p != std::string::npos; p = text.find("{}", p + who.size()))
+      text.replace(p, 2, who);
+    return text;
+  }
+  std::string key_, text_;
+};
+
 }  // namespace wan
 
 #define WAN_THROW(...) throw ::wan::Error(::wan::cat(__VA_ARGS__))
@@ -40,6 +59,12 @@ std::string cat(Args&&... args) {
 #define WAN_CHECK(cond, ...)                 \
   do {                                       \
     if (!(cond)) WAN_THROW(__VA_ARGS__);     \
+  } while (0)
+// The same for a condition on one option's value: the message names it as "{}" (see OptionError).
+#define WAN_THROW_OPTION(key, ...) throw ::wan::OptionError(key, ::wan::cat(__VA_ARGS__))
+#define WAN_CHECK_OPTION(key, cond, ...)             \
+  do {                                               \
+    if (!(cond)) WAN_THROW_OPTION(key, __VA_ARGS__); \
   } while (0)
 // Checks an internal invariant: failure is a bug, reported with file and line.
 #define WAN_ASSERT(cond, ...)                                                   \

@@ -250,9 +250,9 @@ std::future<void> plan_device(const GenerateOptions& o, GeneratePlan& p) {
   p.device = o.device;
   p.verbose = o.verbose;
   const bool on_gpu = parse_device(o.device) >= 0;
-  WAN_CHECK(o.attention == "auto" || o.attention == "own" || o.attention == "cudnn",
-            "--attention: expected auto, own or cudnn, got '", o.attention, "'");
-  WAN_CHECK(on_gpu || o.attention == "auto", "--attention ", o.attention, " applies to --device cuda only");
+  WAN_CHECK_OPTION("attention", o.attention == "auto" || o.attention == "own" || o.attention == "cudnn",
+                   "{}: expected auto, own or cudnn, got '", o.attention, "'");
+  WAN_CHECK_OPTION("attention", on_gpu || o.attention == "auto", "{} ", o.attention, " applies to --device cuda only");
   p.attention = o.attention;
   // The CUDA context is created while the checkpoint is read (the future waits for it on return).
   return on_gpu ? gpu_prewarm(parse_device(o.device)) : std::future<void>();
@@ -265,17 +265,17 @@ std::optional<ModelPreset> plan_weights(const GenerateOptions& o, GeneratePlan& 
   p.weights_seed = o.weights_seed;
   std::optional<ModelPreset> sizes;  // random weights without a model
   if (!o.random_weights) {
-    WAN_CHECK(o.config.empty(), "--config NAME needs --weights random (a checkpoint has its own sizes)");
-    WAN_CHECK(o.layers == 0, "--layers N needs --weights random (a checkpoint has its own sizes)");
+    WAN_CHECK_OPTION("config", o.config.empty(), "{} NAME needs --weights random (a checkpoint has its own sizes)");
+    WAN_CHECK_OPTION("layers", o.layers == 0, "{} N needs --weights random (a checkpoint has its own sizes)");
     WAN_CHECK(!o.model.empty(), "missing --model (a checkpoint folder or file), or --weights random with --task");
   } else if (!o.model.empty()) {
-    WAN_CHECK(o.config.empty() && o.layers == 0,
-              "--config / --layers: with --model the random weights take the checkpoint's sizes");
+    WAN_CHECK_OPTION("config", o.config.empty() && o.layers == 0,
+                     "{} / --layers: with --model the random weights take the checkpoint's sizes");
   } else {
     const Task task = o.task.value_or(Task::T2V_A14B);
     sizes = model_preset(o.config.empty() ? std::string(task_name(task)) : o.config, o.layers);
-    WAN_CHECK(!o.task || *o.task == sizes->task, "--task ", task_name(*o.task), ": --config ", o.config, " is a ",
-              task_name(sizes->task), " configuration");
+    WAN_CHECK_OPTION("task", !o.task || *o.task == sizes->task, "{} ", task_name(*o.task), ": --config ", o.config,
+                     " is a ", task_name(sizes->task), " configuration");
     const std::string task_sizes = task_name(sizes->task);  // "t2v-A14B", not model_preset's lower case
     std::string name = sizes->name;
     for (char& ch : name) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
@@ -290,7 +290,8 @@ std::optional<ModelPreset> plan_weights(const GenerateOptions& o, GeneratePlan& 
   if (!o.model.empty()) {
     p.ckpt = detect_checkpoint(o.model);
     if (o.task && *o.task != p.ckpt.task)
-      WAN_THROW("--task ", task_name(*o.task), ": ", p.ckpt.root, " holds a ", task_name(p.ckpt.task), " model");
+      WAN_THROW_OPTION("task", "{} ", task_name(*o.task), ": ", p.ckpt.root, " holds a ", task_name(p.ckpt.task),
+                       " model");
   }
   p.task = p.ckpt.task;
   p.weights = p.random_weights ? cat("random (seed ", p.weights_seed, ", ", p.ckpt.root, ")") : "checkpoint";
@@ -363,18 +364,18 @@ void plan_video(const GenerateOptions& o, const std::optional<ModelPreset>& size
     if (!o.height) p.height = static_cast<int>(p.init_latents.dim(2)) * sf;
     if (!o.frames) p.frames = static_cast<int>(p.init_latents.dim(1) - 1) * tf + 1;
   }
-  WAN_CHECK(p.width > 0 && p.height > 0 && p.width % multiple == 0 && p.height % multiple == 0, "--size ", p.width, "x",
-            p.height, ": width and height must be positive multiples of ", multiple);
-  WAN_CHECK(p.frames >= 1 && (p.frames - 1) % tf == 0, "--frames ", p.frames, ": must be ", tf, "n+1 (1, ", 1 + tf,
-            ", ", 1 + 2 * tf, ", ..., 81)");
+  WAN_CHECK_OPTION("size", p.width > 0 && p.height > 0 && p.width % multiple == 0 && p.height % multiple == 0, "{} ",
+                   p.width, "x", p.height, ": width and height must be positive multiples of ", multiple);
+  WAN_CHECK_OPTION("frames", p.frames >= 1 && (p.frames - 1) % tf == 0, "{} ", p.frames, ": must be ", tf, "n+1 (1, ",
+                   1 + tf, ", ", 1 + 2 * tf, ", ..., 81)");
   p.latent_shape = Shape{p.vae.z_dim, (p.frames - 1) / tf + 1, p.height / sf, p.width / sf};
   WAN_CHECK(p.vae.z_dim == dit.in_dim && dit.out_dim == dit.in_dim, p.ckpt.root, ": the VAE's z_dim ", p.vae.z_dim,
             " does not match the DiT's in/out channels ", dit.in_dim, "/", dit.out_dim);
   p.seq_len = p.latent_shape[1] * (p.latent_shape[2] / dit.patch[1]) * (p.latent_shape[3] / dit.patch[2]);
   if (p.init_latents.defined())
-    WAN_CHECK(p.init_latents.shape() == p.latent_shape, "--init-latents ", o.init_latents_file, ": shape ",
-              p.init_latents.shape().str(), " does not match ", p.latent_shape.str(), " of ", p.width, "x", p.height,
-              ", ", p.frames, " frames");
+    WAN_CHECK_OPTION("init-latents", p.init_latents.shape() == p.latent_shape, "{} ", o.init_latents_file, ": shape ",
+                     p.init_latents.shape().str(), " does not match ", p.latent_shape.str(), " of ", p.width, "x",
+                     p.height, ", ", p.frames, " frames");
 }
 
 void plan_sampling(const GenerateOptions& o, GeneratePlan& p) {
@@ -383,10 +384,12 @@ void plan_sampling(const GenerateOptions& o, GeneratePlan& p) {
   p.sampler.solver = o.solver;
   p.sampler.schedule = o.schedule;
   p.sampler.steps = o.steps.value_or(d.steps);
-  WAN_CHECK(p.sampler.steps >= 1 && p.sampler.steps <= 10000, "--steps ", p.sampler.steps, ": must be in 1..10000");
+  WAN_CHECK_OPTION("steps", p.sampler.steps >= 1 && p.sampler.steps <= 10000, "{} ", p.sampler.steps,
+                   ": must be in 1..10000");
   std::optional<double> flow_shift = o.schedule == ScheduleKind::Diffusers ? diffusers_flow_shift(p.ckpt) : std::nullopt;
   p.sampler.shift = o.shift.value_or(flow_shift.value_or(d.shift));
-  WAN_CHECK(std::isfinite(p.sampler.shift) && p.sampler.shift > 0, "--shift ", p.sampler.shift, ": must be positive");
+  WAN_CHECK_OPTION("shift", std::isfinite(p.sampler.shift) && p.sampler.shift > 0, "{} ", p.sampler.shift,
+                   ": must be positive");
   p.guide_low = o.guide_low.value_or(d.guide_low);
   p.guide_high = o.guide_high.value_or(d.guide_high);
   p.boundary = diffusers_boundary_ratio(p.ckpt).value_or(d.boundary);
@@ -422,17 +425,18 @@ void plan_resume(const GenerateOptions& o, GeneratePlan& p) {
   }
 
   p.fingerprint = plan_fingerprint(p);
-  WAN_CHECK(o.stop_after_steps >= 0 && o.stop_after_steps <= p.sampler.steps, "--stop-after-steps ",
-            o.stop_after_steps, ": must be in 1..", p.sampler.steps, " (the run's steps)");
+  WAN_CHECK_OPTION("stop-after-steps", o.stop_after_steps >= 0 && o.stop_after_steps <= p.sampler.steps, "{} ",
+                   o.stop_after_steps, ": must be in 1..", p.sampler.steps, " (the run's steps)");
   p.stop_after_steps = o.stop_after_steps;
   if (p.resume) {
     if (!o.parallel) pipeline_detail::check_resume(p);  // several GPUs: once the layout is known
-    WAN_CHECK(p.resume->step <= p.sampler.steps && p.resume->latents.shape() == p.latent_shape &&
-                  p.resume->prompt_embeds.dim(1) == dit.text_dim,
-              "--resume ", p.resume_file, ": the state does not fit this run (step ", p.resume->step, ", latents ",
-              p.resume->latents.shape().str(), ")");
-    WAN_CHECK(p.stop_after_steps == 0 || p.stop_after_steps > p.resume->step, "--stop-after-steps ",
-              p.stop_after_steps, ": the resumed state is already at step ", p.resume->step);
+    WAN_CHECK_OPTION("resume",
+                     p.resume->step <= p.sampler.steps && p.resume->latents.shape() == p.latent_shape &&
+                         p.resume->prompt_embeds.dim(1) == dit.text_dim,
+                     "{} ", p.resume_file, ": the state does not fit this run (step ", p.resume->step, ", latents ",
+                     p.resume->latents.shape().str(), ")");
+    WAN_CHECK_OPTION("stop-after-steps", p.stop_after_steps == 0 || p.stop_after_steps > p.resume->step, "{} ",
+                     p.stop_after_steps, ": the resumed state is already at step ", p.resume->step);
     // The text comes from the state: nothing to encode.
     p.prompt_embeds = p.resume->prompt_embeds;
     p.negative_embeds = p.resume->negative_embeds;
@@ -444,8 +448,9 @@ void plan_resume(const GenerateOptions& o, GeneratePlan& p) {
 void plan_memory(const GenerateOptions& o, GeneratePlan& p) {
   const bool on_gpu = parse_device(o.device) >= 0;
   // The text encoder is released before the DiT loads (unless kept on the GPU), the DiT before the VAE.
-  WAN_CHECK(!o.keep_text_encoder || on_gpu, "--keep-text-encoder: only with --device cuda (the CPU path releases the "
-                                            "text encoder before the DiT loads)");
+  WAN_CHECK_OPTION("keep-text-encoder", !o.keep_text_encoder || on_gpu,
+                   "{}: only with --device cuda (the CPU path releases the "
+                   "text encoder before the DiT loads)");
   int experts_used = (uses_expert(p.experts, Expert::High) ? 1 : 0) + (uses_expert(p.experts, Expert::Low) ? 1 : 0);
   p.weights_peak_bytes =
       std::max(experts_used * dit_f32_bytes(p.ckpt.dit), p.needs_text_encoder ? t5_f32_bytes(p.t5) : 0);
@@ -558,7 +563,7 @@ void set_parallel_numerics(GeneratePlan& p, const std::string& parallel) {
 void check_resume(const GeneratePlan& p) {
   if (!p.resume) return;
   const std::string diff = fingerprint_differences(p.resume->fingerprint, p.fingerprint);
-  WAN_CHECK(diff.empty(), "--resume ", p.resume_file, ": the state was saved by a different run: ", diff);
+  WAN_CHECK_OPTION("resume", diff.empty(), "{} ", p.resume_file, ": the state was saved by a different run: ", diff);
 }
 
 void begin_result(const GeneratePlan& p, GenerateResult* r) {

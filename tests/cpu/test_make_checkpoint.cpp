@@ -288,7 +288,7 @@ TEST(MakeCheckpointNames, VaeSpecExamplesAndRejections) {
 // Initialisation
 
 TEST(MakeCheckpointInit, ValuesDependOnlyOnSeedNameAndIndex) {
-  WeightSpec p{"blocks.0.ffn.0.weight", Shape{300, 1000}, WeightClass::GemmWeight, init_fan_in(1000)};
+  WeightSpec p{"blocks.0.ffn.0.weight", Shape{300, 1000}, WeightClass::GemmWeight, init_fan_in(1000), DType::BF16, {}};
   std::vector<float> a(p.shape.numel()), b(p.shape.numel());
   fill_init(p, 11, DType::F32, a.data());
   fill_init(p, 11, DType::F32, b.data());
@@ -333,7 +333,7 @@ TEST(MakeCheckpointInit, BellDrawHasUnitMoments) {
   EXPECT_NEAR(s2 / n, 1.0, 0.01);
   EXPECT_NEAR(s4 / n, 2.7, 0.06);  // Irwin-Hall n=4 kurtosis (a normal has 3)
   EXPECT_LT(mx, 3.47);
-  WeightSpec g{"norm.weight", Shape{4096}, WeightClass::Norm, init_norm_scale()};
+  WeightSpec g{"norm.weight", Shape{4096}, WeightClass::Norm, init_norm_scale(), DType::F32, {}};
   std::vector<float> v(4096);
   fill_init(g, 5, DType::F32, v.data());
   for (float x : v) ASSERT_TRUE(x > 0.8f && x < 1.2f) << x;

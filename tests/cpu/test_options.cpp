@@ -186,6 +186,33 @@ TEST(Options, DeeperErrorsNameTheOptionThroughTheTable) {
   EXPECT_EQ(json_error_message(demo(), wan::Error("disk full")), "disk full");
 }
 
+// The pipeline's own checks throw the keyed OptionError (core/error.h), so a JSON front end names the
+// option its way without any renaming; the command line still reads "--key".
+TEST(Options, PipelineChecksThrowTheKeyedError) {
+  const auto keyed = [](wan::GenerateOptions o, const std::string& key, const std::string& json_start) {
+    o.random_weights = true;
+    o.config = "tiny";
+    o.prompt = "a cat";
+    try {
+      (void)wan::plan_generate(o);
+      ADD_FAILURE() << "no error for " << key;
+    } catch (const OptionError& e) {
+      EXPECT_EQ(e.key(), key);
+      EXPECT_EQ(std::string(e.what()).rfind("--" + key, 0), 0u) << e.what();
+      EXPECT_EQ(e.json_message().rfind(json_start, 0), 0u) << e.json_message();
+    }
+  };
+  wan::GenerateOptions a;
+  a.keep_text_encoder = true;  // CPU run
+  keyed(a, "keep-text-encoder", "'keep-text-encoder': only with --device cuda");
+  wan::GenerateOptions b;
+  b.width = 100, b.height = 64;
+  keyed(b, "size", "'size' 100x64:");
+  wan::GenerateOptions c;
+  c.steps = 20000;
+  keyed(c, "steps", "'steps' 20000: must be in 1..10000");
+}
+
 TEST(Options, ValueParsers) {
   EXPECT_EQ(parse_size("1280x720").width, 1280);
   EXPECT_EQ(parse_size("1280x720").height, 720);
