@@ -40,6 +40,8 @@ class OptionError : public Error {
       : Error(fill(text, "--" + key)), key_(std::move(key)), text_(std::move(text)) {}
   const std::string& key() const { return key_; }
   std::string json_message() const { return fill(text_, "'" + key_ + "'"); }
+  // Keeps the option's key (Error::with_context would slice it off): "<ctx>: --frames: ...".
+  OptionError with_context(const std::string& ctx) const { return OptionError(key_, ctx + ": " + text_); }
 
  private:
   static std::string fill(std::string text, const std::string& who) {
@@ -76,6 +78,8 @@ class OptionError : public Error {
   do {                                                       \
     try {                                                    \
       stmt;                                                  \
+    } catch (const ::wan::OptionError& e_) {                 \
+      throw e_.with_context(ctx);                            \
     } catch (const ::wan::Error& e_) {                       \
       throw e_.with_context(ctx);                            \
     }                                                        \

@@ -186,6 +186,18 @@ TEST(Options, DeeperErrorsNameTheOptionThroughTheTable) {
   EXPECT_EQ(json_error_message(demo(), wan::Error("disk full")), "disk full");
 }
 
+// Context added on the way out (WAN_WITH_CONTEXT) keeps the error an OptionError with its key.
+TEST(Options, ContextKeepsTheOptionKey) {
+  try {
+    WAN_WITH_CONTEXT("planning", WAN_THROW_OPTION("steps", "{}: must be at least 1, got 0"));
+    FAIL() << "no throw";
+  } catch (const OptionError& e) {
+    EXPECT_EQ(e.key(), "steps");
+    EXPECT_STREQ(e.what(), "planning: --steps: must be at least 1, got 0");
+    EXPECT_EQ(e.json_message(), "planning: 'steps': must be at least 1, got 0");
+  }
+}
+
 // The pipeline's own checks throw the keyed OptionError (core/error.h), so a JSON front end names the
 // option its way without any renaming; the command line still reads "--key".
 TEST(Options, PipelineChecksThrowTheKeyedError) {
