@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "ckpt/layout.h"
+#include "runtime/dist/parallel_layout.h"
 #include "core/tensor.h"
 #include "sampler/sampler.h"
 #include "models/vae/vae_cpu.h"
@@ -61,6 +62,7 @@ struct DenoiserSpec {
   std::string device = "cpu";  // "cpu" | "cuda" | "cuda:<i>"
   bool use_high = true, use_low = true;
   Shape latent_shape;          // [z, T, H, W]: the GPU arena is planned for it (batch 2)
+  dist::Layout parallel;       // several GPUs: the DiT's layout (each rank plans its share); one GPU: {}
   bool verbose = false;        // print the GPU memory plan
   // --weights random: every expert drawn from the engine RNG (GPU: DiTWeightSource::random_weights;
   // CPU: random_dit_weights, the same values) with these seeds instead of loaded from the checkpoint.

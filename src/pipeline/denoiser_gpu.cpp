@@ -130,7 +130,7 @@ GpuDiTMemory plan_gpu_dit_memory(const CheckpointInfo& ckpt, const DenoiserSpec&
             ": per-token timesteps (TI2V) are not supported on the GPU yet");
   GpuDiTMemory m;
   m.experts = static_cast<int>(expert_roles(ckpt, spec).size());
-  auto plan = std::make_shared<cuda::MemoryPlan>(cuda::DiTGpu::plan(ckpt.dit, max_shape(spec), m.experts));
+  auto plan = std::make_shared<cuda::MemoryPlan>(cuda::DiTGpu::plan(ckpt.dit, max_shape(spec), m.experts, 0, spec.parallel));
   CUDA_CHECK(cudaSetDevice(device));
   // --attention own on a device without the sm_90a kernel: one clear error before any work.
   (void)cuda::DiTGpu::resolve_attention(cuda::DiTGpu::parse_attention(spec.attention));
@@ -145,7 +145,7 @@ GpuDiTMemory plan_gpu_dit_memory(const CheckpointInfo& ckpt, const DenoiserSpec&
   m.bytes_at_frames = [cfg = ckpt.dit, spec, experts = m.experts](int64_t frames) {
     DenoiserSpec s = spec;
     s.latent_shape = Shape{spec.latent_shape[0], frames, spec.latent_shape[2], spec.latent_shape[3]};
-    return cuda::DiTGpu::plan(cfg, max_shape(s), experts).total_bytes() + sampler_bytes(s);
+    return cuda::DiTGpu::plan(cfg, max_shape(s), experts, 0, s.parallel).total_bytes() + sampler_bytes(s);
   };
   return m;
 }

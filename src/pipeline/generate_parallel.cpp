@@ -16,6 +16,7 @@
 #include "pipeline/denoiser.h"
 #include "pipeline/models.h"
 #include "pipeline/pipeline_internal.h"
+#include "pipeline/startup.h"
 #include "sampler/sampler.h"
 
 #ifdef WAN_HAVE_CUDA
@@ -352,16 +353,14 @@ constexpr int kStatFields = 8;  // the per-rank figures all-gathered after the d
 
 using Step = std::function<void()>;
 
-// Step 1 (rank 0): the text encoder is loaded, encodes what the plan lacks, and is freed before this
-// rank's DiT is created.
+// Step 1 (rank 0): the text encoder is loaded (its fit was checked with the rank's plan), encodes what
+// the plan lacks, and is freed before this rank's DiT is created.
 void encode_text_on_rank0(const dist::RankContext& ctx, const GeneratePlan& p, const RunHooks& hooks,
                           const Step& check, const Step& probe, Timings& tm, Tensor& cond, Tensor& uncond) {
-  const std::string dev = cat("cuda:", ctx.device);
   dist::maybe_fail(ctx, "text");
   std::unique_ptr<GpuTextEncoder> te;
   {
     StageEvents st(hooks, Stage::LoadTextEncoder);
-    (void)check_gpu_text_encoder(p.t5, dev);
     PromptTokenizer tokens = load_prompt_tokenizer(&p.ckpt, p.t5.vocab, /*allow_stand_in=*/p.random_weights);
     te = make_gpu_text_encoder(p.ckpt, p.t5, p.random_weights, random_t5_seed(p.weights_seed), std::move(tokens),
                                ctx.device);
@@ -513,6 +512,17 @@ void rank_main(dist::RankContext& ctx, const GeneratePlan& p, const dist::Layout
   r.device_bytes_at_start = me.peak_device_bytes = gpu_memory_in_use(ctx.device);
   const Step probe = [&] { me.peak_device_bytes = std::max(me.peak_device_bytes, gpu_memory_in_use(ctx.device)); };
 
+  // 0. This rank's share of the run-level memory plan, checked before any work on the device.
+  DenoiserSpec spec = pipeline_detail::denoiser_spec(p);
+  spec.device = cat("cuda:", ctx.device);
+  spec.parallel = layout;
+  const GpuDiTMemory mem = plan_gpu_dit_memory(p.ckpt, spec);
+  {
+    const RunMemoryPlan run = rank_run_memory(p, mem, spec.device, layout, r0, decode && p.stop_after_steps == 0);
+    if (p.verbose) std::fprintf(stderr, "rank %d: %s", ctx.rank, run.str().c_str());
+    run.check(spec.device, mem.free_bytes);  // the launch names the rank
+  }
+
   const dist::ParallelGroups groups = dist::make_groups(ctx.comm, layout, [&](ncclComm_t c) { ctx.register_comm(c); });
   dist::Comm world(ctx.comm, false);
   StreamOwner stream;
@@ -537,7 +547,7 @@ void rank_main(dist::RankContext& ctx, const GeneratePlan& p, const dist::Layout
   std::unique_ptr<cuda::DiTGpu> dit;
   {
     StageEvents st(hooks, Stage::LoadDiT);
-    dit = make_rank_dit(ctx, p, groups.view(), p.verbose && r0, &me);
+    dit = make_rank_dit(ctx, p, groups.view(), p.verbose && r0, &me, mem.plan);
     tm.load_dit = st.end();
     probe();
   }
@@ -582,7 +592,7 @@ std::unique_ptr<Denoiser> make_parallel_denoiser(const dist::RankContext& ctx, c
 
 std::unique_ptr<cuda::DiTGpu> make_rank_dit(const dist::RankContext& ctx, const GeneratePlan& p,
                                             const cuda::DiTGpu::Options::Parallel& par, bool verbose,
-                                            ParallelRankStats* st) {
+                                            ParallelRankStats* st, std::shared_ptr<const cuda::MemoryPlan> planned) {
   WAN_ASSERT(st != nullptr, "make_rank_dit without stats");
   const Clock::time_point t0 = Clock::now();
   st->rank = ctx.rank;
@@ -606,6 +616,7 @@ std::unique_ptr<cuda::DiTGpu> make_rank_dit(const dist::RankContext& ctx, const 
   opt.verbose = verbose;
   opt.attention = cuda::DiTGpu::parse_attention(p.attention);
   opt.parallel = par;
+  opt.planned = std::move(planned);
   const Shape& ls = p.latent_shape;
   auto dit = std::make_unique<cuda::DiTGpu>(
       cuda::DiTGpu::create(cfg, sources, cuda::DiTShape{2, ls[1], ls[2], ls[3]}, opt));

@@ -7,8 +7,9 @@
 // needs every step guided (guide scale != 1).
 //
 // Invariants: every check that depends only on the options (flags, layout products, heads, CFG)
-// happens before any device work and before the launch; device fits (text encoder on rank 0, the DiT's
-// per-rank plan) are checked inside the launch, so a failure on one rank still ends all.
+// happens before any device work and before the launch; each rank checks its share of the run-level
+// memory plan (text encoder and decoder on rank 0, the DiT's plan for the layout) first thing inside
+// the launch, so a rank that cannot fit ends all before any model is loaded.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -154,10 +155,12 @@ ParallelRun run_generate_parallel(GenerateOptions o, const ParallelRequest& r, c
 // One rank's DiT of plan `p` (the experts its schedule uses) with the parallel groups `par` (alive as
 // long as the DiT): random weights drawn on the rank, or checkpoint weights loaded sharded and
 // broadcast over ctx.comm (see run_generate_parallel, step 2). Collective over every rank of ctx.
-// `stats` gets the rank's load figures.
+// `stats` gets the rank's load figures. `planned`: the DiT's plan already checked as part of the rank's
+// run-level plan (rank_run_memory); null: DiTGpu::create checks its own fit.
 std::unique_ptr<cuda::DiTGpu> make_rank_dit(const dist::RankContext& ctx, const GeneratePlan& p,
                                             const cuda::DiTGpu::Options::Parallel& par, bool verbose,
-                                            ParallelRankStats* stats);
+                                            ParallelRankStats* stats,
+                                            std::shared_ptr<const cuda::MemoryPlan> planned = nullptr);
 
 // One rank's DiT of plan `p` (from make_rank_dit, laid out as `layout`) as the sampling loop sees it
 // (pipeline/denoiser.h). forward() and guided_step() are collective across the ranks of ctx: every rank

@@ -323,6 +323,9 @@ std::unique_ptr<GpuTextEncoder> make_gpu_text_encoder(const CheckpointInfo&, con
                                                       PromptTokenizer, int device, cuda::DeviceLoader*, int) {
   WAN_THROW("--device cuda:", device, ": this build of wan has no CUDA support (configure with a CUDA toolkit)");
 }
+size_t gpu_text_encoder_bytes(const T5Config&) {
+  WAN_THROW("--device cuda: this build of wan has no CUDA support (configure with a CUDA toolkit)");
+}
 size_t check_gpu_text_encoder(const T5Config&, const std::string& device) {
   WAN_THROW("--device ", device, ": this build of wan has no CUDA support (configure with a CUDA toolkit)");
 }

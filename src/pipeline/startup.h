@@ -82,10 +82,14 @@ struct FastStart {
 // checkpoint weights it plans the fast start when that load stage (text encoder, experts, staging,
 // reserve) fits m.free_bytes (*fast_start true), else the sequential start. Plain arithmetic.
 RunMemoryPlan gpu_run_memory(const GeneratePlan& plan, const GpuDiTMemory& m, bool decode, bool* fast_start);
+// One rank's share of a run on several GPUs (DiT laid out as `layout`, m planned with it): rank 0 also
+// encodes the text (freed before the DiT loads) and decodes; the sequential start (no fast start).
+RunMemoryPlan rank_run_memory(const GeneratePlan& plan, const GpuDiTMemory& m, const std::string& device,
+                              const dist::Layout& layout, bool rank0, bool decode);
 // plan_generate's device step for `--device cuda`: the text encoder's device bytes, then (one GPU) the
 // DiT's share and the run-level plan (p.memory, p.dit_memory, p.fast_start), checked against the free
 // memory now, then the VAE check and the host memory for weights (p.host_weights_bytes). Several GPUs:
-// each rank plans its DiT when it creates it.
+// each rank checks its rank_run_memory before any work on its device.
 void plan_gpu_run(bool parallel, bool decode, bool keep_text_encoder, GeneratePlan& p);
 
 // `uses`: the (expert, batch) forwards of the run (warm-up). Needs plan.fast_start.

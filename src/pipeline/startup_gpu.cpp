@@ -26,18 +26,19 @@ namespace {
 const double g_libraries_loaded_at = process_age_seconds();
 
 // `fast`: the text encoder and the experts stream in together, so the load and the encoding hold
-// both, with the loader's staging; else each model loads within its own stage.
-RunMemoryPlan run_memory(const GeneratePlan& p, const GpuDiTMemory& m, bool fast, bool decode) {
+// both, with the loader's staging; else each model loads within its own stage. `dev` is the device
+// planned and `t5_bytes` the text encoder's share of it (0: the text is encoded elsewhere or not at all).
+RunMemoryPlan run_memory(const GeneratePlan& p, const GpuDiTMemory& m, bool fast, bool decode, const std::string& dev,
+                         size_t t5_bytes) {
   RunMemoryPlan run;
-  const std::string& dev = p.device;
+  const bool text = t5_bytes > 0;
   const StageSet denoise = stage_bit(RunStage::Denoise);
-  const StageSet loading =
-      fast ? stage_bit(RunStage::Load) | (p.text_on_gpu ? stage_bit(RunStage::TextEncode) : 0) : StageSet{0};
+  const StageSet loading = fast ? stage_bit(RunStage::Load) | (text ? stage_bit(RunStage::TextEncode) : 0) : StageSet{0};
   run.request = cat(p.width, "x", p.height, ", ", p.frames, " frames, ", m.experts,
                     m.experts == 1 ? " expert" : " experts",
-                    p.text_on_gpu ? (p.keep_text_encoder ? ", text encoder kept" : ", text encoder freed first") : "");
-  if (p.text_on_gpu)
-    run.add(dev, "text encoder (weights + activations)", static_cast<size_t>(p.t5_device_bytes),
+                    text ? (p.keep_text_encoder ? ", text encoder kept" : ", text encoder freed first") : "");
+  if (text)
+    run.add(dev, "text encoder (weights + activations)", t5_bytes,
             stage_bit(RunStage::TextEncode) | loading | (p.keep_text_encoder ? denoise : StageSet{0}));
   using pipeline_detail::uses_expert;
   const bool high = uses_expert(p.experts, Expert::High), low = uses_expert(p.experts, Expert::Low);
@@ -51,7 +52,7 @@ RunMemoryPlan run_memory(const GeneratePlan& p, const GpuDiTMemory& m, bool fast
   // The decoder plans its arena when it is built (after the DiT is freed); its weights in bf16 here.
   if (decode) run.add(dev, "VAE weights", static_cast<size_t>(vae_f32_bytes(p.vae) / 2), stage_bit(RunStage::Decode));
   // What fits: the largest frame count at this size whose denoise stage fits.
-  const size_t kept = p.keep_text_encoder ? static_cast<size_t>(p.t5_device_bytes) : 0;
+  const size_t kept = p.keep_text_encoder ? t5_bytes : 0;
   const int tf = vae_temporal_factor(p.vae);
   run.what_fits = [m, kept, tf, w = p.width, h = p.height, T = p.latent_shape[1]](const std::string&, RunStage st,
                                                                                    size_t free_bytes) -> std::string {
@@ -69,17 +70,26 @@ RunMemoryPlan run_memory(const GeneratePlan& p, const GpuDiTMemory& m, bool fast
 
 RunMemoryPlan gpu_run_memory(const GeneratePlan& p, const GpuDiTMemory& m, bool decode, bool* fast_start) {
   *fast_start = false;
-  if (p.random_weights) return run_memory(p, m, false, decode);  // drawn on the GPU: nothing streams
-  RunMemoryPlan fast = run_memory(p, m, true, decode);
+  const size_t t5 = p.text_on_gpu ? static_cast<size_t>(p.t5_device_bytes) : 0;
+  if (p.random_weights) return run_memory(p, m, false, decode, p.device, t5);  // drawn on the GPU: nothing streams
+  RunMemoryPlan fast = run_memory(p, m, true, decode, p.device, t5);
   *fast_start = fast.stage_peak(p.device, RunStage::Load) <= m.free_bytes;
-  return *fast_start ? fast : run_memory(p, m, false, decode);
+  return *fast_start ? fast : run_memory(p, m, false, decode, p.device, t5);
+}
+
+RunMemoryPlan rank_run_memory(const GeneratePlan& p, const GpuDiTMemory& m, const std::string& device,
+                              const dist::Layout& layout, bool rank0, bool decode) {
+  const size_t t5 = rank0 && p.needs_text_encoder ? gpu_text_encoder_bytes(p.t5) : 0;
+  RunMemoryPlan run = run_memory(p, m, false, rank0 && decode, device, t5);
+  run.request += cat(", ", "this rank's share of ", dist::describe(layout));
+  return run;
 }
 
 void plan_gpu_run(bool parallel, bool decode, bool keep_text_encoder, GeneratePlan& p) {
   p.text_on_gpu = p.needs_text_encoder;
   if (p.text_on_gpu && !parallel) p.t5_device_bytes = static_cast<int64_t>(check_gpu_text_encoder(p.t5, p.device));
   p.keep_text_encoder = keep_text_encoder && p.text_on_gpu;
-  // Several GPUs: each rank plans its own share when its DiT is created (generate_parallel.h).
+  // Several GPUs: each rank plans its own share (rank_run_memory) once the layout is known.
   if (!parallel) {
     const GpuDiTMemory m = plan_gpu_dit_memory(p.ckpt, pipeline_detail::denoiser_spec(p));
     auto run = std::make_shared<RunMemoryPlan>(gpu_run_memory(p, m, decode, &p.fast_start));

@@ -64,6 +64,8 @@ std::unique_ptr<GpuTextEncoder> make_gpu_text_encoder(const CheckpointInfo& info
   return std::make_unique<GpuT5>(info, c, random, t5_seed, std::move(tokens), device, loader, loader_group);
 }
 
+size_t gpu_text_encoder_bytes(const T5Config& c) { return cuda::T5EncoderGpu::device_bytes(c); }
+
 size_t check_gpu_text_encoder(const T5Config& c, const std::string& device) {
   const int index = parse_device(device);
   const int n = cuda::device_count();

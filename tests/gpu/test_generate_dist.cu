@@ -721,6 +721,28 @@ TEST(GenerateDistResume, StatesOfAnotherLayoutOrOneGpuAreRefused) {
             "DiT loads)");
 }
 
+// Each rank checks its share of the run-level memory plan (the DiT planned for the layout) before any
+// model is loaded: a run far too large for the devices is one line naming the rank, the stage and
+// what would fit, with exit 2's error kind.
+TEST(GenerateDistMemory, EveryRankRefusesARunThatCannotFitBeforeLoading) {
+  REQUIRE_GPUS(2);
+  GenerateOptions o = tiny();
+  o.config = "t2v-A14B";
+  o.width = 1280;
+  o.height = 720;
+  o.frames = 1001;
+  o.steps = 2;
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string e = parallel_error(o, 2, false, 2, 0);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  printf("refusal after %.2f s: %s\n", s, e.c_str());
+  EXPECT_NE(e.find("rank "), std::string::npos) << e;
+  EXPECT_NE(e.find("this rank's share of cfg 1 x ulysses 2 x ring 1"), std::string::npos) << e;
+  EXPECT_NE(e.find("does not fit: its denoise stage needs"), std::string::npos) << e;
+  EXPECT_NE(e.find("frames fit at 1280x720"), std::string::npos) << e;
+  EXPECT_LT(s, 30.0) << "refused only after " << s << " s";
+}
+
 namespace {
 
 // `wan generate` on the tiny random model (4 steps) plus `extra`.
