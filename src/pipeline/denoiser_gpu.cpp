@@ -180,6 +180,12 @@ void check_gpu_vae(const VaeConfig& vae, const std::string& device) {
             vae.dec_dim, "; the released Wan 2.1 VAE has 96)");
 }
 
+size_t gpu_vae_decoder_bytes(const VaeConfig& vae, const Shape& latent_shape, const std::string& device) {
+  check_gpu_vae(vae, device);
+  CUDA_CHECK(cudaSetDevice(parse_device(device)));
+  return cuda::VaeDecoderGpu::device_bytes(vae, cuda::VaeGpuShape{latent_shape[2], latent_shape[3]});
+}
+
 Tensor gpu_vae_decode(const VaeConfig& vae, const VaeWeights& w, const Tensor& latents, int device) {
   CUDA_CHECK(cudaSetDevice(device));
   auto dec = cuda::VaeDecoderGpu::create(vae, w, cuda::VaeGpuShape{latents.dim(2), latents.dim(3)});

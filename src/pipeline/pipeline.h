@@ -132,6 +132,7 @@ struct GeneratePlan {
   bool text_on_gpu = false;                // the prompts are encoded by the GPU text encoder
   bool keep_text_encoder = false;          // ... which stays resident next to the DiT
   int64_t t5_device_bytes = 0;             // its device bytes (weights + activation headroom)
+  int64_t vae_device_bytes = 0;            // the GPU decoder's (weights + arena + reserve); 0: no decode
   int64_t host_weights_bytes = 0;          // cuda: host memory for weights at once (VAE + one tensor)
   // cuda, checkpoint weights: the text encoder and both experts stream to the device concurrently
   // through one loader (pipeline/startup.h) when they fit next to each other; else one after the other.

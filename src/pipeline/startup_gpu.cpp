@@ -27,9 +27,10 @@ const double g_libraries_loaded_at = process_age_seconds();
 
 // `fast`: the text encoder and the experts stream in together, so the load and the encoding hold
 // both, with the loader's staging; else each model loads within its own stage. `dev` is the device
-// planned and `t5_bytes` the text encoder's share of it (0: the text is encoded elsewhere or not at all).
-RunMemoryPlan run_memory(const GeneratePlan& p, const GpuDiTMemory& m, bool fast, bool decode, const std::string& dev,
-                         size_t t5_bytes) {
+// planned, `t5_bytes` the text encoder's share of it (0: the text is encoded elsewhere or not at all)
+// and `vae_bytes` the decoder's (0: no decode there).
+RunMemoryPlan run_memory(const GeneratePlan& p, const GpuDiTMemory& m, bool fast, const std::string& dev,
+                         size_t t5_bytes, size_t vae_bytes) {
   RunMemoryPlan run;
   const bool text = t5_bytes > 0;
   const StageSet denoise = stage_bit(RunStage::Denoise);
@@ -49,13 +50,16 @@ RunMemoryPlan run_memory(const GeneratePlan& p, const GpuDiTMemory& m, bool fast
   run.add(dev, "DiT activations", m.arena_bytes, denoise);
   run.add(dev, "sampler state", m.sampler_bytes, denoise);
   run.add(dev, "DiT reserve", m.reserve_bytes, loading | denoise);
-  // The decoder plans its arena when it is built (after the DiT is freed); its weights in bf16 here.
-  if (decode) run.add(dev, "VAE weights", static_cast<size_t>(vae_f32_bytes(p.vae) / 2), stage_bit(RunStage::Decode));
+  // The decoder is built after the DiT is freed.
+  if (vae_bytes > 0) run.add(dev, "VAE decoder (weights + activations)", vae_bytes, stage_bit(RunStage::Decode));
   // What fits: the largest frame count at this size whose denoise stage fits.
   const size_t kept = p.keep_text_encoder ? t5_bytes : 0;
   const int tf = vae_temporal_factor(p.vae);
   run.what_fits = [m, kept, tf, w = p.width, h = p.height, T = p.latent_shape[1]](const std::string&, RunStage st,
                                                                                    size_t free_bytes) -> std::string {
+    if (st == RunStage::Decode)
+      return cat("the decoder's activations scale with the frame size, not the frame count: a smaller size than ", w,
+                 "x", h, " fits");
     if (st != RunStage::Denoise) return {};
     const int64_t fit = largest_fitting(T - 1, [&](int64_t t) { return m.bytes_at_frames(t) + kept <= free_bytes; });
     if (fit >= 1)
@@ -71,16 +75,18 @@ RunMemoryPlan run_memory(const GeneratePlan& p, const GpuDiTMemory& m, bool fast
 RunMemoryPlan gpu_run_memory(const GeneratePlan& p, const GpuDiTMemory& m, bool decode, bool* fast_start) {
   *fast_start = false;
   const size_t t5 = p.text_on_gpu ? static_cast<size_t>(p.t5_device_bytes) : 0;
-  if (p.random_weights) return run_memory(p, m, false, decode, p.device, t5);  // drawn on the GPU: nothing streams
-  RunMemoryPlan fast = run_memory(p, m, true, decode, p.device, t5);
+  const size_t vae = decode ? static_cast<size_t>(p.vae_device_bytes) : 0;
+  if (p.random_weights) return run_memory(p, m, false, p.device, t5, vae);  // drawn on the GPU: nothing streams
+  RunMemoryPlan fast = run_memory(p, m, true, p.device, t5, vae);
   *fast_start = fast.stage_peak(p.device, RunStage::Load) <= m.free_bytes;
-  return *fast_start ? fast : run_memory(p, m, false, decode, p.device, t5);
+  return *fast_start ? fast : run_memory(p, m, false, p.device, t5, vae);
 }
 
 RunMemoryPlan rank_run_memory(const GeneratePlan& p, const GpuDiTMemory& m, const std::string& device,
                               const dist::Layout& layout, bool rank0, bool decode) {
   const size_t t5 = rank0 && p.needs_text_encoder ? gpu_text_encoder_bytes(p.t5) : 0;
-  RunMemoryPlan run = run_memory(p, m, false, rank0 && decode, device, t5);
+  const size_t vae = rank0 && decode ? gpu_vae_decoder_bytes(p.vae, p.latent_shape, device) : 0;
+  RunMemoryPlan run = run_memory(p, m, false, device, t5, vae);
   run.request += cat(", ", "this rank's share of ", dist::describe(layout));
   return run;
 }
@@ -90,6 +96,8 @@ void plan_gpu_run(bool parallel, bool decode, bool keep_text_encoder, GeneratePl
   if (p.text_on_gpu && !parallel) p.t5_device_bytes = static_cast<int64_t>(check_gpu_text_encoder(p.t5, p.device));
   p.keep_text_encoder = keep_text_encoder && p.text_on_gpu;
   // Several GPUs: each rank plans its own share (rank_run_memory) once the layout is known.
+  if (decode && !parallel)
+    p.vae_device_bytes = static_cast<int64_t>(gpu_vae_decoder_bytes(p.vae, p.latent_shape, p.device));
   if (!parallel) {
     const GpuDiTMemory m = plan_gpu_dit_memory(p.ckpt, pipeline_detail::denoiser_spec(p));
     auto run = std::make_shared<RunMemoryPlan>(gpu_run_memory(p, m, decode, &p.fast_start));
@@ -97,7 +105,7 @@ void plan_gpu_run(bool parallel, bool decode, bool keep_text_encoder, GeneratePl
     p.memory = std::move(run);
     p.dit_memory = m.plan;
   }
-  if (decode) check_gpu_vae(p.vae, p.device);
+  if (decode && parallel) check_gpu_vae(p.vae, p.device);  // its bytes: rank 0's plan
   // Host: the VAE's f32 weights, plus one tensor at a time while uploading (the largest: the text
   // encoder's embedding table, converted per tensor on the GPU's side).
   p.host_weights_bytes = vae_f32_bytes(p.vae);

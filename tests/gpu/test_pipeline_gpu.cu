@@ -21,6 +21,7 @@
 #include "gpu_test_model.h"
 #include "pipeline/denoiser.h"
 #include "pipeline/pipeline.h"
+#include "runtime/memory_plan.h"
 #include "sampler/sampler.h"
 #include "formats/safetensors.h"
 
@@ -110,6 +111,16 @@ TEST(GpuPipeline, TinyModelVideoMatchesCpu) {
   EXPECT_LT(lat, 2e-2);
   EXPECT_LT(vid, 3e-2);
   EXPECT_GT(lat, 0.0);
+  // The run-level plan's decode stage is the decoder's whole need (weights + arena), planned up front,
+  // and the decoder that ran held no more than that.
+  const GeneratePlan p = plan_generate(tiny_options("cuda"));
+  EXPECT_GT(p.vae_device_bytes, 0);
+  ASSERT_TRUE(p.memory);
+  EXPECT_EQ(p.memory->stage_peak(p.device, RunStage::Decode), static_cast<size_t>(p.vae_device_bytes));
+  EXPECT_NE(p.memory->str().find("VAE decoder (weights + activations)"), std::string::npos) << p.memory->str();
+  GenerateOptions no_decode = tiny_options("cuda");
+  no_decode.decode = false;
+  EXPECT_EQ(plan_generate(no_decode).vae_device_bytes, 0);
   fs::remove_all(tiny_model());
 }
 

@@ -476,6 +476,34 @@ TEST(VaeGpuDecode, Deterministic) {
   }
 }
 
+// The run-level memory plan asks the decoder's bytes before any weights exist: planned on the config's
+// shapes, they are what create() then holds (weights + arena) plus the one fixed reserve, for both
+// convolution modes, the tiny fixture and the real widths, and several frame sizes.
+TEST(VaeGpuDecode, DeviceBytesPlannedFromTheConfigMatchCreate) {
+  REQUIRE_GPU();
+  long long reserve = -1;
+  const Model tiny = fixture_model();
+  for (const Model* mp : {&tiny, &real_width_model()})
+    for (VaeConvMode mode : {VaeConvMode::Conv3d, VaeConvMode::Folded2d})
+      for (cuda::VaeGpuShape shape : {cuda::VaeGpuShape{5, 7}, cuda::VaeGpuShape{8, 12}, cuda::VaeGpuShape{30, 52}}) {
+        const Model& m = *mp;
+        VaeGpuOptions o;
+        o.conv_mode = mode;
+        const size_t planned = VaeDecoderGpu::device_bytes(m.config, shape, o);
+        auto dec = VaeDecoderGpu::create(m.config, m.weights, shape, o);
+        const long long held = static_cast<long long>(dec->weight_bytes() + dec->arena_bytes());
+        const long long r = static_cast<long long>(planned) - held;
+        if (reserve < 0) reserve = r;
+        EXPECT_EQ(r, reserve) << shape.height << "x" << shape.width;
+        EXPECT_GT(held, 0);
+      }
+  EXPECT_GE(reserve, 0);
+  EXPECT_LT(reserve, 1ll << 30);
+  VaeConfig v22 = fixture_model().config;
+  v22.version = 22;
+  EXPECT_THROW(VaeDecoderGpu::device_bytes(v22, {5, 7}), Error);
+}
+
 TEST(VaeGpuDecode, RejectsUnsupportedInputs) {
   REQUIRE_GPU();
   const Model m = fixture_model();

@@ -30,6 +30,7 @@
 #include "kernels/vae_conv.h"
 #include "kernels/vae_kernels.h"
 #include "models/vae/vae_gpu_weights.h"
+#include "models/weight_spec.h"
 
 namespace wan::cuda {
 
@@ -479,13 +480,40 @@ struct VaeDecoderGpu::Impl {
 VaeDecoderGpu::VaeDecoderGpu(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 VaeDecoderGpu::~VaeDecoderGpu() = default;
 
-std::unique_ptr<VaeDecoderGpu> VaeDecoderGpu::create(const VaeConfig& config, const VaeWeights& weights,
-                                                     VaeGpuShape shape, const VaeGpuOptions& options) {
+namespace {
+void check_supported(const VaeConfig& config, VaeGpuShape shape) {
   WAN_CHECK(config.version == 21 && config.z_dim == 16 && config.patch == 1,
             "GPU VAE decoder: only the Wan 2.1 VAE (z_dim 16, no patch) is supported, got version ", config.version);
   WAN_CHECK(config.latents_mean.size() == 16 && config.latents_std.size() == 16,
             "GPU VAE decoder: latent mean/std tables must have 16 entries");
   WAN_CHECK(shape.height >= 1 && shape.width >= 1, "GPU VAE decoder: latent size ", shape.height, "x", shape.width);
+}
+}  // namespace
+
+size_t VaeDecoderGpu::device_bytes(const VaeConfig& config, VaeGpuShape shape, const VaeGpuOptions& options) {
+  check_supported(config, shape);
+  // Placeholder tensors of the table's shapes: allocated, never written or read (pack_decoder sizes).
+  std::map<std::string, Shape> shapes = shape_map(vae_weight_table(config));
+  const VaeWeights placeholders = load_vae_weights(config, [&shapes](const std::string& name) {
+    auto it = shapes.find(name);
+    WAN_ASSERT(it != shapes.end(), "VAE table has no ", name);
+    return Tensor::empty(DType::F32, it->second);
+  });
+  auto impl = std::make_unique<Impl>();
+  impl->opt = options;
+  impl->shape = shape;
+  std::vector<uint8_t> unused;
+  size_t weight_bytes = 0;
+  impl->dec = vae_gpu_detail::pack_decoder(config, placeholders, options.conv_mode, unused, &weight_bytes);
+  impl->conv = std::make_unique<ConvRunner>(options.find_algorithms, options.conv_workspace_limit);
+  impl->dry(Pass::Size);
+  impl->layout();
+  return weight_bytes + impl->arena_size + kReserve;
+}
+
+std::unique_ptr<VaeDecoderGpu> VaeDecoderGpu::create(const VaeConfig& config, const VaeWeights& weights,
+                                                     VaeGpuShape shape, const VaeGpuOptions& options) {
+  check_supported(config, shape);
   auto impl = std::make_unique<Impl>();
   impl->opt = options;
   impl->shape = shape;

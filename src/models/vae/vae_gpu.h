@@ -69,6 +69,10 @@ class VaeDecoderGpu {
   // configuration, inconsistent weights, or when the plan does not fit in free device memory.
   static std::unique_ptr<VaeDecoderGpu> create(const VaeConfig& config, const VaeWeights& weights, VaeGpuShape shape,
                                                const VaeGpuOptions& options = {});
+  // The device bytes create() would need (weights + arena + reserve) for latents of `shape`, planned
+  // on the config's shapes alone (no weights read, nothing allocated on the device; cuDNN is asked
+  // for its workspaces on the current device). Throws wan::Error on an unsupported configuration.
+  static size_t device_bytes(const VaeConfig& config, VaeGpuShape shape, const VaeGpuOptions& options = {});
   ~VaeDecoderGpu();
   VaeDecoderGpu(const VaeDecoderGpu&) = delete;
   VaeDecoderGpu& operator=(const VaeDecoderGpu&) = delete;

@@ -12,32 +12,42 @@
 namespace wan::cuda::vae_gpu_detail {
 namespace {
 
+// Sizing (plans before any weights are read): offsets advance, nothing is stored.
 class Packer {
  public:
+  explicit Packer(bool sizing) : sizing_(sizing) {}
   size_t add(const void* p, size_t n) {
-    const size_t off = align_up(bytes_.size());
-    bytes_.resize(off + n);
+    const size_t off = align_up(size_);
+    size_ = off + n;
+    if (sizing_) return off;
+    bytes_.resize(size_);
     std::memcpy(bytes_.data() + off, p, n);
     return off;
   }
+  size_t size() const { return size_; }
+  bool sizing() const { return sizing_; }
   size_t f32(const std::vector<float>& v) { return add(v.data(), v.size() * sizeof(float)); }
   size_t bf16v(const std::vector<uint16_t>& v) { return add(v.data(), v.size() * sizeof(uint16_t)); }
   const std::vector<uint8_t>& bytes() const { return bytes_; }
 
  private:
   std::vector<uint8_t> bytes_;
+  size_t size_ = 0;
+  bool sizing_;
 };
 
-std::vector<float> host_f32(const Tensor& t, int64_t numel, const std::string& what) {
+// `sizing`: the tensor's shape is checked but its values are not read (zeros stand in).
+std::vector<float> host_f32(const Tensor& t, int64_t numel, const std::string& what, bool sizing) {
   WAN_CHECK(t.defined(), "vae decoder: ", what, " is missing");
   WAN_CHECK(t.numel() == numel, "vae decoder: ", what, " has ", t.numel(), " elements, expected ", numel);
+  if (sizing) return std::vector<float>(static_cast<size_t>(numel), 0.0f);
   const Tensor f = t.to_f32();
   return std::vector<float>(f.f32(), f.f32() + numel);
 }
 
 class WeightBuilder {
  public:
-  explicit WeightBuilder(VaeConvMode mode) : mode_(mode) {}
+  WeightBuilder(VaeConvMode mode, bool sizing) : pack(sizing), mode_(mode) {}
   Packer pack;
 
   // A CausalConv3d with temporal kernel 3: filter [cout_pad, kt, kh, kw, cin] (Conv3d mode) or
@@ -49,7 +59,7 @@ class WeightBuilder {
     WAN_CHECK(c.weight.dim(2) == 3 && c.weight.dim(3) == k && c.weight.dim(4) == k, "vae decoder: ", what,
               " weight ", c.weight.shape().str(), " is not a 3x", k, "x", k, " kernel");
     d.cout_pad = cout_pad ? cout_pad : cout;
-    const std::vector<float> w = host_f32(c.weight, cout * cin * 3 * k * k, what + ".weight");
+    const std::vector<float> w = host_f32(c.weight, cout * cin * 3 * k * k, what + ".weight", pack.sizing());
     std::vector<uint16_t> o(static_cast<size_t>(d.cout_pad * cin * 3 * k * k), 0);
     for (int64_t co = 0; co < cout; ++co)
       for (int64_t ci = 0; ci < cin; ++ci)
@@ -72,7 +82,7 @@ class WeightBuilder {
     d.cout_pad = cout;
     WAN_CHECK(c.weight.dim(2) == 3 && c.weight.dim(3) == 3, "vae decoder: ", what, " weight ",
               c.weight.shape().str(), " is not 3x3");
-    const std::vector<float> w = host_f32(c.weight, cout * cin * 9, what + ".weight");
+    const std::vector<float> w = host_f32(c.weight, cout * cin * 9, what + ".weight", pack.sizing());
     std::vector<uint16_t> o(w.size());
     for (int64_t co = 0; co < cout; ++co)
       for (int64_t ci = 0; ci < cin; ++ci)
@@ -89,14 +99,16 @@ class WeightBuilder {
     DevConv d;
     d.cin = cin;
     d.cout = d.cout_pad = cout;
-    const std::vector<float> w = host_f32(c.weight, cout * cin, what + ".weight");
+    const std::vector<float> w = host_f32(c.weight, cout * cin, what + ".weight", pack.sizing());
     std::vector<uint16_t> o(w.size());
     for (size_t i = 0; i < w.size(); ++i) o[i] = f32_to_bf16(w[i]);
     d.w = pack.bf16v(o);
     d.b = bias(c, cout, cout, what);
     return d;
   }
-  size_t gamma(const Tensor& g, int64_t C, const std::string& what) { return pack.f32(host_f32(g, C, what)); }
+  size_t gamma(const Tensor& g, int64_t C, const std::string& what) {
+    return pack.f32(host_f32(g, C, what, pack.sizing()));
+  }
 
   DevRes res(const VaeResBlock& b, int64_t cin, int64_t cout, const std::string& what) {
     DevRes r;
@@ -123,7 +135,7 @@ class WeightBuilder {
     return d;
   }
   size_t bias(const VaeConv& c, int64_t cout, int64_t cout_pad, const std::string& what) {
-    std::vector<float> b = host_f32(c.bias, cout, what + ".bias");
+    std::vector<float> b = host_f32(c.bias, cout, what + ".bias", pack.sizing());
     b.resize(static_cast<size_t>(cout_pad), 0.0f);
     return pack.f32(b);
   }
@@ -133,9 +145,9 @@ class WeightBuilder {
 }  // namespace
 
 DevDecoder pack_decoder(const VaeConfig& config, const VaeWeights& weights, VaeConvMode mode,
-                        std::vector<uint8_t>& bytes) {
+                        std::vector<uint8_t>& bytes, size_t* sized) {
   const VaeCoder& d = weights.decoder;
-  WeightBuilder wb(mode);
+  WeightBuilder wb(mode, sized != nullptr);
   DevDecoder dec;
   WAN_CHECK(d.conv1.present(), "GPU VAE decoder: decoder weights are not loaded");
   const int64_t top = d.conv1.weight.dim(0);
@@ -180,14 +192,15 @@ DevDecoder pack_decoder(const VaeConfig& config, const VaeWeights& weights, VaeC
   WAN_CHECK(d.head_conv.present() && d.head_conv.weight.dim(0) == 3, "GPU VAE decoder: decoder.head.2 must give 3 channels");
   dec.head = wb.causal(d.head_conv, C, 3, 3, "decoder.head.2", 8);
   WAN_CHECK(weights.conv2.present(), "GPU VAE decoder: conv2 is missing");
-  dec.conv2_w = wb.pack.f32(host_f32(weights.conv2.weight, 16 * 16, "conv2.weight"));
-  dec.conv2_b = wb.pack.f32(host_f32(weights.conv2.bias, 16, "conv2.bias"));
+  dec.conv2_w = wb.pack.f32(host_f32(weights.conv2.weight, 16 * 16, "conv2.weight", wb.pack.sizing()));
+  dec.conv2_b = wb.pack.f32(host_f32(weights.conv2.bias, 16, "conv2.bias", wb.pack.sizing()));
   std::vector<float> inv(16);
   for (int i = 0; i < 16; ++i) inv[i] = 1.0f / config.latents_std[i];  // the reference stores 1/std in fp32
   dec.inv_std = wb.pack.f32(inv);
   dec.mean = wb.pack.f32(config.latents_mean);
 
-  bytes = wb.pack.bytes();
+  if (sized) *sized = wb.pack.size();
+  else bytes = wb.pack.bytes();
   return dec;
 }
 

@@ -48,8 +48,10 @@ struct DevDecoder {
 };
 
 // Checks and packs the decoder (and top-level conv2) weights for `mode`: returns the offsets, and
-// the bytes of the weight allocation in `bytes`. Throws wan::Error on inconsistent weights.
+// the bytes of the weight allocation in `bytes`. Throws wan::Error on inconsistent weights. With `sized`
+// only the shapes are checked and laid out (the values are never read): *sized gets the allocation's
+// size and `bytes` is left alone.
 DevDecoder pack_decoder(const VaeConfig& config, const VaeWeights& weights, VaeConvMode mode,
-                        std::vector<uint8_t>& bytes);
+                        std::vector<uint8_t>& bytes, size_t* sized = nullptr);
 
 }  // namespace wan::cuda::vae_gpu_detail
