@@ -326,9 +326,6 @@ std::unique_ptr<GpuTextEncoder> make_gpu_text_encoder(const CheckpointInfo&, con
 size_t gpu_text_encoder_bytes(const T5Config&) {
   WAN_THROW("--device cuda: this build of wan has no CUDA support (configure with a CUDA toolkit)");
 }
-size_t check_gpu_text_encoder(const T5Config&, const std::string& device) {
-  WAN_THROW("--device ", device, ": this build of wan has no CUDA support (configure with a CUDA toolkit)");
-}
 int64_t gpu_memory_in_use(int) { return 0; }
 std::future<void> gpu_prewarm(int) { return {}; }
 Tensor gpu_vae_decode_tracked(const VaeConfig&, const VaeWeights&, const Tensor&, int device, int64_t*) {

@@ -108,10 +108,8 @@ std::unique_ptr<GpuTextEncoder> make_gpu_text_encoder(const CheckpointInfo& info
                                                       uint64_t t5_seed, PromptTokenizer tokens, int device,
                                                       cuda::DeviceLoader* loader = nullptr, int loader_group = 0);
 // Device bytes of the GPU text encoder: weights, the 512-token activation arena and its reserve
-// (cuda::T5EncoderGpu::device_bytes). Throws one clear wan::Error unless this build has CUDA, the
-// device exists and those bytes fit its free memory now.
-size_t check_gpu_text_encoder(const T5Config& c, const std::string& device);
-// The same bytes without looking at a device (an input of a run-level plan that checks them itself).
+// (cuda::T5EncoderGpu::device_bytes), an input of the run-level plan, which checks the fit. Throws
+// one clear wan::Error in a build without CUDA.
 size_t gpu_text_encoder_bytes(const T5Config& c);
 // Device memory in use (cudaMemGetInfo: total - free) on `device`; 0 without CUDA or device.
 int64_t gpu_memory_in_use(int device);

@@ -93,13 +93,14 @@ RunMemoryPlan rank_run_memory(const GeneratePlan& p, const GpuDiTMemory& m, cons
 
 void plan_gpu_run(bool parallel, bool decode, bool keep_text_encoder, GeneratePlan& p) {
   p.text_on_gpu = p.needs_text_encoder;
-  if (p.text_on_gpu && !parallel) p.t5_device_bytes = static_cast<int64_t>(check_gpu_text_encoder(p.t5, p.device));
   p.keep_text_encoder = keep_text_encoder && p.text_on_gpu;
   // Several GPUs: each rank plans its own share (rank_run_memory) once the layout is known.
-  if (decode && !parallel)
-    p.vae_device_bytes = static_cast<int64_t>(gpu_vae_decoder_bytes(p.vae, p.latent_shape, p.device));
   if (!parallel) {
+    // The DiT's share first: it also checks the build, the device and the attention kernel. The text
+    // encoder's and the decoder's bytes are inputs: their fits are the plan's stages.
     const GpuDiTMemory m = plan_gpu_dit_memory(p.ckpt, pipeline_detail::denoiser_spec(p));
+    if (p.text_on_gpu) p.t5_device_bytes = static_cast<int64_t>(gpu_text_encoder_bytes(p.t5));
+    if (decode) p.vae_device_bytes = static_cast<int64_t>(gpu_vae_decoder_bytes(p.vae, p.latent_shape, p.device));
     auto run = std::make_shared<RunMemoryPlan>(gpu_run_memory(p, m, decode, &p.fast_start));
     run->check(p.device, m.free_bytes);
     p.memory = std::move(run);

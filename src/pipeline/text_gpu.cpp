@@ -66,21 +66,6 @@ std::unique_ptr<GpuTextEncoder> make_gpu_text_encoder(const CheckpointInfo& info
 
 size_t gpu_text_encoder_bytes(const T5Config& c) { return cuda::T5EncoderGpu::device_bytes(c); }
 
-size_t check_gpu_text_encoder(const T5Config& c, const std::string& device) {
-  const int index = parse_device(device);
-  const int n = cuda::device_count();
-  WAN_CHECK(n > 0, "--device ", device, ": no CUDA device is available on this machine");
-  WAN_CHECK(index >= 0 && index < n, "--device ", device, ": this machine has ", n, " CUDA device(s)");
-  const size_t bytes = cuda::T5EncoderGpu::device_bytes(c);
-  CUDA_CHECK(cudaSetDevice(index));
-  size_t free_b = 0, total_b = 0;
-  CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
-  WAN_CHECK(bytes <= free_b, "--device ", device, ": the text encoder needs ", bytes >> 20, " MiB (weights ",
-            cuda::T5EncoderGpu::weight_bytes(c) >> 20, " MiB + activations and reserve) but only ", free_b >> 20,
-            " MiB are free");
-  return bytes;
-}
-
 int64_t gpu_memory_in_use(int device) {
   if (device < 0 || device >= cuda::device_count()) return 0;
   int prev = 0;
