@@ -46,8 +46,9 @@ float finite_float(const std::string& s, const std::string& key, const char* par
   char* end = nullptr;
   errno = 0;
   const float v = std::strtof(s.c_str(), &end);
-  if (s.empty() || !end || *end != 0 || errno != 0 || !std::isfinite(v))
-    throw OptionError(key, cat("{}", part, ": '", s, "' is not a number"));
+  if (s.empty() || !end || *end != 0) throw OptionError(key, cat("{}", part, ": '", s, "' is not a number"));
+  if (errno != 0 || !std::isfinite(v))
+    throw OptionError(key, cat("{}", part, ": '", s, "' must be a finite number"));
   return v;
 }
 
@@ -159,6 +160,7 @@ void validate(const Option& o, const std::string& text) {
     case Kind::Float: {
       double v = 0;
       if (!to_double(text, &v)) throw OptionError(o.name, cat("option {}: '", text, "' is not a number"));
+      if (!std::isfinite(v)) throw OptionError(o.name, cat("option {}: '", text, "' must be a finite number"));
       if (o.min || o.max) check_range(o, text, v);
       break;
     }
@@ -279,6 +281,12 @@ Values parse_argv(const CommandSpec& spec, int argc, char** argv) {
     }
     if (!inline_value) {
       if (i + 1 >= argc) throw OptionError(o->name, "option {} needs a value");
+      // "--prompt --output o.y4m": the value was forgotten, not meant to be "--output" (a value that
+      // starts with an option's name is given as --prompt=--output).
+      const std::string next = argv[i + 1];
+      if (next == "-h" || next == "--help" || (next.rfind("--", 0) == 0 && find_option(spec, next.substr(2, next.find('=') - 2))))
+        throw OptionError(o->name, cat("option {} needs a value, but the next argument is the option ", next,
+                                       " (write {}=VALUE for a value that starts with --)"));
       value = argv[++i];
     }
     validate(*o, value);

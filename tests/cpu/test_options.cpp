@@ -126,6 +126,17 @@ TEST(Options, ArgvErrorsNameTheOption) {
   EXPECT_EQ(argv_error({"--name", "n", "--frames", "0"}), "--frames 0: expected 1..1000");
   EXPECT_EQ(argv_error({"--name", "n", "--frames=2001"}), "--frames 2001: expected 1..1000");
   EXPECT_EQ(argv_error({"--name", "n", "--scale", "x"}), "option --scale: 'x' is not a number");
+  // Not "not a number": the value parses, it is just not finite.
+  EXPECT_EQ(argv_error({"--name", "n", "--scale", "inf"}), "option --scale: 'inf' must be a finite number");
+  EXPECT_EQ(argv_error({"--name", "n", "--scale=nan"}), "option --scale: 'nan' must be a finite number");
+  // A forgotten value is named as such, not reported as an unexpected argument further on.
+  EXPECT_EQ(argv_error({"--name", "--output", "o.txt"}),
+            "option --name needs a value, but the next argument is the option --output (write --name=VALUE for a "
+            "value that starts with --)");
+  EXPECT_EQ(argv_error({"--name", "--frames=5"}).rfind("option --name needs a value, but", 0), 0u);
+  EXPECT_EQ(argv_error({"--name", "--help"}).rfind("option --name needs a value, but", 0), 0u);
+  EXPECT_EQ(argv_error({"--name=--output", "--frames", "5"}), "(no error)");
+  EXPECT_EQ(argv_error({"--name", "--not-an-option"}), "(no error)");  // an unknown --word is a value
   EXPECT_EQ(argv_error({"--name", "n", "--mode", "warp"}), "unknown --mode 'warp' (valid: fast, slow)");
   EXPECT_EQ(argv_error({"--name", "n", "--size", "64"}),
             "--size: '64' is not WIDTHxHEIGHT (e.g. 1280x720 or 1280*720)");
@@ -242,6 +253,12 @@ TEST(Options, ValueParsers) {
   EXPECT_EQ(parse_guide_scale("5"), (std::pair<float, float>{5.0f, 5.0f}));
   EXPECT_EQ(parse_guide_scale("3,4.5"), (std::pair<float, float>{3.0f, 4.5f}));
   for (const char* bad : {"", "a", "3,", ",4", "3;4", "nan"}) EXPECT_THROW(parse_guide_scale(bad), OptionError) << bad;
+  try {
+    (void)parse_guide_scale("inf");
+    ADD_FAILURE() << "inf accepted";
+  } catch (const OptionError& e) {
+    EXPECT_STREQ(e.what(), "--guide-scale: 'inf' must be a finite number");
+  }
   EXPECT_EQ(parse_device("cpu"), -1);
   EXPECT_EQ(parse_device("cuda"), 0);
   EXPECT_EQ(parse_device("cuda:3"), 3);
