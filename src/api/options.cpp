@@ -9,6 +9,8 @@
 #include <cstdlib>
 #include <sstream>
 
+#include "core/printable.h"
+
 namespace wan::api {
 namespace {
 
@@ -27,6 +29,12 @@ bool to_int(const std::string& s, long long* v) {
   char* end = nullptr;
   *v = std::strtoll(s.c_str(), &end, 10);
   return errno == 0 && end && *end == 0 && !s.empty();
+}
+
+std::string hex_byte(char c) {
+  static const char kDigits[] = "0123456789ABCDEF";
+  const auto b = static_cast<unsigned char>(c);
+  return {kDigits[b >> 4], kDigits[b & 15]};
 }
 
 bool to_double(const std::string& s, double* v) {
@@ -180,6 +188,15 @@ void validate(const Option& o, const std::string& text) {
     case Kind::Device:
       (void)parse_device(text, o.name, o.gpu_index);
       break;
+    case Kind::String: {
+      // Text reaches the tokenizer, files and messages: refuse what is not UTF-8 rather than guess.
+      // (Paths are bytes to the OS and may be anything.)
+      const size_t bad = first_invalid_utf8(text);
+      if (bad != std::string::npos)
+        throw OptionError(o.name, cat("option {}: not valid UTF-8 (byte 0x", hex_byte(text[bad]), " at offset ", bad,
+                                      " of \"", printable(text, 40), "\")"));
+      break;
+    }
     default:
       break;
   }
@@ -323,8 +340,9 @@ Values parse_json(const CommandSpec& spec, const nlohmann::json& j) {
 }
 
 std::string json_error_message(const CommandSpec& spec, const std::exception& e) {
-  if (const auto* oe = dynamic_cast<const OptionError*>(&e)) return oe->json_message();
-  const std::string m = e.what();
+  // printable(): the message quotes user text and must stay valid UTF-8 inside a JSON body.
+  if (const auto* oe = dynamic_cast<const OptionError*>(&e)) return printable(oe->json_message());
+  const std::string m = printable(e.what());
   if (m.rfind("--", 0) != 0) return m;
   size_t end = 2;
   while (end < m.size() && (std::isalnum(static_cast<unsigned char>(m[end])) || m[end] == '-')) ++end;

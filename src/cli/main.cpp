@@ -8,6 +8,7 @@
 #include <new>
 #include <string>
 
+#include "core/printable.h"
 #include "api/commands.h"
 #include "cli/commands.h"
 #include "core/error.h"
@@ -44,7 +45,7 @@ const Command* find_command(const std::string& name) {
 }
 
 int unknown_command(const std::string& name) {
-  fprintf(stderr, "error: unknown command '%s' (try 'wan --help')\n", name.c_str());
+  fprintf(stderr, "error: unknown command '%s' (try 'wan --help')\n", wan::printable(name).c_str());
   return 2;
 }
 }  // namespace
@@ -82,13 +83,15 @@ int main(int argc, char** argv) {
   try {
     return c->fn(argc - 1, argv + 1);
   } catch (const wan::Error& e) {
-    fprintf(stderr, "error: %s\n", e.what());
+    // Messages quote user text (paths, prompts, values): printable() keeps the error one valid line.
+    fprintf(stderr, "error: %s\n", wan::printable(e.what()).c_str());
     return e.kind() == wan::ErrorKind::BadInput ? 2 : 1;
   } catch (const std::bad_alloc&) {
-    fprintf(stderr, "error: out of host memory\n");
-    return 1;
+    // A request too large for this machine, like a plan that does not fit: exit 2.
+    fprintf(stderr, "error: out of host memory (the request is too large for this machine)\n");
+    return 2;
   } catch (const std::exception& e) {
-    fprintf(stderr, "error: internal: %s\n", e.what());
+    fprintf(stderr, "error: internal: %s\n", wan::printable(e.what()).c_str());
     return 1;
   }
 }

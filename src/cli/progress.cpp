@@ -30,7 +30,18 @@ void ProgressPrinter::finish_line() {
   }
 }
 
+namespace {
+// What a first signal stops after, as the handler says it: set by the progress events (the handler
+// may only read an atomic and write fixed strings).
+enum Unit : int { kUnitStage, kUnitStep, kUnitChunk };
+std::atomic<int> g_unit{kUnitStage};
+}  // namespace
+
 void ProgressPrinter::operator()(const ProgressEvent& e) {
+  if (e.kind == ProgressEvent::Begin)
+    g_unit.store(e.stage == Stage::Denoise ? kUnitStep : e.stage == Stage::Decode ? kUnitChunk : kUnitStage);
+  else if (e.kind == ProgressEvent::End)
+    g_unit.store(kUnitStage);
   if (quiet_) return;
   const char* name = stage_name(e.stage);
   const bool counted = e.stage == Stage::Denoise || e.stage == Stage::Decode;
@@ -72,33 +83,50 @@ void ProgressPrinter::operator()(const ProgressEvent& e) {
 
 namespace {
 std::atomic<bool> g_interrupted{false};
-struct sigaction g_old_action;
+std::atomic<int> g_signal{0};
+struct sigaction g_old_int, g_old_term;
 
-extern "C" void on_sigint(int) {
+void say(const char* s) {
+  ssize_t ignored = write(2, s, std::strlen(s));
+  (void)ignored;
+}
+
+extern "C" void on_signal(int sig) {
   if (g_interrupted.exchange(true)) {
-    // Second Ctrl-C: the default action (terminate) right away.
-    signal(SIGINT, SIG_DFL);
-    raise(SIGINT);
+    // A second signal: its default action (terminate) right away.
+    signal(sig, SIG_DFL);
+    raise(sig);
     return;
   }
-  static const char kMsg[] = "\ninterrupted: stopping at the next step (Ctrl-C again to abort at once)\n";
-  ssize_t ignored = write(2, kMsg, sizeof kMsg - 1);
-  (void)ignored;
+  g_signal.store(sig);
+  say(sig == SIGTERM ? "\nterminated: " : "\ninterrupted: ");
+  const int unit = g_unit.load();
+  say(unit == kUnitStep    ? "stopping after the current step"
+      : unit == kUnitChunk ? "stopping after the current VAE chunk"
+                           : "stopping when the current stage ends");
+  say(sig == SIGTERM ? " (again to abort at once)\n" : " (Ctrl-C again to abort at once)\n");
 }
 }  // namespace
 
 InterruptGuard::InterruptGuard() {
   g_interrupted.store(false);
+  g_signal.store(0);
   struct sigaction sa;
   std::memset(&sa, 0, sizeof sa);
-  sa.sa_handler = on_sigint;
+  sa.sa_handler = on_signal;
   sigemptyset(&sa.sa_mask);
-  sigaction(SIGINT, &sa, &g_old_action);
+  sigaction(SIGINT, &sa, &g_old_int);
+  sigaction(SIGTERM, &sa, &g_old_term);
 }
 
-InterruptGuard::~InterruptGuard() { sigaction(SIGINT, &g_old_action, nullptr); }
+InterruptGuard::~InterruptGuard() {
+  sigaction(SIGINT, &g_old_int, nullptr);
+  sigaction(SIGTERM, &g_old_term, nullptr);
+}
 
 const std::atomic<bool>& InterruptGuard::flag() const { return g_interrupted; }
+
+int InterruptGuard::exit_code() const { return 128 + (g_signal.load() == SIGTERM ? SIGTERM : SIGINT); }
 
 std::string format_summary(const RunReport& r) {
   const Timings& t = r.timings;

@@ -29,9 +29,10 @@ class ProgressPrinter {
   double last_line_s_ = -1e9;
 };
 
-// Ctrl-C handling while it lives: the first SIGINT sets flag() (the pipeline stops at the next
-// step or chunk and the command removes its outputs, exit code 130); a second one terminates the
-// process at once (default action). One guard at a time.
+// Ctrl-C (SIGINT) and SIGTERM handling while it lives: the first signal sets flag() (the pipeline
+// stops after the current step, VAE chunk or stage, as the message printed then says, and the command
+// removes its unfinished outputs; exit_code() 130 for SIGINT, 143 for SIGTERM); a second one terminates
+// the process at once (default action). One guard at a time.
 class InterruptGuard {
  public:
   InterruptGuard();
@@ -40,6 +41,7 @@ class InterruptGuard {
   InterruptGuard& operator=(const InterruptGuard&) = delete;
   const std::atomic<bool>& flag() const;
   bool interrupted() const { return flag().load(); }
+  int exit_code() const;  // 128 + the signal that set flag()
 };
 constexpr int kExitInterrupted = 130;
 

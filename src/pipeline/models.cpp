@@ -1,6 +1,7 @@
 // Model components of a checkpoint for the pipeline (see models.h).
 #include "pipeline/models.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -14,6 +15,8 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "core/log.h"
+#include "core/printable.h"
 #include "core/philox.h"
 #include "models/dit/weights.h"
 #include "models/umt5/weights.h"
@@ -210,29 +213,48 @@ VaeWeights load_vae(const CheckpointInfo& info, const VaeConfig& cfg) {
   return w;
 }
 
-std::vector<int32_t> stand_in_token_ids(const std::string& prompt, int vocab) {
+std::vector<int32_t> stand_in_token_ids(const std::string& prompt, int vocab, int max_tokens, int* dropped) {
   WAN_CHECK(vocab > 3, "the stand-in tokenization needs a vocabulary of more than 3 ids (got ", vocab, ")");
-  constexpr int kEos = 1, kFirst = 3, kMaxLength = 512;
+  WAN_ASSERT(max_tokens >= 1, "max_tokens ", max_tokens);
+  constexpr int kEos = 1, kFirst = 3;
   const std::string clean = text::clean_prompt(prompt);
   std::vector<int32_t> ids;
+  const size_t keep = static_cast<size_t>(max_tokens - 1);
   for (unsigned char b : clean) {
-    if (static_cast<int>(ids.size()) == kMaxLength - 1) break;
+    if (ids.size() == keep) break;
     ids.push_back(kFirst + static_cast<int32_t>(b) % (vocab - kFirst));
   }
+  if (dropped) *dropped = static_cast<int>(clean.size() - ids.size());
   ids.push_back(kEos);
   return ids;
 }
 
 std::vector<int32_t> PromptTokenizer::ids(const std::string& prompt) const {
-  if (!tokenizer) return stand_in_token_ids(prompt, vocab);
-  text::Encoding enc = tokenizer->encode(prompt);
-  WAN_ASSERT(enc.length >= 1, "tokenizer returned no tokens");
-  return std::vector<int32_t>(enc.ids.begin(), enc.ids.begin() + enc.length);
+  std::vector<int32_t> out;
+  int dropped = 0;
+  if (!tokenizer) {
+    out = stand_in_token_ids(prompt, vocab, max_tokens, &dropped);
+  } else {
+    const text::Encoding enc = tokenizer->encode(prompt);
+    WAN_ASSERT(enc.length >= 1, "tokenizer returned no tokens");
+    out.assign(enc.ids.begin(), enc.ids.begin() + enc.length);
+    dropped = enc.dropped;
+    if (static_cast<int>(out.size()) > max_tokens) {  // the DiT takes fewer than the tokenizer's 512
+      dropped += static_cast<int>(out.size()) - max_tokens;
+      out.resize(static_cast<size_t>(max_tokens));
+      out.back() = tokenizer->eos_id();
+    }
+  }
+  if (dropped > 0)
+    LOG_WARN("the prompt \"", printable(prompt, 40), "\" has ", static_cast<int>(out.size()) - 1 + dropped,
+             " tokens but the model takes ", max_tokens - 1, " (and EOS): its last ", dropped, " tokens are dropped");
+  return out;
 }
 
 PromptTokenizer load_prompt_tokenizer(const CheckpointInfo* info, int vocab, bool allow_stand_in) {
   PromptTokenizer t;
   t.vocab = vocab;
+  if (info) t.max_tokens = std::clamp(info->dit.text_len, 1, 512);
   if (info && info->has(Role::Tokenizer)) {
     WAN_WITH_CONTEXT("loading the tokenizer", t.tokenizer = text::Tokenizer::load(info->find(Role::Tokenizer)->path));
     WAN_CHECK(t.tokenizer->vocab_size() <= vocab, info->root, ": the tokenizer has ", t.tokenizer->vocab_size(),

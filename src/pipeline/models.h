@@ -50,19 +50,25 @@ DiTWeights load_dit(const CheckpointInfo& info, Role role);
 VaeWeights load_vae(const CheckpointInfo& info, const VaeConfig& cfg);
 
 // ---- prompt -> token ids ----
-// The checkpoint's tokenizer (official cleaning, EOS, at most 512 tokens), or, without a tokenizer file
-// (`--weights random` only), the stand-in: the UTF-8 bytes b of the cleaned prompt as ids 3 + b
-// (3 + b mod (vocab - 3) for a vocabulary under 259 ids; UMT5's pad/EOS/unk are 0/1/2), at most 511 of
-// them, then EOS (1). The ids are not the real tokenizer's, so the text is not understood (the weights
-// are random anyway); what a timing depends on, the number of tokens, is about that of real text.
+// The checkpoint's tokenizer (official cleaning, EOS, at most max_tokens tokens), or, without a tokenizer
+// file (`--weights random` only), the stand-in: the UTF-8 bytes b of the cleaned prompt as ids 3 + b
+// (3 + b mod (vocab - 3) for a vocabulary under 259 ids; UMT5's pad/EOS/unk are 0/1/2), at most
+// max_tokens - 1 of them, then EOS (1). The ids are not the real tokenizer's, so the text is not
+// understood (the weights are random anyway); what a timing depends on, the number of tokens, is about
+// that of real text. max_tokens is the DiT's text_len (the official code tokenizes to it), at most 512
+// (the text encoder's length). A longer prompt is cut, with a warning that says how many tokens went.
 struct PromptTokenizer {
   std::optional<text::Tokenizer> tokenizer;  // nullopt: the stand-in
   int vocab = 0;                             // the text encoder's embedding rows
+  int max_tokens = 512;                      // EOS included
   std::vector<int32_t> ids(const std::string& prompt) const;
 };
-// With the checkpoint's tokenizer when `info` has one, else the stand-in (when allowed).
+// With the checkpoint's tokenizer when `info` has one, else the stand-in (when allowed); max_tokens from
+// info's DiT config.
 PromptTokenizer load_prompt_tokenizer(const CheckpointInfo* info, int vocab, bool allow_stand_in);
-std::vector<int32_t> stand_in_token_ids(const std::string& prompt, int vocab);
+// `dropped` (optional) gets the number of tokens cut off.
+std::vector<int32_t> stand_in_token_ids(const std::string& prompt, int vocab, int max_tokens = 512,
+                                        int* dropped = nullptr);
 
 struct TextEncoder {
   T5Config cfg;

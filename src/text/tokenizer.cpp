@@ -255,9 +255,12 @@ Encoding Tokenizer::encode(std::string_view prompt) const {
   WAN_ASSERT(impl_, "tokenizer not loaded");
   std::vector<int32_t> ids = tokenize(clean_prompt(prompt));
   const size_t keep = static_cast<size_t>(impl_->max_length - 1);
-  if (ids.size() > keep) ids.resize(keep);
-  ids.push_back(impl_->eos);
   Encoding e;
+  if (ids.size() > keep) {
+    e.dropped = static_cast<int>(ids.size() - keep);
+    ids.resize(keep);
+  }
+  ids.push_back(impl_->eos);
   e.length = static_cast<int>(ids.size());
   e.ids = std::move(ids);
   e.ids.resize(static_cast<size_t>(impl_->max_length), impl_->pad);

@@ -42,6 +42,7 @@ struct Encoding {
   std::vector<int32_t> ids;   // [max_length]; pad id after `length`
   std::vector<int32_t> mask;  // [max_length]; 1 for the first `length` entries, then 0
   int length = 0;             // real tokens including the EOS (= seq_len of spec §4.3)
+  int dropped = 0;            // tokens of the prompt cut off by the truncation (0: all kept)
 };
 
 class Tokenizer {

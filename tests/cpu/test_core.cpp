@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "core/philox.h"
+#include "core/printable.h"
 #include "core/tensor.h"
 #include "core/thread_pool.h"
 
@@ -61,6 +62,29 @@ TEST(ThreadPool, CoversRangeOnceAndRethrows) {
   });
   EXPECT_EQ(sum.load(), 999 * 1000 / 2);
   EXPECT_GE(num_threads(), 1);
+}
+
+// User text echoed in messages stays valid UTF-8 on one line: invalid bytes and control characters
+// are escaped, valid text (any script) passes unchanged.
+TEST(Printable, EscapesInvalidUtf8AndControlCharacters) {
+  EXPECT_EQ(wan::printable("a red fox"), "a red fox");
+  EXPECT_EQ(wan::printable("\xe7\x8b\x90 \xf0\x9f\xa6\x8a"), "\xe7\x8b\x90 \xf0\x9f\xa6\x8a");  // 狐 🦊
+  EXPECT_EQ(wan::printable("a\xff" "b"), "a\\xFFb");
+  EXPECT_EQ(wan::printable("x\ny\tz\r\x01\x7f"), "x\\ny\\tz\\r\\x01\\x7F");
+  EXPECT_EQ(wan::printable("\xc0\xaf"), "\\xC0\\xAF");                  // overlong
+  EXPECT_EQ(wan::printable("\xed\xa0\x80"), "\\xED\\xA0\\x80");       // surrogate
+  EXPECT_EQ(wan::printable("\xf4\x90\x80\x80"), "\\xF4\\x90\\x80\\x80");  // above U+10FFFF
+  EXPECT_EQ(wan::printable("\xe4\xb8"), "\\xE4\\xB8");                  // truncated
+  EXPECT_EQ(wan::printable("abcdef", 3), "abc...");
+  EXPECT_EQ(wan::printable("abc", 3), "abc");
+  EXPECT_EQ(wan::first_invalid_utf8("ok \xe7\x8b\x90"), std::string::npos);
+  EXPECT_EQ(wan::first_invalid_utf8("ok\x80"), 2u);
+  // Whatever the bytes, the result is valid UTF-8 without control characters.
+  std::string all;
+  for (int i = 0; i < 256; ++i) all += static_cast<char>(i);
+  const std::string p = wan::printable(all + all);
+  EXPECT_EQ(wan::first_invalid_utf8(p), std::string::npos);
+  for (char c : p) EXPECT_FALSE(static_cast<unsigned char>(c) < 0x20 || c == 0x7f);
 }
 
 TEST(Errors, ContextIsPrepended) {

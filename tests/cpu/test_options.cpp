@@ -137,6 +137,10 @@ TEST(Options, ArgvErrorsNameTheOption) {
   EXPECT_EQ(argv_error({"--name", "--help"}).rfind("option --name needs a value, but", 0), 0u);
   EXPECT_EQ(argv_error({"--name=--output", "--frames", "5"}), "(no error)");
   EXPECT_EQ(argv_error({"--name", "--not-an-option"}), "(no error)");  // an unknown --word is a value
+  // Text options must be UTF-8; the message quotes the text printably and says where it breaks.
+  EXPECT_EQ(argv_error({"--name", "caf\xe9 au lait"}),
+            "option --name: not valid UTF-8 (byte 0xE9 at offset 3 of \"caf\\xE9 au lait\")");
+  EXPECT_EQ(argv_error({"--name", "caf\xc3\xa9"}), "(no error)");
   EXPECT_EQ(argv_error({"--name", "n", "--mode", "warp"}), "unknown --mode 'warp' (valid: fast, slow)");
   EXPECT_EQ(argv_error({"--name", "n", "--size", "64"}),
             "--size: '64' is not WIDTHxHEIGHT (e.g. 1280x720 or 1280*720)");

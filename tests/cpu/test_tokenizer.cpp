@@ -258,6 +258,21 @@ TEST(Tokenizer, TruncationKeepsEosAndTinyMaxLength) {
   EXPECT_THROW(Tokenizer::load(kTokDir, o), wan::Error);
 }
 
+// A prompt longer than max_length is cut (keeping EOS), and the encoding says by how many tokens.
+TEST(Tokenizer, TruncationCountsTheDroppedTokens) {
+  const Tokenizer full = Tokenizer::load(kTokDir);
+  const std::string prompt = "a red fox runs through the snow at dawn";
+  const size_t n = full.tokenize(wan::text::clean_prompt(prompt)).size();
+  ASSERT_GT(n, 5u);
+  EXPECT_EQ(full.encode(prompt).dropped, 0);
+  TokenizerOptions o;
+  o.max_length = 4;
+  const Encoding e = Tokenizer::load(kTokDir, o).encode(prompt);
+  EXPECT_EQ(e.length, 4);
+  EXPECT_EQ(e.dropped, static_cast<int>(n) - 3);
+  EXPECT_EQ(e.ids[3], full.eos_id());
+}
+
 TEST(Tokenizer, InvalidUtf8BecomesReplacementCharacter) {
   // Python's bytes.decode('utf-8', 'replace'): one U+FFFD per maximal invalid subsequence.
   EXPECT_EQ(utf8_encode(utf8_decode("a\xff" "b")), "a\uFFFD" "b");
