@@ -1,8 +1,8 @@
 // `wan inspect PATH [--json FILE]`: layout, task, DiT config and, per component, its tensors (count,
-// dtypes, parameters) and, for the DiT experts, the tensors missing, unexpected or of the wrong
-// shape against the official table (spec §3.2).
-// Exit codes: 0 when everything could be read (missing tensors are printed, not fatal); any
-// unreadable file or folder throws wan::Error, which main() prints as one line with exit code 2.
+// dtypes, parameters) and the tensors missing, unexpected or of the wrong shape against its table
+// (pipeline/checkpoint_check.h; the DiT's is spec §3.2).
+// Exit codes: 0 only for a complete, consistent checkpoint; 2 (after the report) when any component
+// has a problem, or (one line, no report) when a file or folder cannot be read.
 #include <algorithm>
 #include <cstdio>
 #include <map>
@@ -16,72 +16,13 @@
 #include "ckpt/layout.h"
 #include "api/commands.h"
 #include "cli/commands.h"
+#include "pipeline/checkpoint_check.h"
 #include "pipeline/files.h"
 
 namespace wan::cli {
 namespace {
 
 using nlohmann::json;
-
-struct ComponentReport {
-  Role role;
-  std::string path;
-  std::string format;
-  bool has_tensors = false;
-  size_t tensors = 0;
-  int64_t params = 0;
-  std::map<std::string, size_t> dtypes;
-  std::vector<std::string> missing, unexpected;
-  std::vector<std::string> mismatches;  // "name: [got] expected [want]"
-};
-
-std::string format_of(const std::string& path, Role role) {
-  auto ends = [&](const char* s) {
-    std::string x = s;
-    return path.size() >= x.size() && path.compare(path.size() - x.size(), x.size(), x) == 0;
-  };
-  if (role == Role::Tokenizer) return "tokenizer folder";
-  if (ends(".pth") || ends(".pt")) return "pth";
-  if (ends(".safetensors.index.json")) return "safetensors (sharded, index)";
-  if (ends(".safetensors")) return "safetensors";
-  return "safetensors folder";
-}
-
-ComponentReport inspect_component(const CheckpointInfo& info, const Component& c) {
-  ComponentReport r;
-  r.role = c.role;
-  r.path = c.path;
-  r.format = format_of(c.path, c.role);
-  if (c.role == Role::Tokenizer) return r;
-  std::unique_ptr<WeightStore> store;
-  try {
-    store = open_weights(info, c.role);
-  } catch (const Error& e) {
-    throw e.with_context(cat("reading ", role_name(c.role)));
-  }
-  r.has_tensors = true;
-  std::vector<std::string> names = store->names();
-  r.tensors = names.size();
-  for (const std::string& n : names) {
-    r.params += store->shape(n).numel();
-    r.dtypes[dtype_name(store->dtype(n))]++;
-  }
-  r.unexpected = store->unexpected();
-  if (role_is_dit(c.role)) {
-    std::map<std::string, Shape> want = dit_expected_shapes(info.dit);
-    for (const auto& [n, s] : want) {
-      if (!store->contains(n)) r.missing.push_back(n);
-      else if (!(store->shape(n) == s))
-        r.mismatches.push_back(cat(n, ": ", store->shape(n).str(), ", expected ", s.str()));
-    }
-    // Official names that are DiT-like but not tensors of this config (e.g. blocks.40.* of a 40-layer
-    // model, or a parameter-free norm's weight) are unexpected too.
-    for (const std::string& n : names)
-      if (!want.count(n)) r.unexpected.push_back(n);
-    std::sort(r.unexpected.begin(), r.unexpected.end());
-  }
-  return r;
-}
 
 std::string config_line(const DiTConfig& c) {
   return cat("dim ", c.dim, ", ffn_dim ", c.ffn_dim, ", num_heads ", c.num_heads, ", num_layers ", c.num_layers,
@@ -115,12 +56,13 @@ void print_text(const CheckpointInfo& info, const std::vector<ComponentReport>& 
     std::string d;
     for (const auto& [k, v] : r.dtypes) d += cat(d.empty() ? "" : ", ", k, " ", v);
     printf("    dtypes: %s\n", d.empty() ? "(none)" : d.c_str());
-    if (role_is_dit(r.role)) print_list("missing", r.missing);
+    if (!r.table_error.empty()) printf("    problem: %s\n", r.table_error.c_str());
+    print_list("missing", r.missing);
     print_list("unexpected", r.unexpected);
-    if (role_is_dit(r.role)) print_list("shape mismatches", r.mismatches);
-    problems += r.missing.size() + r.mismatches.size();
+    print_list("shape mismatches", r.mismatches);
+    problems += r.problems();
   }
-  if (problems) printf("status: INCOMPLETE (%zu missing or mis-shaped DiT tensors)\n", problems);
+  if (problems) printf("status: INCOMPLETE (%zu missing, mis-shaped or unexpected DiT tensors)\n", problems);
   else printf("status: ok\n");
 }
 
@@ -149,11 +91,10 @@ std::string json_report(const CheckpointInfo& info, const std::vector<ComponentR
       c["parameters"] = r.params;
       c["dtypes"] = r.dtypes;
       c["unexpected"] = r.unexpected;
-      if (role_is_dit(r.role)) {
-        c["missing"] = r.missing;
-        c["shape_mismatches"] = r.mismatches;
-        ok = ok && r.missing.empty() && r.mismatches.empty();
-      }
+      c["missing"] = r.missing;
+      c["shape_mismatches"] = r.mismatches;
+      if (!r.table_error.empty()) c["problem"] = r.table_error;
+      ok = ok && r.problems() == 0;
     }
     comps.push_back(c);
   }
@@ -173,11 +114,15 @@ int cmd_inspect(int argc, char** argv) {
   if (json_file && *json_file != "-") check_output_path(*json_file, "--json");
   CheckpointInfo info = detect_checkpoint(args.positional()[0]);
   std::vector<ComponentReport> reports;
-  for (const Component& c : info.components) reports.push_back(inspect_component(info, c));
+  size_t problems = 0;
+  for (const Component& c : info.components) {
+    reports.push_back(check_component(info, c));
+    problems += reports.back().problems();
+  }
   if (!json_file) print_text(info, reports);
   else if (*json_file == "-") printf("%s", json_report(info, reports).c_str());
   else write_text_file(*json_file, json_report(info, reports));
-  return 0;
+  return problems == 0 ? 0 : 2;  // the report is printed either way; only a complete, consistent checkpoint is 0
 }
 
 }  // namespace wan::cli

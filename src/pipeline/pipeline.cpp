@@ -31,6 +31,7 @@
 #include "pipeline/files.h"
 #include "pipeline/models.h"
 #include "pipeline/startup.h"
+#include "pipeline/checkpoint_check.h"
 #include "pipeline/pipeline_internal.h"
 #include "runtime/memory_plan.h"
 
@@ -444,6 +445,16 @@ void plan_resume(const GenerateOptions& o, GeneratePlan& p) {
   }
 }
 
+// The files the run could read, checked before any heavy stage: every header and byte range, and each
+// component's tensors against its config (both experts, whatever the schedule gives them).
+void plan_checkpoint(const GenerateOptions& o, const GeneratePlan& p) {
+  if (p.random_weights) return;
+  std::vector<Role> roles = {Role::DiT, Role::DiTHigh, Role::DiTLow};
+  if (p.needs_text_encoder) roles.push_back(Role::TextEncoder);
+  if (o.decode) roles.push_back(Role::Vae);
+  validate_checkpoint(p.ckpt, roles);
+}
+
 // Memory: host (the weights held at once) and the GPU run's device plan, checked before any heavy work.
 void plan_memory(const GenerateOptions& o, GeneratePlan& p) {
   const bool on_gpu = parse_device(o.device) >= 0;
@@ -475,6 +486,7 @@ GeneratePlan plan_generate(const GenerateOptions& o) {
   plan_video(o, sizes, p);
   plan_sampling(o, p);
   plan_resume(o, p);
+  plan_checkpoint(o, p);
   plan_memory(o, p);
   return p;
 }

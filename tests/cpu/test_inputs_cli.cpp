@@ -117,3 +117,51 @@ TEST(PromptsCli, ForgottenValueAndNonFiniteScale) {
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.err.find("'inf' must be a finite number"), std::string::npos) << r.err;
 }
+
+namespace {
+
+void truncate_by_one(const std::string& file) {
+  const auto n = fs::file_size(file);
+  fs::resize_file(file, n - 1);
+}
+
+}  // namespace
+
+// A damaged expert file is found while planning, before the text encoder loads, whatever expert the
+// schedule would use first, and even when the schedule gives that expert no step.
+TEST(CheckpointCli, DamagedExpertIsRefusedBeforeAnyModelLoads) {
+  TempDir t;
+  for (const char* expert : {"high_noise_model", "low_noise_model"}) {
+    const std::string ck = tiny_model(t, expert);
+    truncate_by_one(ck + "/" + expert + "/diffusion_pytorch_model.safetensors");
+    std::vector<std::string> a = generate(ck, "a red fox", t / "o.y4m");
+    a.insert(a.end(), {"--steps", "1"});  // one step: the high-noise expert's only
+    const Result r = run_wan(a);
+    EXPECT_EQ(r.code, 2) << r.err;
+    EXPECT_EQ(lines(r.err), 1) << r.err;
+    EXPECT_NE(r.err.find(std::string(expert) + "/diffusion_pytorch_model.safetensors"), std::string::npos) << r.err;
+    EXPECT_EQ(r.err.find("text encoder"), std::string::npos) << "refused only after loading: " << r.err;
+    EXPECT_FALSE(fs::exists(t / "o.y4m"));
+  }
+}
+
+// A config that disagrees with its tensors is an error naming the first mismatch, in generate and in
+// inspect (which prints its report and exits 2); the untouched checkpoint is ok with exit 0.
+TEST(CheckpointCli, ConfigThatDisagreesWithItsTensorsIsAnError) {
+  TempDir t;
+  const std::string ck = tiny_model(t);
+  Result r = run_wan({"inspect", ck});
+  EXPECT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("status: ok"), std::string::npos) << r.out;
+  for (const char* expert : {"high_noise_model", "low_noise_model"})
+    set_config_number(ck + "/" + expert + "/config.json", "num_layers", "1");
+  r = run_wan(generate(ck, "a red fox", t / "o.y4m"));
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_EQ(lines(r.err), 1) << r.err;
+  EXPECT_NE(r.err.find("tensor 'blocks.1."), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("does the config match the weights?"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(t / "o.y4m"));
+  r = run_wan({"inspect", ck});
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  EXPECT_NE(r.out.find("status: INCOMPLETE"), std::string::npos) << r.out;
+}
