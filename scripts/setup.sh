@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sets up a fresh Debian/Ubuntu machine for building and testing wan, then builds it.
 #   - Debian packages: compiler, CMake, Ninja, nlohmann-json, GoogleTest, Python venv support, Open MPI
-#     (the MPI bootstrap of multi-process runs and its tests).
+#     (the MPI bootstrap of multi-process runs and its tests), clang with libFuzzer's runtime (the fuzz
+#     targets of tests/fuzz, scripts/fuzz.sh).
 #   - Python venv .venv with the test oracle (torch, diffusers, transformers, ...) from PyPI.
 #   - Configures and builds into build/ (CUDA targets too when a CUDA toolkit is installed).
 # Idempotent: re-running skips what is already there. Environment:
@@ -14,7 +15,7 @@ log() { printf '[setup] %s\n' "$*"; }
 
 DEB_PKGS=(build-essential cmake ninja-build pkg-config nlohmann-json3-dev libgtest-dev python3 python3-venv python3-pip
           libavcodec-dev libavformat-dev libavutil-dev libswscale-dev ffmpeg libsentencepiece-dev
-          libopenmpi-dev openmpi-bin)
+          libopenmpi-dev openmpi-bin clang libclang-rt-dev)
 missing=()
 for p in "${DEB_PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -28,6 +29,8 @@ if [ ${#missing[@]} -gt 0 ]; then
       python3-venv) python3 -c 'import venv, ensurepip' 2>/dev/null || really+=("$p") ;;
       python3-pip) python3 -m pip --version >/dev/null 2>&1 || really+=("$p") ;;
       cmake) command -v cmake >/dev/null || really+=("$p") ;;
+      # libFuzzer's runtime is its own package on newer releases, part of clang's on older ones.
+      libclang-rt-dev) [ -f "$(clang -print-file-name=libclang_rt.fuzzer-x86_64.a 2>/dev/null)" ] || really+=("$p") ;;
       *) really+=("$p") ;;
     esac
   done
@@ -36,6 +39,12 @@ if [ ${#missing[@]} -gt 0 ]; then
     SUDO=""
     [ "$(id -u)" -eq 0 ] || SUDO="sudo"
     $SUDO apt-get update -qq
+    keep=()
+    for p in "${really[@]}"; do  # an older release has no libclang-rt-dev: clang's own package has the runtime
+      [ "$p" = libclang-rt-dev ] && ! apt-cache show "$p" >/dev/null 2>&1 && continue
+      keep+=("$p")
+    done
+    really=("${keep[@]}")
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${really[@]}"
   fi
 fi

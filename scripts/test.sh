@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Runs the whole test suite: every CPU test (GPU tests skip without a device; on a GPU machine they run),
-# then the CPU tests once more under AddressSanitizer + UndefinedBehaviorSanitizer.
+# then the CPU tests once more under AddressSanitizer + UndefinedBehaviorSanitizer, then a short fuzz
+# run of every file parser (scripts/fuzz.sh: clang + libFuzzer in build-fuzz, WAN_FUZZ_SECONDS each,
+# default 20, crash regressions replayed first). WAN_SKIP_SANITIZE=1 / WAN_SKIP_FUZZ=1 skip those steps.
 # Run scripts/setup.sh first (the README's test command does both).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,4 +18,9 @@ if [ "${WAN_SKIP_SANITIZE:-0}" != "1" ]; then
   cmake --build build-asan -j "$JOBS"
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     ctest --test-dir build-asan --output-on-failure -j "$JOBS" --timeout 1800 -LE gpu
+fi
+
+if [ "${WAN_SKIP_FUZZ:-0}" != "1" ]; then
+  echo "[test] fuzz smoke run (build-fuzz)"
+  ./scripts/fuzz.sh -t "${WAN_FUZZ_SECONDS:-20}" -p "$JOBS" -j "$JOBS"
 fi

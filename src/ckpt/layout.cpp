@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ckpt/names.h"
+#include "core/json_limits.h"
 #include "formats/pth.h"
 #include "formats/safetensors.h"
 
@@ -87,13 +88,9 @@ json read_json_file(const fs::path& p) {
   WAN_CHECK(f, p.string(), ": cannot read");
   std::stringstream ss;
   ss << f.rdbuf();
-  try {
-    json j = json::parse(ss.str());
-    WAN_CHECK(j.is_object(), p.string(), ": not a JSON object");
-    return j;
-  } catch (const json::exception& e) {
-    WAN_THROW(p.string(), ": invalid JSON: ", e.what());
-  }
+  json j = parse_json_limited(ss.str(), p.string());
+  WAN_CHECK(j.is_object(), p.string(), ": not a JSON object");
+  return j;
 }
 
 std::string json_class(const json& j) {

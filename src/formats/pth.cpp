@@ -30,11 +30,12 @@ using u128 = unsigned __int128;  // extents: a 63-bit size times a 63-bit stride
 struct PthReader {
   PthFile& f;
   const std::string& path;
-  size_t visited = 0;
+  // Each dict is flattened once: a pickle can reference one sub-dict from many keys (memo), and
+  // levels of {"a": d, "b": d} would list 2^levels tensors from a file of a few hundred bytes. Seen
+  // once, the work and the tensor list stay linear in the size of data.pkl.
+  std::set<const Value*> flattened{};
 
   static constexpr int kMaxNesting = 32;
-  // Shared sub-dicts could make flattening exponential; a state dict never comes close to this.
-  static constexpr size_t kMaxVisited = size_t{1} << 24;
 
   static std::string key_string(const Value* k) {
     if (k->kind == Kind::Str) return k->s;
@@ -44,8 +45,10 @@ struct PthReader {
 
   void flatten(const Value* dict, const std::string& prefix, int depth) {
     WAN_CHECK(depth <= kMaxNesting, path, ": dicts nested deeper than ", kMaxNesting, " levels");
+    WAN_CHECK(flattened.insert(dict).second, path, ": data.pkl reaches one dict through two keys ('",
+              prefix.empty() ? "" : prefix.substr(0, prefix.size() - 1), "' is one of them); a state dict's sub-dicts are "
+              "distinct");
     for (const auto& [k, v] : dict->dict) {
-      WAN_CHECK(++visited <= kMaxVisited, path, ": state dict has too many entries");
       std::string key = key_string(k);
       if (key.empty() && k->kind != Kind::Str) continue;  // None/bool keys never name tensors
       std::string name = prefix + key;

@@ -15,6 +15,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/json_limits.h"
+
 namespace wan {
 
 using nlohmann::json;
@@ -69,6 +71,13 @@ void DiTConfig::validate() const {
             "must be positive (dim ", dim, ", ffn_dim ", ffn_dim, ", num_heads ", num_heads, ", num_layers ",
             num_layers, ", freq_dim ", freq_dim, ", text_dim ", text_dim, ", text_len ", text_len, ", in_dim ",
             in_dim, ", out_dim ", out_dim, ")");
+  // Far above every released model (dim 5120, ffn_dim 14336, 40 layers, text 512 x 4096), and low enough
+  // that every size derived from a config (parameter counts, buffer bytes) fits 64-bit arithmetic.
+  WAN_CHECK(dim <= 65536 && ffn_dim <= 262144 && num_layers <= 1024 && freq_dim <= 65536 && text_dim <= 65536 &&
+                text_len <= 65536,
+            "DiT config: a size is out of range (dim ", dim, ", ffn_dim ", ffn_dim, ", num_layers ", num_layers,
+            ", freq_dim ", freq_dim, ", text_dim ", text_dim, ", text_len ", text_len,
+            "; limits: dim, freq_dim, text_dim, text_len 65536, ffn_dim 262144, num_layers 1024)");
   WAN_CHECK(dim % num_heads == 0, "DiT config: dim ", dim, " is not divisible by num_heads ", num_heads);
   // The 3D RoPE splits head_dim into (d - 4(d/6), 2(d/6), 2(d/6)) channels; the released models and
   // the attention kernels use 128.
@@ -140,11 +149,20 @@ int get_int(const json& j, const char* key, bool required, int fallback) {
     WAN_CHECK(!required, "config key '", key, "' is missing");
     return fallback;
   }
-  WAN_CHECK(it->is_number_integer() || (it->is_number_float() && it->get<double>() == static_cast<int>(it->get<double>())),
-            "config key '", key, "' must be an integer, got ", it->dump());
-  int64_t v = it->is_number_integer() ? it->get<int64_t>() : static_cast<int64_t>(it->get<double>());
-  WAN_CHECK(v >= -(1LL << 31) && v < (1LL << 31), "config key '", key, "' out of range: ", v);
-  return static_cast<int>(v);
+  // Range first, cast second: converting a double outside int's range (1e300) is undefined.
+  const double d = it->is_number_float() ? it->get<double>() : 0.0;
+  WAN_CHECK(it->is_number_integer() || (it->is_number_float() && d == std::trunc(d)), "config key '", key,
+            "' must be an integer, got ", it->dump());
+  bool in_range;
+  if (it->is_number_unsigned()) {
+    in_range = it->get<uint64_t>() < (1ULL << 31);
+  } else if (it->is_number_integer()) {
+    in_range = it->get<int64_t>() >= -(1LL << 31) && it->get<int64_t>() < (1LL << 31);
+  } else {
+    in_range = d >= -2147483648.0 && d < 2147483648.0;
+  }
+  WAN_CHECK(in_range, "config key '", key, "' out of range: ", it->dump());
+  return it->is_number_integer() ? static_cast<int>(it->get<int64_t>()) : static_cast<int>(d);
 }
 
 float get_float(const json& j, const char* key, float fallback) {
@@ -160,8 +178,11 @@ void read_patch(const json& j, int patch[3]) {
   WAN_CHECK(it->is_array() && it->size() == 3, "config key 'patch_size' must be a list of 3 integers, got ",
             it->dump());
   for (int i = 0; i < 3; ++i) {
-    WAN_CHECK((*it)[i].is_number_integer(), "config key 'patch_size' must be a list of 3 integers, got ", it->dump());
-    patch[i] = (*it)[i].get<int>();
+    const json& v = (*it)[i];
+    WAN_CHECK(v.is_number_integer() && (v.is_number_unsigned() ? v.get<uint64_t>() < (1ULL << 31)
+                                                                 : v.get<int64_t>() >= -(1LL << 31) && v.get<int64_t>() < (1LL << 31)),
+              "config key 'patch_size' must be a list of 3 integers, got ", it->dump());
+    patch[i] = v.get<int>();
   }
 }
 
@@ -203,7 +224,10 @@ DiTConfig read_diffusers(const json& j) {
   int heads = get_int(j, "num_attention_heads", true, 0);
   int head_dim = get_int(j, "attention_head_dim", true, 0);
   c.num_heads = heads;
-  c.dim = heads * head_dim;
+  const int64_t dim = static_cast<int64_t>(heads) * head_dim;  // two ints: the product may not fit one
+  WAN_CHECK(dim >= -(1LL << 31) && dim < (1LL << 31), "config: num_attention_heads ", heads, " x attention_head_dim ",
+            head_dim, " = ", dim, " is out of range");
+  c.dim = static_cast<int>(dim);
   c.ffn_dim = get_int(j, "ffn_dim", true, 0);
   c.num_layers = get_int(j, "num_layers", true, 0);
   c.in_dim = get_int(j, "in_channels", true, 0);
@@ -233,12 +257,7 @@ DiTConfig read_diffusers(const json& j) {
 }  // namespace
 
 DiTConfig dit_config_from_json(const std::string& json_text) {
-  json j;
-  try {
-    j = json::parse(json_text);
-  } catch (const json::exception& e) {
-    WAN_THROW("invalid JSON: ", e.what());
-  }
+  const json j = parse_json_limited(json_text, "config");
   WAN_CHECK(j.is_object(), "config is not a JSON object");
   std::string cls;
   if (auto it = j.find("_class_name"); it != j.end() && it->is_string()) cls = it->get<std::string>();
@@ -308,23 +327,28 @@ DiTConfig dit_config_from_shapes(const std::map<std::string, Shape>& shapes) {
               it->second.str(), ", expected ", ndim, " dimensions");
     return it->second;
   };
+  // A dimension becomes an int only when it fits one: a truncated 2^32 + 256 would pass for 256.
+  auto as_int = [](int64_t v, const std::string& what) {
+    WAN_CHECK(v >= 0 && v < (int64_t{1} << 31), "cannot infer the DiT config: ", what, " ", v, " is out of range");
+    return static_cast<int>(v);
+  };
   DiTConfig c;
   const Shape& mod = need("head.modulation", 3);
-  c.dim = static_cast<int>(mod[2]);
+  c.dim = as_int(mod[2], "dim (head.modulation " + mod.str() + ")");
   WAN_CHECK(c.dim % 128 == 0, "cannot infer the DiT config: dim ", c.dim, " (head.modulation ", mod.str(),
             ") is not a multiple of head_dim 128");
   c.num_heads = c.dim / 128;
-  c.ffn_dim = static_cast<int>(need("blocks.0.ffn.0.weight", 2)[0]);
+  c.ffn_dim = as_int(need("blocks.0.ffn.0.weight", 2)[0], "ffn_dim (blocks.0.ffn.0.weight)");
   const Shape& pe = need("patch_embedding.weight", 5);
-  c.in_dim = static_cast<int>(pe[1]);
-  for (int i = 0; i < 3; ++i) c.patch[i] = static_cast<int>(pe[2 + i]);
+  c.in_dim = as_int(pe[1], "in_dim (patch_embedding.weight " + pe.str() + ")");
+  for (int i = 0; i < 3; ++i) c.patch[i] = as_int(pe[2 + i], "patch size (patch_embedding.weight " + pe.str() + ")");
   int64_t pvol = static_cast<int64_t>(c.patch[0]) * c.patch[1] * c.patch[2];
   const Shape& hh = need("head.head.weight", 2);
   WAN_CHECK(pvol > 0 && hh[0] % pvol == 0, "cannot infer the DiT config: head.head.weight ", hh.str(),
             " is not a multiple of the patch volume ", pvol);
-  c.out_dim = static_cast<int>(hh[0] / pvol);
-  c.freq_dim = static_cast<int>(need("time_embedding.0.weight", 2)[1]);
-  c.text_dim = static_cast<int>(need("text_embedding.0.weight", 2)[1]);
+  c.out_dim = as_int(hh[0] / pvol, "out_dim (head.head.weight " + hh.str() + ")");
+  c.freq_dim = as_int(need("time_embedding.0.weight", 2)[1], "freq_dim (time_embedding.0.weight)");
+  c.text_dim = as_int(need("text_embedding.0.weight", 2)[1], "text_dim (text_embedding.0.weight)");
   // Layers: the distinct N of "blocks.N.", which must be exactly 0..L-1.
   std::set<int> blocks;
   for (const auto& [name, shape] : shapes) {

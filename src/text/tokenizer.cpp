@@ -6,9 +6,11 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <sstream>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/json_limits.h"
 #include "text/clean.h"
 #include "text/precompiled.h"
 #include "text/unigram.h"
@@ -47,11 +49,18 @@ namespace {
 nlohmann::json read_json(const fs::path& p) {
   std::ifstream f(p, std::ios::binary);
   WAN_CHECK(f.good(), p.string(), ": cannot open");
-  try {
-    return nlohmann::json::parse(f);
-  } catch (const std::exception& e) {
-    WAN_THROW(p.string(), ": invalid JSON: ", e.what());
-  }
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return parse_json_limited(ss.str(), p.string());
+}
+
+// A token id: an integer in [0, 2^31 - 1), so that "largest id + 1" (the vocabulary size) is an int too.
+// (A float such as 1e300 does not convert to int at all.)
+int token_id(const nlohmann::json& v, const fs::path& file) {
+  const bool ok = v.is_number_unsigned() ? v.get<uint64_t>() < INT32_MAX
+                                         : v.is_number_integer() && v.get<int64_t>() >= 0 && v.get<int64_t>() < INT32_MAX;
+  WAN_CHECK(ok, file.string(), ": token id ", v.dump(), " is not an integer in [0, 2147483647)");
+  return static_cast<int>(v.get<int64_t>());
 }
 
 // Rust's char::is_whitespace (Unicode White_Space), what WhitespaceSplit splits on.
@@ -146,7 +155,7 @@ Tokenizer Tokenizer::load(const std::string& path, const TokenizerOptions& opts)
       for (size_t i = vocab.size(); i < jv.size(); ++i) vocab.push_back({jv[i].at(0).get<std::string>(), jv[i].at(1).get<double>()});
       if (j.contains("added_tokens"))
         for (const auto& t : j["added_tokens"])
-          if (t.value("special", false)) specials[t.at("content").get<std::string>()] = t.at("id").get<int>();
+          if (t.value("special", false)) specials[t.at("content").get<std::string>()] = token_id(t.at("id"), tj);
       // transformers 5 keeps only a Precompiled normalizer (none when the file has none).
       if (j.contains("normalizer") && j["normalizer"].is_object()) {
         const nlohmann::json& nz = j["normalizer"];
