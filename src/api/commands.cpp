@@ -39,7 +39,15 @@ const char* kFilesHelp =
     "  state:      \"latents\", \"state.step\", \"state.fingerprint\", \"sampler.*\", \"prompt_embeds\",\n"
     "              \"negative_prompt_embeds\", \"timings.*\" (src/pipeline/files.h).\n"
     "Seeded noise: element i (C-order) of the initial latents is philox_normal(seed, i).\n"
-    "Exit codes: 0 ok, 2 bad input, 1 internal error, 130 interrupted (Ctrl-C; outputs removed).\n";
+    "Exit codes: 0 ok, 2 bad input, 1 internal error, 130 interrupted (Ctrl-C; outputs already complete,\n"
+    "such as --save-latents written before the decode, are kept; nothing partial is).\n";
+
+// PNG output into a folder that already holds frames of the same name: refused unless asked for.
+Option overwrite_frames_option() {
+  return flag_option("overwrite-frames",
+                     ".png output: replace the frames name_NNNNN.png already in the folder (those the new "
+                     "sequence does not reach are removed); without it such a folder is refused");
+}
 
 std::vector<Option> generate_options_table() {
   std::vector<Option> t;
@@ -122,13 +130,15 @@ std::vector<Option> generate_options_table() {
                      "ring attention over R GPUs. cfg x U x R = the GPUs; none given: automatic"));
   t.push_back(option("output", Kind::Path, "FILE", "output.mp4, or output.y4m in a build without FFmpeg",
                      ".mp4 | .y4m | .png (PNG: one file per frame, name_00000.png, ...)"));
+  t.push_back(overwrite_frames_option());
   t.push_back(option("prompt-embeds", Kind::Path, "FILE", "", "prompt embeddings instead of --prompt (see below)"));
   t.push_back(option("negative-prompt-embeds", Kind::Path, "FILE", "",
                      "negative prompt embeddings instead of --negative-prompt"));
   t.push_back(option("init-latents", Kind::Path, "FILE", "",
                      "initial noise instead of the seeded one; when --size / --frames are absent they follow from its "
                      "shape"));
-  t.push_back(option("save-latents", Kind::Path, "FILE", "", "also write the final latents (before the VAE)"));
+  t.push_back(option("save-latents", Kind::Path, "FILE", "",
+                     "also write the final latents (written before the VAE decode starts, kept if it fails)"));
   Option json = option("json", Kind::Path, "FILE", "", "also write the timings and peak memory as JSON");
   json.aliases = {"timings-json"};
   t.push_back(json);
@@ -192,6 +202,7 @@ const CommandSpec& decode_spec() {
     c.options = {model,
                  latents,
                  output,
+                 overwrite_frames_option(),
                  fps,
                  option("device", Kind::Device, "DEV", "cpu", "cpu | cuda[:i] (cuda decodes the Wan 2.1 VAE in bf16)"),
                  json,

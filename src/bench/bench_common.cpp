@@ -8,6 +8,7 @@
 #include <fstream>
 
 #include "core/error.h"
+#include "pipeline/files.h"
 
 #ifdef WAN_HAVE_CUDA
 #include "bench/dit_bench_gpu.h"
@@ -44,11 +45,7 @@ double median_of(std::vector<double> v) {
 }
 
 void write_json_file(const std::string& path, const nlohmann::json& j) {
-  std::ofstream f(path);
-  WAN_CHECK(f.good(), "--json ", path, ": cannot open for writing");
-  f << j.dump(2) << "\n";
-  f.flush();
-  WAN_CHECK(f.good(), "--json ", path, ": write failed");
+  WAN_WITH_CONTEXT("--json", write_text_file(path, j.dump(2) + "\n"));  // temporary file + rename
   printf("wrote %s\n", path.c_str());
 }
 

@@ -27,6 +27,7 @@
 #include "bench/commands.h"
 #include "models/config.h"
 #include "core/error.h"
+#include "pipeline/files.h"
 
 #include "runtime/dist/parallel_layout.h"
 
@@ -110,6 +111,7 @@ BenchSettings parse_settings(const api::Values& args) {
   o.verbose = args.flag("verbose");
   o.one_latent = !args.flag("distinct-latents");
   o.json_path = args.get_or("json", "");
+  if (!o.json_path.empty()) check_output_path(o.json_path, "--json");  // before any work
   o.attention_name = args.str("attention");
   return o;
 }

@@ -28,6 +28,7 @@
 #include "bench/commands.h"
 #include "core/dtype.h"
 #include "core/error.h"
+#include "pipeline/files.h"
 
 #ifdef WAN_HAVE_CUDA
 #include "kernels/attention_cudnn.h"
@@ -111,6 +112,7 @@ AttnSettings parse_settings(const api::Values& args) {
   s.device = args.device("device");
   s.input_std = args.get_double("input-std", 1.0);
   s.json_path = args.get_or("json", "");
+  if (!s.json_path.empty()) check_output_path(s.json_path, "--json");  // before any work
   return s;
 }
 

@@ -40,6 +40,7 @@
 #include "models/config.h"
 #include "core/clock.h"
 #include "core/error.h"
+#include "pipeline/files.h"
 #include "pipeline/models.h"
 #include "pipeline/pipeline.h"
 
@@ -71,6 +72,7 @@ LoadSettings parse_settings(const api::Values& args) {
   WAN_CHECK(!s.path.empty(), "wan bench --load PATH: missing the checkpoint PATH");
   s.device = args.device("device");
   s.json_path = args.get_or("json", "");
+  if (!s.json_path.empty()) check_output_path(s.json_path, "--json");  // before any work
   return s;
 }
 

@@ -26,6 +26,7 @@
 #include "bench/commands.h"
 #include "models/config.h"
 #include "core/error.h"
+#include "pipeline/files.h"
 #include "core/philox.h"
 #include "models/vae/weights.h"
 #include "models/weight_spec.h"
@@ -60,6 +61,7 @@ VaeSettings parse_settings(const api::Values& args) {
   s.device = args.device("device");
   s.mode = args.str("conv-mode");
   s.json_path = args.get_or("json", "");
+  if (!s.json_path.empty()) check_output_path(s.json_path, "--json");  // before any work
   s.verbose = args.flag("verbose");
   return s;
 }

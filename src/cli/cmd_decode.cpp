@@ -1,7 +1,8 @@
 // `wan decode`: a latents file ("latents" [z, T_lat, H_lat, W_lat], as `wan generate
 // --save-latents` writes it; see src/pipeline/files.h) through the checkpoint's VAE into a video.
-// Same rules as generate: inputs and the output path are checked before the VAE loads, Ctrl-C
-// stops between latent frames (exit 130), and no partial output is left behind.
+// Same rules as generate: the outputs are checked (writable, not an input, PNG frames) before the VAE
+// loads, Ctrl-C stops between latent frames (exit 130, nothing written), each output appears only when
+// complete, and a video once written is kept (a Ctrl-C during the write skips only the --json report).
 #include <chrono>
 #include <cstdio>
 #include <string>
@@ -26,14 +27,10 @@ int cmd_decode(int argc, char** argv) {
   const std::string latents_file = a.require("latents");
   const std::string output = a.require("output");
   const std::string timings_json = a.get_or("json", "");
-  check_output_path(output, "--output");
-  const VideoFormat format = video_format_from_path(output);
-  WAN_CHECK(format != VideoFormat::Mp4 || video_have_ffmpeg(), "--output ", output,
-            ": this build has no FFmpeg for .mp4; use .y4m or .png");
-  if (!timings_json.empty()) {
-    check_output_path(timings_json, "--json");
-    WAN_CHECK(timings_json != output, "--json and --output name the same file");
-  }
+  const bool overwrite_frames = a.flag("overwrite-frames");
+  (void)check_video_output(output, "--output", overwrite_frames);
+  if (!timings_json.empty()) check_output_path(timings_json, "--json");
+  check_outputs_distinct({{"--output", output}, {"--json", timings_json}}, {});
   const long long fps_arg = a.get_int("fps", 0);
 
   Tensor latents;
@@ -43,6 +40,12 @@ int cmd_decode(int argc, char** argv) {
   const VaeConfig vae = vae_config_for(info);
   WAN_CHECK(latents.dim(0) == vae.z_dim, "--latents ", latents_file, ": ", latents.dim(0), " channels but the VAE of ",
             info.root, " has z_dim ", vae.z_dim);
+  std::vector<NamedFile> inputs = checkpoint_input_files(info);
+  inputs.push_back({"--latents", latents_file});
+  const int frames = static_cast<int>((latents.dim(1) - 1) * vae_temporal_factor(vae) + 1);
+  std::vector<NamedFile> outputs = video_output_files({"--output", output}, frames);
+  outputs.push_back({"--json", timings_json});
+  check_outputs_distinct(outputs, inputs);
   const int fps = a.get("fps") ? static_cast<int>(fps_arg) : task_fps(info.task);
 
   ProgressPrinter printer = ProgressPrinter::for_stderr(quiet);
@@ -57,18 +60,14 @@ int cmd_decode(int argc, char** argv) {
   } catch (const Cancelled&) {
     printer.finish_line();
     fprintf(stderr, "interrupted: nothing written\n");
-    return kExitInterrupted;
+    return interrupt.exit_code();
   }
 
-  PendingOutputs pending;
   const auto t_write = std::chrono::steady_clock::now();
   const int F = static_cast<int>(video.dim(1)), H = static_cast<int>(video.dim(2)), W = static_cast<int>(video.dim(3));
-  write_video(output, video.f32(), F, H, W, fps);
-  if (format == VideoFormat::Png) {
-    for (const std::string& p : png_sequence_paths(output, F)) pending.add(p);
-  } else {
-    pending.add(output);
-  }
+  VideoWriteOptions vo;
+  vo.overwrite_frames = overwrite_frames;
+  write_video(output, video.f32(), F, H, W, fps, vo);
   rep.write_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_write).count();
   rep.command = "decode";
   rep.task = task_name(info.task);
@@ -78,16 +77,11 @@ int cmd_decode(int argc, char** argv) {
   rep.output = output;
   rep.peak_rss_bytes = peak_rss_bytes();
   rep.total_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
-  if (!timings_json.empty()) {
-    write_text_file(timings_json, format_timings_json(rep));
-    pending.add(timings_json);
+  if (interrupt.interrupted()) {  // Ctrl-C while writing: the video is complete and kept; stop here
+    fprintf(stderr, "interrupted: kept %s%s\n", output.c_str(), timings_json.empty() ? "" : "; --json not written");
+    return interrupt.exit_code();
   }
-  if (interrupt.interrupted()) {
-    pending.rollback();
-    fprintf(stderr, "interrupted: outputs removed\n");
-    return kExitInterrupted;
-  }
-  pending.commit();
+  if (!timings_json.empty()) write_text_file(timings_json, format_timings_json(rep));
   if (!quiet) {
     printf("wrote %s (%d frames, %dx%d, %d fps)\n", output.c_str(), F, W, H, fps);
     printf("%s", format_summary(rep).c_str());

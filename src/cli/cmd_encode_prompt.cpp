@@ -29,6 +29,7 @@ int cmd_encode_prompt(int argc, char** argv) {
   check_output_path(output, "--output");
 
   const CheckpointInfo info = detect_checkpoint(model);
+  check_outputs_distinct({{"--output", output}}, checkpoint_input_files(info));
   WAN_CHECK(info.has(Role::TextEncoder), info.root, ": checkpoint has no text encoder");
   WAN_CHECK(info.has(Role::Tokenizer), info.root, ": checkpoint has no tokenizer");
   t5_config_for(info);  // validates the encoder's tensors before the heavy load

@@ -1,12 +1,13 @@
 // `wan generate`: text (or embeddings) to video with the Wan 2.2 pipeline (src/pipeline).
 // Order of work: parse options, check every output path, plan (validates the checkpoint, sizes,
 // embeddings, latents and state files and the memory fit: bad input exits 2 before anything heavy),
-// run with progress and Ctrl-C support, then write all outputs; a failure or an interrupt removes
-// whatever this run already wrote (each writer itself writes a temporary file and renames it), so no
-// partial output is left behind. With --stop-after-steps the run writes its state file (and the
-// timings) instead of a video; --resume continues it. The summary reports the load / encode /
+// run with progress and Ctrl-C support. Each output is committed on its own (a temporary file renamed
+// into place) and never removed again: the latents are written before the decode starts, so a failed
+// or interrupted decode or video write keeps them; the video, then the --json report, follow. With
+// --stop-after-steps the run writes its state file (and the timings) instead of a video; --resume
+// continues it. The summary reports the load / encode /
 // denoise / decode seconds, s/step, the peak device memory in use and the peak host RSS, also for
-// the whole run when it was resumed. Exit codes: 0, 2 bad input, 1 internal error, 130 interrupted.
+// the whole run when it was resumed. Exit codes: 0, 2 bad input, 1 internal error, 130 / 143 on SIGINT / SIGTERM.
 // Several GPUs (--gpus N | --devices 0,1,... [--cfg-parallel] [--ulysses U] [--ring R], or one process per
 // GPU started by mpirun / srun / WAN_RANK): pipeline/generate_parallel.h runs the ranks; only rank 0's
 // process writes the outputs and prints the summary (with every rank's load figures).
@@ -88,8 +89,13 @@ std::string timings_document(const RunReport& rep, const GeneratePlan& plan, con
 }
 
 struct OutputPaths {
-  std::string output, save_state, save_latents, json;
+  std::string output, save_state, save_latents, json;  // empty: not written by this run
 };
+
+std::vector<NamedFile> output_files(const OutputPaths& out) {
+  return {{"--output", out.output}, {"--save-state", out.save_state}, {"--save-latents", out.save_latents},
+          {"--json", out.json}};
+}
 
 // The summary on stdout: what was written, the timings, the load speed, the device memory and, for a
 // resumed run, the whole run's figures.
@@ -132,8 +138,9 @@ void print_summary(const RunReport& rep, const GeneratePlan& plan, const Generat
 }
 
 // Checks every output path before any heavy work: their sets (a stopping run writes only its state
-// and the timings), that no two name the same file, and that the video format can be written.
-OutputPaths check_outputs(const api::Values& a, bool stopping, VideoFormat* format) {
+// and the timings), that each can be written now (a temporary file is created and removed), that no
+// two are one file, and the video's format and PNG frames. The plan then checks them against the inputs.
+OutputPaths check_outputs(const api::Values& a, bool stopping) {
   OutputPaths out;
   out.save_state = a.get_or("save-state", "");
   out.output = a.get_or("output", api::default_video_output());
@@ -144,87 +151,27 @@ OutputPaths check_outputs(const api::Values& a, bool stopping, VideoFormat* form
             "(drop --output / --save-latents; they belong to the --resume run)");
   if (stopping) {
     check_output_path(out.save_state, "--save-state");
-    WAN_CHECK(out.save_state != out.json, "--save-state and --json name the same file");
+    out.output.clear();  // not written by this run
+  } else {
+    (void)check_video_output(out.output, "--output", a.flag("overwrite-frames"));
   }
-  check_output_path(out.output, "--output");
-  *format = video_format_from_path(out.output);
-  WAN_CHECK(*format != VideoFormat::Mp4 || video_have_ffmpeg(), "--output ", out.output,
-            ": this build has no FFmpeg for .mp4; use .y4m or .png");
-  if (!out.save_latents.empty()) {
-    check_output_path(out.save_latents, "--save-latents");
-    WAN_CHECK(out.save_latents != out.output, "--save-latents and --output name the same file");
-  }
-  if (!out.json.empty()) {
-    check_output_path(out.json, "--json");
-    WAN_CHECK(out.json != out.output && out.json != out.save_latents, "--json names the same file as another output");
-  }
+  if (!out.save_latents.empty()) check_output_path(out.save_latents, "--save-latents");
+  if (!out.json.empty()) check_output_path(out.json, "--json");
+  check_outputs_distinct(output_files(out), {});
   return out;
 }
 
 // A finished run: its plan (one device, or the ranks' on several GPUs) and its result.
 struct GenerateRun {
-  GeneratePlan single;      // one device
-  ParallelRun prun;         // several GPUs
-  double plan_done_at = 0;  // process start -> plan checked (start-up breakdown)
+  GeneratePlan single;                // one device
+  ParallelRun prun;                   // several GPUs
+  const GeneratePlan* plan = nullptr;  // the one in use, once planned
+  double plan_done_at = 0;            // process start -> plan checked (start-up breakdown)
   GenerateResult res;
+  bool latents_written = false;  // --save-latents is on disk (written before the decode)
 };
 
-// Plans and runs the generation with progress on stderr and Ctrl-C support. Returns the exit code
-// when the command ends here (interrupted, or a rank whose process writes nothing), else nullopt.
-std::optional<int> run_pipeline(const GenerateOptions& o, const ParallelRequest& par, bool quiet,
-                                ProgressPrinter& printer, const InterruptGuard& interrupt, GenerateRun& run) {
-  RunHooks hooks;
-  hooks.progress = [&](const ProgressEvent& e) { printer(e); };
-  hooks.cancel = &interrupt.flag();
-  try {
-    if (par.active()) {
-      run.prun = run_generate_parallel(o, par, hooks, true, [&](const GeneratePlan& p, const dist::Layout& l) {
-        run.plan_done_at = process_age_seconds();
-        if (!quiet) fprintf(stderr, "%s%s", p.describe().c_str(), describe_parallel(par, l, p.random_weights).c_str());
-      });
-      if (!run.prun.output_rank) return 0;  // rank 0's process writes the outputs
-      run.res = std::move(run.prun.result);
-    } else {
-      run.single = plan_generate(o);
-      run.plan_done_at = process_age_seconds();
-      if (!quiet) fprintf(stderr, "%s", run.single.describe().c_str());
-      run.res = run_generate(run.single, hooks);
-    }
-  } catch (const Cancelled&) {
-    printer.finish_line();
-    fprintf(stderr, "interrupted: nothing written\n");
-    return kExitInterrupted;
-  }
-  return std::nullopt;
-}
-
-// The state file of a stopped run, or the video (one file, or a PNG sequence); adds what it wrote to
-// `pending` and sets the video's frames and size (0 for a state file).
-void write_main_output(const GeneratePlan& plan, const GenerateResult& res, const OutputPaths& out, VideoFormat format,
-                       PendingOutputs& pending, int& F, int& H, int& W) {
-  if (res.state) {
-    write_run_state(out.save_state, *res.state,
-                    {{"task", task_name(plan.task)},
-                     {"step", std::to_string(res.state->step)},
-                     {"steps", std::to_string(plan.sampler.steps)},
-                     {"weights", plan.weights},
-                     {"fingerprint", plan.fingerprint}});
-    pending.add(out.save_state);
-    return;
-  }
-  const Tensor& v = res.video;
-  F = static_cast<int>(v.dim(1));
-  H = static_cast<int>(v.dim(2));
-  W = static_cast<int>(v.dim(3));
-  write_video(out.output, v.f32(), F, H, W, plan.fps);
-  if (format == VideoFormat::Png) {
-    for (const std::string& p : png_sequence_paths(out.output, F)) pending.add(p);
-  } else {
-    pending.add(out.output);
-  }
-}
-
-void write_final_latents(const GeneratePlan& plan, const GenerateResult& res, const std::string& path) {
+void write_final_latents(const GeneratePlan& plan, const Tensor& latents, const std::string& path) {
   std::map<std::string, std::string> meta = {
       {"task", task_name(plan.task)},
       {"width", std::to_string(plan.width)},
@@ -237,7 +184,75 @@ void write_final_latents(const GeneratePlan& plan, const GenerateResult& res, co
       {"guide_scale", cat(plan.guide_low, ",", plan.guide_high)},
       {"seed", plan.init_latents.defined() ? "init-latents" : std::to_string(plan.seed)},
   };
-  write_latents(path, res.latents, meta);
+  write_latents(path, latents, meta);
+}
+
+// Plans and runs the generation with progress on stderr and Ctrl-C support; --save-latents is written
+// as soon as the latents exist (RunHooks::latents_done), before the decode. Returns the exit code when
+// the command ends here (interrupted, or a rank whose process writes nothing), else nullopt.
+std::optional<int> run_pipeline(const GenerateOptions& o, const ParallelRequest& par, const OutputPaths& out,
+                                bool quiet, ProgressPrinter& printer, const InterruptGuard& interrupt,
+                                GenerateRun& run) {
+  RunHooks hooks;
+  hooks.progress = [&](const ProgressEvent& e) { printer(e); };
+  hooks.cancel = &interrupt.flag();
+  hooks.latents_done = [&](const Tensor& latents) {
+    if (out.save_latents.empty()) return;
+    WAN_ASSERT(run.plan != nullptr, "latents before the plan");
+    write_final_latents(*run.plan, latents, out.save_latents);
+    run.latents_written = true;
+  };
+  const std::string kept = cat("kept --save-latents ", out.save_latents);
+  try {
+    if (par.active()) {
+      run.prun = run_generate_parallel(o, par, hooks, true, [&](const GeneratePlan& p, const dist::Layout& l) {
+        run.plan = &p;
+        run.plan_done_at = process_age_seconds();
+        if (!quiet) fprintf(stderr, "%s%s", p.describe().c_str(), describe_parallel(par, l, p.random_weights).c_str());
+      });
+      if (!run.prun.output_rank) return 0;  // rank 0's process writes the outputs
+      run.res = std::move(run.prun.result);
+      run.plan = &run.prun.plan;
+    } else {
+      run.single = plan_generate(o);
+      run.plan = &run.single;
+      run.plan_done_at = process_age_seconds();
+      if (!quiet) fprintf(stderr, "%s", run.single.describe().c_str());
+      run.res = run_generate(run.single, hooks);
+    }
+  } catch (const Cancelled&) {
+    printer.finish_line();
+    const std::string what = run.latents_written ? kept + "; nothing else written" : "nothing written";
+    fprintf(stderr, "interrupted: %s\n", what.c_str());
+    return interrupt.exit_code();
+  } catch (const Error&) {
+    printer.finish_line();
+    if (run.latents_written) fprintf(stderr, "%s (written before the failure)\n", kept.c_str());
+    throw;
+  }
+  return std::nullopt;
+}
+
+// The state file of a stopped run, or the video (one file, or a PNG sequence); sets the video's frames
+// and size (0 for a state file).
+void write_main_output(const GeneratePlan& plan, const GenerateResult& res, const OutputPaths& out,
+                       bool overwrite_frames, int& F, int& H, int& W) {
+  if (res.state) {
+    write_run_state(out.save_state, *res.state,
+                    {{"task", task_name(plan.task)},
+                     {"step", std::to_string(res.state->step)},
+                     {"steps", std::to_string(plan.sampler.steps)},
+                     {"weights", plan.weights},
+                     {"fingerprint", plan.fingerprint}});
+    return;
+  }
+  const Tensor& v = res.video;
+  F = static_cast<int>(v.dim(1));
+  H = static_cast<int>(v.dim(2));
+  W = static_cast<int>(v.dim(3));
+  VideoWriteOptions vo;
+  vo.overwrite_frames = overwrite_frames;
+  write_video(out.output, v.f32(), F, H, W, plan.fps, vo);
 }
 
 RunReport make_report(const GeneratePlan& plan, const GenerateResult& res, const GenerateOptions& o,
@@ -262,32 +277,27 @@ RunReport make_report(const GeneratePlan& plan, const GenerateResult& res, const
   return rep;
 }
 
-// Writes every output, all or nothing: a failure (the PendingOutputs destructor) or a Ctrl-C while
-// writing removes what this run wrote. Prints the summary unless quiet; returns the exit code.
+// Writes the video (or the state), then the --json report. Every output is kept once complete: a Ctrl-C
+// during the write lets the video finish, keeps it and skips the report. Prints the summary unless
+// quiet; returns the exit code.
 int write_outputs(const GenerateRun& run, const GeneratePlan& plan, const GenerateOptions& o,
-                  const ParallelRequest& par, const OutputPaths& out, VideoFormat format,
+                  const ParallelRequest& par, const OutputPaths& out, bool overwrite_frames,
                   const InterruptGuard& interrupt, bool quiet, std::chrono::steady_clock::time_point t_start) {
   const GenerateResult& res = run.res;
-  PendingOutputs pending;
   const auto t_write = std::chrono::steady_clock::now();
   int F = 0, H = 0, W = 0;
-  write_main_output(plan, res, out, format, pending, F, H, W);
-  if (!out.save_latents.empty()) {
-    write_final_latents(plan, res, out.save_latents);
-    pending.add(out.save_latents);
-  }
+  write_main_output(plan, res, out, overwrite_frames, F, H, W);
   const double write_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_write).count();
   const RunReport rep = make_report(plan, res, o, out, write_s, t_start);
-  if (!out.json.empty()) {
+  if (interrupt.interrupted()) {  // Ctrl-C while writing: stop here, keep what is complete
+    const std::string kept = (res.state ? out.save_state : out.output) +
+                             (run.latents_written ? " and " + out.save_latents : std::string()) +
+                             (out.json.empty() ? "" : "; --json not written");
+    fprintf(stderr, "interrupted: kept %s\n", kept.c_str());
+    return interrupt.exit_code();
+  }
+  if (!out.json.empty())
     write_text_file(out.json, timings_document(rep, plan, res, out.save_state, par, run.prun, run.plan_done_at));
-    pending.add(out.json);
-  }
-  if (interrupt.interrupted()) {  // Ctrl-C while writing: honour it, leave nothing behind
-    pending.rollback();
-    fprintf(stderr, "interrupted: outputs removed\n");
-    return kExitInterrupted;
-  }
-  pending.commit();
   if (!quiet) print_summary(rep, plan, res, par, run.prun, out, F, W, H);
   return 0;
 }
@@ -304,15 +314,14 @@ int cmd_generate(int argc, char** argv) {
   const bool stopping = o.stop_after_steps > 0;
   // Several GPUs: checked (flags, layout products) before anything else; sets o.device.
   const ParallelRequest par = parse_parallel_request(pa, &o);
-  VideoFormat format{};
-  const OutputPaths out = check_outputs(a, stopping, &format);
+  const OutputPaths out = check_outputs(a, stopping);
+  o.outputs = output_files(out);  // the plan refuses any that is one of its inputs
 
   ProgressPrinter printer = ProgressPrinter::for_stderr(quiet);
   InterruptGuard interrupt;
   GenerateRun run;
-  if (const std::optional<int> code = run_pipeline(o, par, quiet, printer, interrupt, run)) return *code;
-  const GeneratePlan& plan = par.active() ? run.prun.plan : run.single;
-  return write_outputs(run, plan, o, par, out, format, interrupt, quiet, t_start);
+  if (const std::optional<int> code = run_pipeline(o, par, out, quiet, printer, interrupt, run)) return *code;
+  return write_outputs(run, *run.plan, o, par, out, a.flag("overwrite-frames"), interrupt, quiet, t_start);
 }
 
 }  // namespace wan::cli

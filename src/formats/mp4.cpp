@@ -1,16 +1,25 @@
 // MP4 (H.264, yuv420p) output through libavcodec/libavformat/libswscale, set up like the official
 // writer (imageio-ffmpeg with quality=8 runs `ffmpeg -r <fps> -i - -vcodec libx264 -pix_fmt yuv420p
 // -crf 10`): libx264, crf 10, preset medium, encoder-default GOP and B-frames, swscale bicubic RGB24 ->
-// YUV420P with its default BT.601 limited-range matrix. Additionally the moov atom is moved to the front
-// (faststart) so players can start before the whole file arrives.
+// YUV420P with its default BT.601 limited-range matrix, tagged as such. The moov atom is moved to the
+// front (faststart) so players can start before the whole file arrives.
 // Invariants: frame i has pts i in time base 1/fps (constant frame rate); every frame the encoder holds
-// back is flushed before the trailer; the file appears under its final name only when complete.
+// back is flushed before the trailer; the file appears under its final name only when complete. The
+// bytes depend on the frames and the fps alone: libx264 runs a fixed number of threads (its output
+// depends on the count), without its AVX-512 kernels (with them, x264 r3095's MB-tree results depend on
+// the contents of uninitialised heap memory, so the same frames gave different files from one process
+// to the next, and within one process), and the muxer writes no version strings or dates.
 #include "core/error.h"
 #include "core/log.h"
+#include "formats/output_file.h"
 #include "formats/video.h"
 #include "formats/video_internal.h"
 
 #if defined(WAN_HAVE_FFMPEG) && WAN_HAVE_FFMPEG
+#include <dlfcn.h>
+#include <strings.h>
+
+#include <cstring>
 extern "C" {
 #include <libavcodec/avcodec.h>
 #include <libavformat/avformat.h>
@@ -35,6 +44,9 @@ constexpr const char* kCrf = "10";
 constexpr const char* kPreset = "medium";
 // Only for encoders other than libx264, which take no crf: bits per pixel per frame.
 constexpr double kFallbackBitsPerPixel = 0.5;
+// libx264's frame threads. A constant, not the CPU count: x264's output depends on its thread count, and
+// the bytes must not depend on the machine. x264 uses fewer for short frames on its own (by the height).
+constexpr int kX264Threads = 8;
 
 std::string av_err(int code) {
   char buf[AV_ERROR_MAX_STRING_SIZE] = {};
@@ -69,6 +81,43 @@ void quiet_libav_once() {
   });
 }
 
+// x264-params that make libx264's bytes a function of its input: its own CPU detection without AVX-512
+// ("asm=<flags>", see the file comment). Where this process's libx264 does not export its detection (it
+// is linked into libavcodec statically), MB-tree is turned off instead, the part found to misbehave.
+std::string x264_determinism_params() {
+  struct CpuName {  // x264.h's x264_cpu_name_t
+    const char* name;
+    uint32_t flags;
+  };
+  using DetectFn = uint32_t (*)();
+  const auto detect = reinterpret_cast<DetectFn>(dlsym(RTLD_DEFAULT, "x264_cpu_detect"));
+  const auto* names = static_cast<const CpuName*>(dlsym(RTLD_DEFAULT, "x264_cpu_names"));
+  if (!detect || !names) return "mbtree=0";
+  uint32_t avx512 = 0, avx2 = 0;
+  for (const CpuName* n = names; n->name && n->flags != 0; ++n) {
+    if (strcasecmp(n->name, "AVX512") == 0) avx512 = n->flags;
+    if (strcasecmp(n->name, "AVX2") == 0) avx2 = n->flags;
+  }
+  const uint32_t only_avx512 = avx512 & ~avx2;  // the table's entries include the levels below
+  if (only_avx512 == 0) return "";               // not an x86 build of x264: nothing to take away
+  return "asm=" + std::to_string(detect() & ~only_avx512);
+}
+
+// Tags the stream with what swscale's conversion actually does: its RGB -> YUV matrix and output
+// range (read back from the context, not assumed), and BT.709 primaries and transfer, those of the RGB
+// the model produces (it learned from ordinary web video).
+void tag_colours(SwsContext* sws, AVCodecContext* c) {
+  int *inv_table = nullptr, *table = nullptr, src_range = 0, dst_range = 0, brightness = 0, contrast = 0, sat = 0;
+  if (sws_getColorspaceDetails(sws, &inv_table, &src_range, &table, &dst_range, &brightness, &contrast, &sat) < 0 ||
+      !table)
+    return;  // left unspecified: players guess as before
+  auto is = [&](int cs) { return std::memcmp(table, sws_getCoefficients(cs), 4 * sizeof(int)) == 0; };
+  c->colorspace = is(SWS_CS_ITU601) ? AVCOL_SPC_SMPTE170M : is(SWS_CS_ITU709) ? AVCOL_SPC_BT709 : AVCOL_SPC_UNSPECIFIED;
+  c->color_range = dst_range ? AVCOL_RANGE_JPEG : AVCOL_RANGE_MPEG;
+  c->color_primaries = AVCOL_PRI_BT709;
+  c->color_trc = AVCOL_TRC_BT709;
+}
+
 class Mp4Encoder {
  public:
   Mp4Encoder(const std::string& path, const std::string& tmp, const VideoDims& d) : path_(path), d_(d) {
@@ -84,6 +133,7 @@ class Mp4Encoder {
     int ret = avformat_alloc_output_context2(&fmt, nullptr, "mp4", url.c_str());
     check(ret >= 0 && fmt, "cannot set up the MP4 muxer: ", av_err(ret));
     fmt_.reset(fmt);
+    fmt->flags |= AVFMT_FLAG_BITEXACT;  // no "encoder=Lavf<version>" tag: bytes independent of the library build
     AVStream* st = avformat_new_stream(fmt, nullptr);
     check(st != nullptr, "cannot add a video stream");
     st_index_ = st->index;
@@ -98,11 +148,19 @@ class Mp4Encoder {
     c->time_base = AVRational{1, d.fps};
     c->framerate = AVRational{d.fps, 1};
     c->sample_aspect_ratio = AVRational{1, 1};
-    c->thread_count = 0;  // automatic, as the ffmpeg CLI does
+    c->thread_count = x264 ? kX264Threads : 0;
     if (fmt->oformat->flags & AVFMT_GLOBALHEADER) c->flags |= AV_CODEC_FLAG_GLOBAL_HEADER;
+    // SWS_BICUBIC is the ffmpeg CLI's default scaler flag; the matrix is swscale's default (BT.601, TV range).
+    sws_.reset(sws_getContext(d.width, d.height, AV_PIX_FMT_RGB24, d.width, d.height, AV_PIX_FMT_YUV420P,
+                              SWS_BICUBIC, nullptr, nullptr, nullptr));
+    check(sws_ != nullptr, "cannot set up the RGB -> YUV420P conversion");
+    tag_colours(sws_.get(), c);
     if (x264) {
       check(av_opt_set(c->priv_data, "preset", kPreset, 0) >= 0, "libx264 rejected preset ", kPreset);
       check(av_opt_set(c->priv_data, "crf", kCrf, 0) >= 0, "libx264 rejected crf ", kCrf);
+      const std::string params = x264_determinism_params();
+      if (!params.empty())
+        check(av_opt_set(c->priv_data, "x264-params", params.c_str(), 0) >= 0, "libx264 rejected ", params);
     } else {
       c->bit_rate = int64_t(kFallbackBitsPerPixel * d.width * d.height * d.fps);
     }
@@ -123,10 +181,6 @@ class Mp4Encoder {
     av_dict_free(&opts);
     check(ret >= 0, "cannot write the MP4 header: ", av_err(ret));
 
-    // SWS_BICUBIC is the ffmpeg CLI's default scaler flag; the matrix is swscale's default (BT.601, TV range).
-    sws_.reset(sws_getContext(d.width, d.height, AV_PIX_FMT_RGB24, d.width, d.height, AV_PIX_FMT_YUV420P,
-                              SWS_BICUBIC, nullptr, nullptr, nullptr));
-    check(sws_ != nullptr, "cannot set up the RGB -> YUV420P conversion");
     frame_.reset(av_frame_alloc());
     pkt_.reset(av_packet_alloc());
     check(frame_ && pkt_, "out of memory allocating a frame");
@@ -195,24 +249,20 @@ class Mp4Encoder {
 
 void write_mp4(const std::string& path, const VideoDims& d, const FrameSource& src) {
   quiet_libav_once();
-  const std::string tmp = temp_path_for(path);
-  try {
+  // libavformat writes the temporary file by name (faststart reopens it); `out` owns it and renames it.
+  OutputFile out(path, video_who(path));
+  {
     // swscale's SIMD reads up to 16 bytes past the last pixel; like FFmpeg's own packets the buffer
     // carries AV_INPUT_BUFFER_PADDING_SIZE zero bytes, so those reads stay inside and deterministic.
     std::vector<uint8_t> rgb(size_t(d.height) * size_t(d.width) * 3 + AV_INPUT_BUFFER_PADDING_SIZE, 0);
-    {
-      Mp4Encoder enc(path, tmp, d);
-      for (int f = 0; f < d.frames; ++f) {
-        src(f, rgb.data());
-        enc.add_frame(f, rgb.data());
-      }
-      enc.finish();
-    }  // the encoder and its file handle are closed before the rename
-  } catch (...) {
-    remove_quietly(tmp);
-    throw;
-  }
-  commit_file(tmp, path);
+    Mp4Encoder enc(path, out.temp_path(), d);
+    for (int f = 0; f < d.frames; ++f) {
+      src(f, rgb.data());
+      enc.add_frame(f, rgb.data());
+    }
+    enc.finish();
+  }  // the encoder and its file handle are closed before the rename
+  out.commit();
 }
 
 #else

@@ -6,13 +6,14 @@
 // is 32 KiB and matches are 3..258 bytes, never reaching before the start of the data.
 #include <algorithm>
 #include <array>
-#include <cerrno>
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <memory>
 
 #include "core/error.h"
 #include "core/thread_pool.h"
+#include "formats/output_file.h"
 #include "formats/video.h"
 #include "formats/video_internal.h"
 
@@ -193,22 +194,6 @@ uint8_t paeth(int a, int b, int c) {
   return pb <= pc ? uint8_t(b) : uint8_t(c);
 }
 
-// Writes one file through its temp name; throws naming `path` (temp removed) on any failure.
-void write_file(const std::string& path, const std::vector<uint8_t>& bytes) {
-  const std::string tmp = temp_path_for(path);
-  FILE* f = std::fopen(tmp.c_str(), "wb");
-  WAN_CHECK(f != nullptr, "cannot write video '", path, "': cannot create '", tmp, "': ", std::strerror(errno));
-  const bool wrote = std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size();
-  const int err_write = errno;
-  const bool closed = std::fclose(f) == 0;
-  if (!wrote || !closed) {
-    const int err = wrote ? errno : err_write;
-    remove_quietly(tmp);
-    WAN_THROW("cannot write video '", path, "': writing '", tmp, "' failed: ", std::strerror(err));
-  }
-  commit_file(tmp, path);
-}
-
 }  // namespace
 
 uint32_t crc32(const uint8_t* data, size_t n, uint32_t crc) {
@@ -325,25 +310,51 @@ std::vector<uint8_t> encode_png_rgb8(const uint8_t* rgb, int height, int width) 
   return png;
 }
 
-void write_png_sequence(const std::string& path, const VideoDims& d, const FrameSource& src) {
+namespace {
+
+// The frames of an earlier sequence in the way: refused, or (overwrite) returned for removal afterwards.
+std::vector<std::string> frames_in_the_way(const std::string& path, bool overwrite) {
+  std::vector<std::string> old = existing_png_frames(path);
+  WAN_CHECK(overwrite || old.empty(), video_who(path), ": its folder already holds ", old.size(),
+            " frame(s) of this sequence (", old.empty() ? "" : std::filesystem::path(old[0]).filename().string(),
+            old.size() > 1 ? ", ..." : "", "); replacing them must be asked for (overwrite frames)");
+  return old;
+}
+
+}  // namespace
+
+void write_png_sequence(const std::string& path, const VideoDims& d, const FrameSource& src, bool overwrite) {
   const std::vector<std::string> paths = png_sequence_paths(path, d.frames);
-  // Frames are independent: encode and write them in parallel; each becomes visible only by its rename.
-  std::vector<char> done(paths.size(), 0);
+  const std::vector<std::string> old = frames_in_the_way(path, overwrite);
+  for (const std::string& p : paths) (void)resolve_output_target(p, video_who(p));  // a folder in the way fails now
+  // Frames are independent: encode and write them in parallel, each to its own temporary file; none is
+  // renamed before all are complete, so a failure leaves the folder as it was.
+  std::vector<std::unique_ptr<OutputFile>> files(paths.size());
+  parallel_for(d.frames, 1, [&](int64_t b, int64_t e) {
+    std::vector<uint8_t> rgb(size_t(d.height) * size_t(d.width) * 3);
+    for (int64_t f = b; f < e; ++f) {
+      src(int(f), rgb.data());
+      const std::vector<uint8_t> png = encode_png_rgb8(rgb.data(), d.height, d.width);
+      auto out = std::make_unique<OutputFile>(paths[size_t(f)], video_who(paths[size_t(f)]));
+      out->write(png.data(), png.size());
+      out->finish();  // closes it: a long sequence must not hold a descriptor per frame
+      files[size_t(f)] = std::move(out);
+    }
+  });
+  size_t renamed = 0;
   try {
-    parallel_for(d.frames, 1, [&](int64_t b, int64_t e) {
-      std::vector<uint8_t> rgb(size_t(d.height) * size_t(d.width) * 3);
-      for (int64_t f = b; f < e; ++f) {
-        src(int(f), rgb.data());
-        write_file(paths[size_t(f)], encode_png_rgb8(rgb.data(), d.height, d.width));
-        done[size_t(f)] = 1;
-      }
-    });
+    for (; renamed < files.size(); ++renamed) files[renamed]->commit();
   } catch (...) {
-    // No partial sequence: drop every frame this call finished (parallel_for has joined all workers).
-    for (size_t i = 0; i < paths.size(); ++i)
-      if (done[i]) remove_quietly(paths[i]);
+    // No partial sequence: drop the frames already renamed (their temporaries go with `files`).
+    std::error_code ec;
+    for (size_t i = 0; i < renamed; ++i) std::filesystem::remove(files[i]->target(), ec);
     throw;
   }
+  // The earlier sequence's frames this one did not replace (it was longer, or named differently).
+  std::error_code ec;
+  for (const std::string& p : old)
+    if (std::find(paths.begin(), paths.end(), p) == paths.end() && !std::filesystem::is_directory(p, ec))
+      std::filesystem::remove(p, ec);
 }
 
 }  // namespace wan::video_detail

@@ -4,8 +4,9 @@
 // and every byte range before any tensor is handed out, so a later get() can never read outside
 // the mapping. Every defect is one wan::Error "<file>: [tensor '<name>': ]<problem>".
 // Writing: header first (padded with spaces to a multiple of 8 so the data section is 8-byte
-// aligned), then each tensor contiguously in the given order through one reusable buffer; output goes to "<path>.tmp", is fsync'ed and renamed, so a reader never sees
-// a half-written file and a mapped file is never truncated under its reader.
+// aligned), then each tensor contiguously in the given order through one reusable buffer, into a
+// unique temporary file that is fsync'ed and renamed over the target (formats/output_file.h), so a
+// reader never sees a half-written file and a mapped file is never truncated under its reader.
 #include "formats/safetensors.h"
 
 #include <fcntl.h>
@@ -24,6 +25,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "formats/output_file.h"
 
 namespace wan {
 namespace {
@@ -124,8 +126,9 @@ json parse_json_strict(const char* p, size_t n, const std::string& path, const c
     return true;
   };
   // nlohmann stops at a NUL byte as if the input ended there, which would accept "{}\0<junk>";
-  // JSON never contains a raw NUL, so any NUL is a defect.
-  if (const void* z = std::memchr(p, 0, n))
+  // JSON never contains a raw NUL, so any NUL is a defect. An empty file maps to a null pointer,
+  // which memchr must not see even for n == 0.
+  if (const void* z = n > 0 ? std::memchr(p, 0, n) : nullptr)
     WAN_THROW(path, ": ", what, " is not valid JSON: NUL byte at offset ", static_cast<const char*>(z) - p);
   json j;
   try {
@@ -217,64 +220,6 @@ TensorInfo parse_entry(const std::string& path, const std::string& name, const j
 
 // ---- writing helpers ----
 
-// Owns "<path>.tmp" until commit(): any exception on the way removes it.
-class TmpFile {
- public:
-  explicit TmpFile(std::string final_path) : final_(std::move(final_path)), tmp_(final_ + ".tmp") {
-    fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd_ < 0) WAN_THROW(tmp_, ": cannot create: ", std::strerror(errno));
-  }
-  ~TmpFile() {
-    if (fd_ >= 0) ::close(fd_);
-    if (!committed_) ::unlink(tmp_.c_str());
-  }
-  TmpFile(const TmpFile&) = delete;
-  TmpFile& operator=(const TmpFile&) = delete;
-
-  // Writes all n bytes (write(2) may write less than asked, and caps one call near 2 GiB).
-  void write(const void* data, size_t n) {
-    const uint8_t* p = static_cast<const uint8_t*>(data);
-    while (n > 0) {
-      size_t chunk = std::min<size_t>(n, size_t{1} << 30);
-      ssize_t w = ::write(fd_, p, chunk);
-      if (w < 0) {
-        if (errno == EINTR) continue;
-        int err = errno;
-        WAN_THROW(tmp_, ": write failed after ", written_, " bytes", err == ENOSPC ? " (disk full)" : "", ": ",
-                  std::strerror(err));
-      }
-      if (w == 0) WAN_THROW(tmp_, ": write failed after ", written_, " bytes: no progress");
-      p += w;
-      n -= static_cast<size_t>(w);
-      written_ += static_cast<uint64_t>(w);
-    }
-  }
-
-  // Makes the bytes durable before the rename so that a crash leaves either the old file or the
-  // complete new one, never a truncated file under the final name.
-  void commit() {
-    if (::fsync(fd_) != 0) {
-      int err = errno;
-      WAN_THROW(tmp_, ": fsync failed", err == ENOSPC ? " (disk full)" : "", ": ", std::strerror(err));
-    }
-    int rc = ::close(fd_);
-    fd_ = -1;
-    if (rc != 0) {
-      int err = errno;
-      WAN_THROW(tmp_, ": close failed", err == ENOSPC ? " (disk full)" : "", ": ", std::strerror(err));
-    }
-    if (::rename(tmp_.c_str(), final_.c_str()) != 0)
-      WAN_THROW(final_, ": cannot rename ", tmp_, " to it: ", std::strerror(errno));
-    committed_ = true;
-  }
-
- private:
-  std::string final_, tmp_;
-  int fd_ = -1;
-  bool committed_ = false;
-  uint64_t written_ = 0;
-};
-
 // Validates the specs (names unique and non-reserved, sizes representable) and returns the padded
 // header text.
 std::string build_header(const std::string& path, const std::vector<TensorSpec>& specs,
@@ -325,7 +270,7 @@ void write_impl(const std::string& path, const std::vector<TensorSpec>& specs,
                 const std::map<std::string, std::string>& metadata,
                 const std::function<const void*(size_t)>& source) {
   const std::string header = build_header(path, specs, metadata);  // validate before touching the disk
-  TmpFile out(path);
+  OutputFile out(path, path);
   uint8_t len[8];
   uint64_t n = header.size();
   for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(n >> (8 * i));
@@ -340,7 +285,7 @@ void write_impl(const std::string& path, const std::vector<TensorSpec>& specs,
 }
 
 void write_text_atomic(const std::string& path, const std::string& text) {
-  TmpFile out(path);
+  OutputFile out(path, path);
   out.write(text.data(), text.size());
   out.commit();
 }

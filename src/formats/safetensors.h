@@ -79,7 +79,8 @@ struct TensorSpec {
 using TensorFill = std::function<void(const TensorSpec& spec, void* dst)>;
 
 // Writes one file, tensors in the given order, streaming (one tensor in memory at a time).
-// Writes to "<path>.tmp" and renames on success; on failure the tmp file is removed.
+// Writes a unique temporary file next to the target and renames it over the target on success
+// (formats/output_file.h: permissions kept, symlinks written through); on failure it is removed.
 // Tensors are contiguous (no padding, as the format's reference reader demands), so a tensor is
 // aligned for its element type (and read back zero-copy) when the byte sizes of all tensors before
 // it are multiples of its element size; ordering specs by element size, largest first, as the

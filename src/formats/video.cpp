@@ -1,5 +1,6 @@
 // Video output front door: the exact uint8 quantisation of the official save_video, format selection by
-// extension, argument checks, and the temp-file + rename discipline shared by all writers.
+// extension, argument checks (the target through formats/output_file.h before anything is encoded), and
+// the PNG sequence's names and its pattern's existing frames.
 // Invariant: quantize_unit_to_u8 does the float32 steps of torch in the same order (clamp, + 1, / 2,
 // * 255, truncate) with no contraction (the build uses -ffp-contract=off), so its bytes equal torch's.
 #include <algorithm>
@@ -11,6 +12,7 @@
 
 #include "core/error.h"
 #include "core/thread_pool.h"
+#include "formats/output_file.h"
 #include "formats/video.h"
 #include "formats/video_internal.h"
 
@@ -46,20 +48,6 @@ std::string lower_ext(const std::string& path) {
   return e;
 }
 
-// The output folder must already exist: creating folders silently hides typos in paths.
-void check_target(const std::string& path) {
-  WAN_CHECK(!path.empty(), "cannot write video: empty output path");
-  const fs::path p(path);
-  WAN_CHECK(p.has_filename() && p.stem() != "", "cannot write video '", path, "': no file name");
-  fs::path dir = p.parent_path();
-  if (dir.empty()) dir = ".";
-  std::error_code ec;
-  const auto st = fs::status(dir, ec);
-  WAN_CHECK(fs::exists(st), "cannot write video '", path, "': folder '", dir.string(), "' does not exist");
-  WAN_CHECK(fs::is_directory(st), "cannot write video '", path, "': '", dir.string(), "' is not a folder");
-  WAN_CHECK(!fs::is_directory(fs::status(p, ec)), "cannot write video '", path, "': it is a folder");
-}
-
 void write_from_source(const std::string& path, const video_detail::VideoDims& d,
                        const video_detail::FrameSource& src, const VideoWriteOptions& opt) {
   const VideoFormat fmt = video_format_from_path(path);
@@ -71,11 +59,11 @@ void write_from_source(const std::string& path, const video_detail::VideoDims& d
     WAN_CHECK(d.height % 2 == 0 && d.width % 2 == 0, "cannot write video '", path, "': H.264 yuv420p needs "
               "an even width and height, got ", d.width, "x", d.height);
   }
-  check_target(path);
+  (void)resolve_output_target(path, video_detail::video_who(path));  // before anything is encoded
   switch (fmt) {
     case VideoFormat::Mp4: video_detail::write_mp4(path, d, src); break;
     case VideoFormat::Y4m: video_detail::write_y4m(path, d, src); break;
-    case VideoFormat::Png: video_detail::write_png_sequence(path, d, src); break;
+    case VideoFormat::Png: video_detail::write_png_sequence(path, d, src, opt.overwrite_frames); break;
   }
 }
 
@@ -156,26 +144,28 @@ std::vector<std::string> png_sequence_paths(const std::string& path, int frames)
   return out;
 }
 
+std::vector<std::string> existing_png_frames(const std::string& path) {
+  const fs::path p(path);
+  const std::string prefix = p.stem().string() + "_", ext = lower_ext(path);
+  const fs::path dir = p.parent_path();
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir.empty() ? fs::path(".") : dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.size() < prefix.size() + 5 + ext.size() || name.compare(0, prefix.size(), prefix) != 0) continue;
+    const std::string tail = lower_ext(name);
+    const std::string digits = name.substr(prefix.size(), name.size() - prefix.size() - tail.size());
+    if (tail != ext || digits.size() < 5) continue;
+    if (std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }))
+      out.push_back((dir / name).string());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
 namespace video_detail {
 
-std::string temp_path_for(const std::string& path) {
-  const fs::path p(path);
-  return ((p.parent_path() / p.stem()).string() + ".tmp") + p.extension().string();
-}
-
-void remove_quietly(const std::string& path) {
-  std::error_code ec;
-  fs::remove(path, ec);
-}
-
-void commit_file(const std::string& tmp, const std::string& path) {
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec) {
-    remove_quietly(tmp);
-    WAN_THROW("cannot write video '", path, "': cannot rename the finished temp file over it: ", ec.message());
-  }
-}
+std::string video_who(const std::string& path) { return cat("cannot write video '", path, "'"); }
 
 }  // namespace video_detail
 }  // namespace wan

@@ -1,5 +1,6 @@
 // Shared pieces of the video writers (not part of the public API): the frame source every writer pulls
-// RGB frames from, and the temp-file naming and cleanup that keep failed writes from leaving files behind.
+// RGB frames from, and how their messages start. Files are created through formats/output_file.h, so a
+// failed write leaves no file behind and an existing target is replaced only once the new one is complete.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -14,15 +15,12 @@ struct VideoDims {
   int frames, height, width, fps;
 };
 
-// "<dir>/<stem>.tmp.<ext>" for the final path "<dir>/<stem>.<ext>".
-std::string temp_path_for(const std::string& path);
-// Removes a file if it exists, ignoring errors (cleanup on an error path must not throw over the cause).
-void remove_quietly(const std::string& path);
-// Renames tmp over path; on failure removes tmp and throws naming `path`.
-void commit_file(const std::string& tmp, const std::string& path);
+// "cannot write video '<path>'": how every writer's messages start.
+std::string video_who(const std::string& path);
 
 void write_y4m(const std::string& path, const VideoDims& d, const FrameSource& src);
-void write_png_sequence(const std::string& path, const VideoDims& d, const FrameSource& src);
+// overwrite_frames: see VideoWriteOptions.
+void write_png_sequence(const std::string& path, const VideoDims& d, const FrameSource& src, bool overwrite_frames);
 // Throws a clear error when the build has no FFmpeg.
 void write_mp4(const std::string& path, const VideoDims& d, const FrameSource& src);
 

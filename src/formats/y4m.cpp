@@ -3,12 +3,11 @@
 // Y, Cb, Cr planes (each H*W bytes, rows top to bottom). 4:4:4 full range keeps the 8-bit RGB nearly
 // lossless; the conversion is the integer JFIF one of rgb_to_ycbcr_full (exact, so tests can re-derive it).
 #include <algorithm>
-#include <cerrno>
-#include <cstdio>
 #include <cstring>
 #include <vector>
 
 #include "core/error.h"
+#include "formats/output_file.h"
 #include "formats/video.h"
 #include "formats/video_internal.h"
 
@@ -29,38 +28,21 @@ void rgb_to_ycbcr_full(uint8_t r, uint8_t g, uint8_t b, uint8_t* y, uint8_t* cb,
 namespace video_detail {
 
 void write_y4m(const std::string& path, const VideoDims& d, const FrameSource& src) {
-  const std::string tmp = temp_path_for(path);
-  FILE* f = std::fopen(tmp.c_str(), "wb");
-  WAN_CHECK(f != nullptr, "cannot write video '", path, "': cannot create '", tmp, "': ", std::strerror(errno));
+  OutputFile out(path, video_who(path));
   const size_t plane = size_t(d.height) * size_t(d.width);
-  std::vector<uint8_t> rgb(plane * 3), yuv(plane * 3);
-  bool ok = true;
-  int err = 0;
-  auto put = [&](const void* p, size_t n) {
-    if (ok && std::fwrite(p, 1, n, f) != n) ok = false, err = errno;
-  };
-  try {
-    const std::string header = cat("YUV4MPEG2 W", d.width, " H", d.height, " F", d.fps,
-                                   ":1 Ip A1:1 C444 XCOLORRANGE=FULL\n");
-    put(header.data(), header.size());
-    for (int fr = 0; fr < d.frames && ok; ++fr) {
-      src(fr, rgb.data());
-      for (size_t i = 0; i < plane; ++i)
-        rgb_to_ycbcr_full(rgb[3 * i], rgb[3 * i + 1], rgb[3 * i + 2], &yuv[i], &yuv[plane + i], &yuv[2 * plane + i]);
-      put("FRAME\n", 6);
-      put(yuv.data(), yuv.size());
-    }
-  } catch (...) {
-    std::fclose(f);
-    remove_quietly(tmp);
-    throw;
+  std::vector<uint8_t> rgb(plane * 3), frame(6 + plane * 3);
+  std::memcpy(frame.data(), "FRAME\n", 6);
+  uint8_t* yuv = frame.data() + 6;
+  const std::string header = cat("YUV4MPEG2 W", d.width, " H", d.height, " F", d.fps,
+                                 ":1 Ip A1:1 C444 XCOLORRANGE=FULL\n");
+  out.write(header.data(), header.size());
+  for (int fr = 0; fr < d.frames; ++fr) {
+    src(fr, rgb.data());
+    for (size_t i = 0; i < plane; ++i)
+      rgb_to_ycbcr_full(rgb[3 * i], rgb[3 * i + 1], rgb[3 * i + 2], &yuv[i], &yuv[plane + i], &yuv[2 * plane + i]);
+    out.write(frame.data(), frame.size());
   }
-  if (std::fclose(f) != 0 && ok) ok = false, err = errno;
-  if (!ok) {
-    remove_quietly(tmp);
-    WAN_THROW("cannot write video '", path, "': writing '", tmp, "' failed: ", std::strerror(err));
-  }
-  commit_file(tmp, path);
+  out.commit();  // the destructor removes the temporary file on any error before this
 }
 
 }  // namespace video_detail

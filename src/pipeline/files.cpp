@@ -1,16 +1,20 @@
-// Embeddings / latents files and output handling (see files.h for the formats).
+// Embeddings / latents / state files and the checks on output paths (see files.h for the formats).
 #include "pipeline/files.h"
 
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <system_error>
 
 #include "core/error.h"
-#include "pipeline/pipeline.h"
+#include "formats/output_file.h"
 #include "formats/safetensors.h"
+#include "formats/video.h"
+#include "pipeline/pipeline.h"
 
 namespace wan {
 namespace {
@@ -151,6 +155,12 @@ RunState read_run_state(const std::string& path) {
   st.step = static_cast<int>(step_v);
   const Tensor fp = get("state.fingerprint", DType::U8, 1);
   st.fingerprint.assign(static_cast<const char*>(fp.data()), static_cast<size_t>(fp.numel()));
+  // plan_fingerprint() writes a flat object of strings. Checked before anything prints a value: dump()
+  // recurses once per nesting level, and a fingerprint nested 100000 deep would overflow the stack.
+  const auto fj = nlohmann::json::parse(st.fingerprint, nullptr, /*allow_exceptions=*/false);
+  bool flat = fj.is_object();
+  for (auto it = fj.begin(); flat && it != fj.end(); ++it) flat = it->is_string();
+  WAN_CHECK(flat, path, ": invalid fingerprint (expected a JSON object of strings)");
   WAN_CHECK(fingerprint_differences(st.fingerprint, st.fingerprint).empty(), path, ": invalid fingerprint");
   st.latents = get(kLatentsTensor, DType::F32, 4);
   finite(st.latents, kLatentsTensor);
@@ -191,41 +201,80 @@ RunState read_run_state(const std::string& path) {
 }
 
 void write_text_file(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    WAN_CHECK(f.good(), tmp, ": cannot create");
-    f << text;
-    f.flush();
-    if (!f.good()) {
-      f.close();
-      std::remove(tmp.c_str());
-      WAN_THROW(tmp, ": write failed");
-    }
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec) {
-    std::remove(tmp.c_str());
-    WAN_THROW(path, ": cannot rename the temporary file into place: ", ec.message());
-  }
+  OutputFile out(path, path);
+  out.write(text.data(), text.size());
+  out.commit();
 }
 
 void check_output_path(const std::string& path, const std::string& what) {
   WAN_CHECK(!path.empty(), what, ": empty file name");
-  std::error_code ec;
-  fs::path p(path);
-  WAN_CHECK(!fs::is_directory(p, ec), what, " ", path, ": is a folder, expected a file name");
-  fs::path parent = p.parent_path();
-  if (parent.empty()) parent = ".";
-  WAN_CHECK(fs::is_directory(parent, ec), what, " ", path, ": folder ", parent.string(), " does not exist");
+  check_output_writable(path, cat(what, " ", path));
 }
 
-PendingOutputs::~PendingOutputs() { rollback(); }
+VideoFormat check_video_output(const std::string& path, const std::string& what, bool overwrite_frames) {
+  WAN_CHECK(!path.empty(), what, ": empty file name");
+  (void)resolve_output_target(path, cat(what, " ", path));  // "is a folder" before "unknown extension"
+  const VideoFormat format = video_format_from_path(path);
+  WAN_CHECK(format != VideoFormat::Mp4 || video_have_ffmpeg(), what, " ", path,
+            ": this build has no FFmpeg for .mp4; use .y4m or .png");
+  check_output_path(path, what);
+  if (format == VideoFormat::Png && !overwrite_frames) {
+    const std::vector<std::string> old = existing_png_frames(path);
+    WAN_CHECK(old.empty(), what, " ", path, ": the folder already holds ", old.size(), " frame(s) of this sequence (",
+              old.empty() ? "" : fs::path(old[0]).filename().string(), old.size() > 1 ? ", ..." : "",
+              "); pass --overwrite-frames to replace them (frames the new sequence does not reach are removed)");
+  }
+  return format;
+}
 
-void PendingOutputs::rollback() {
-  for (const std::string& p : paths_) std::remove(p.c_str());
-  paths_.clear();
+std::vector<NamedFile> checkpoint_input_files(const CheckpointInfo& info) {
+  std::vector<NamedFile> out;
+  for (const Component& c : info.components) {
+    const std::string what = cat("a file of the checkpoint's ", role_name(c.role));
+    std::error_code ec;
+    if (!fs::is_directory(c.path, ec)) {
+      out.push_back({what, c.path});
+      continue;
+    }
+    for (fs::recursive_directory_iterator it(c.path, ec), end; !ec && it != end; it.increment(ec))
+      if (it->is_regular_file(ec)) out.push_back({what, it->path().string()});
+  }
+  return out;
+}
+
+void check_outputs_distinct(const std::vector<NamedFile>& outputs, const std::vector<NamedFile>& inputs) {
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    const NamedFile& o = outputs[i];
+    if (o.path.empty()) continue;
+    for (const NamedFile& in : inputs)
+      WAN_CHECK(in.path.empty() || !same_file(o.path, in.path), o.what, " ", o.path, ": is an input of this run (",
+                in.what, " ", in.path, "); refusing to overwrite it");
+    for (size_t k = 0; k < i; ++k)
+      WAN_CHECK(outputs[k].path.empty() || !same_file(o.path, outputs[k].path), o.what, " ", o.path,
+                ": the same file as ", outputs[k].what, " ", outputs[k].path);
+  }
+}
+
+std::vector<NamedFile> video_output_files(const NamedFile& output, int frames) {
+  std::string ext = fs::path(output.path).extension().string();
+  for (char& c : ext) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (frames <= 1 || ext != ".png") return {output};
+  std::vector<NamedFile> out;
+  for (const std::string& p : png_sequence_paths(output.path, frames)) out.push_back({output.what, p});
+  return out;
+}
+
+void check_generate_outputs(const GenerateOptions& o, const GeneratePlan& p) {
+  std::vector<NamedFile> outs;
+  for (const NamedFile& f : o.outputs)
+    for (const NamedFile& g : f.what == "--output" ? video_output_files(f, p.frames) : std::vector<NamedFile>{f})
+      outs.push_back(g);
+  std::vector<NamedFile> ins = checkpoint_input_files(p.ckpt);
+  ins.push_back({"--prompt-embeds", o.prompt_embeds_file});
+  ins.push_back({"--negative-prompt-embeds", o.negative_embeds_file});
+  ins.push_back({"--init-latents", o.init_latents_file});
+  ins.push_back({"--resume", o.resume_file});
+  check_outputs_distinct(outs, ins);
 }
 
 }  // namespace wan

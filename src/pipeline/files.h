@@ -1,14 +1,17 @@
-// The pipeline's own files: prompt embeddings, latents, and all-or-nothing output handling.
+// The pipeline's own files: prompt embeddings, latents, run states, and the checks on output paths.
 //
 // Invariants: readers validate before returning (tensor present, rank, non-empty, all values
-// finite) and throw one-line wan::Error naming the file; writers write "<path>.tmp" and rename, so
-// a file is either complete or absent.
+// finite) and throw one-line wan::Error naming the file; writers go through formats/output_file.h (a
+// unique temporary file renamed over the target), so a file is either complete or absent; an output
+// is checked writable before any heavy work and is never one of the run's input files.
 #pragma once
 #include <map>
 #include <string>
 #include <vector>
 
+#include "ckpt/layout.h"
 #include "core/tensor.h"
+#include "formats/video.h"
 
 namespace wan {
 
@@ -60,30 +63,40 @@ void write_run_state(const std::string& path, const RunState& state,
                      const std::map<std::string, std::string>& metadata = {});
 RunState read_run_state(const std::string& path);
 
-// Writes text to path through "<path>.tmp" + rename.
+// Writes text to path (formats/output_file.h: temporary file + rename).
 void write_text_file(const std::string& path, const std::string& text);
 
-// Checks, before any heavy work, that `path` can be created: not empty, not an existing folder,
-// and its parent folder exists. `what` names the option in the message ("--output").
+// A file named by an option or a role: what = "--output", path = "o.mp4".
+struct NamedFile {
+  std::string what, path;
+};
+
+// Checks, before any heavy work, that `path` can be written: a file name whose folder exists, not a
+// folder, and its temporary file can be created there now (formats/output_file.h; a symlink is
+// written through to its target). `what` names the option in the message ("--output").
 void check_output_path(const std::string& path, const std::string& what);
 
-// Files a command writes, committed together: each one registered with add() once it has been
-// written is removed again when the object is destroyed without commit() (a later output failed,
-// Ctrl-C). Registering only after a successful write means a file that existed before the run is
-// never removed by a failure that happened before it was replaced. A PNG sequence registers every
-// frame path.
-class PendingOutputs {
- public:
-  PendingOutputs() = default;
-  PendingOutputs(const PendingOutputs&) = delete;
-  PendingOutputs& operator=(const PendingOutputs&) = delete;
-  ~PendingOutputs();
-  void add(const std::string& path) { paths_.push_back(path); }
-  void commit() { paths_.clear(); }
-  void rollback();  // removes the registered files now
+// The checks on a video output before any heavy work: a known extension (and FFmpeg for .mp4),
+// check_output_path, and for a PNG sequence no frames of its pattern in the folder already
+// (formats/video.h) unless overwrite_frames (--overwrite-frames). Returns the format.
+VideoFormat check_video_output(const std::string& path, const std::string& what, bool overwrite_frames);
 
- private:
-  std::vector<std::string> paths_;
-};
+// The files a checkpoint is read from: each component that is a file, and every file under a
+// component's folder (weights, shards and their index, configs, tokenizer files).
+std::vector<NamedFile> checkpoint_input_files(const CheckpointInfo& info);
+
+// Refuses, in one line naming both, an output that is the same file as an input or as another output
+// (formats/output_file.h same_file: the resolved path, or the device and inode, so symlinks and hard
+// links are caught). Entries with an empty path are skipped.
+void check_outputs_distinct(const std::vector<NamedFile>& outputs, const std::vector<NamedFile>& inputs);
+
+// A video output as the files it becomes: one file, or for a PNG sequence of `frames` frames each frame.
+std::vector<NamedFile> video_output_files(const NamedFile& output, int frames);
+
+// generate's outputs (GenerateOptions::outputs, PNG sequences expanded to their frames) against every
+// file the plan reads: the checkpoint's, the embeddings, the initial latents and the resumed state.
+struct GenerateOptions;
+struct GeneratePlan;
+void check_generate_outputs(const GenerateOptions& o, const GeneratePlan& p);
 
 }  // namespace wan

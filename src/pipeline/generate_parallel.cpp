@@ -575,6 +575,7 @@ void rank_main(dist::RankContext& ctx, const GeneratePlan& p, const dist::Layout
   if (!r0) return;  // the others wait in the launch's final barrier while rank 0 decodes
 
   // 6. Rank 0: the video, or (paused) the state.
+  if (!r.state && caller.latents_done) caller.latents_done(r.latents);  // kept if the decode fails
   if (decode && !r.state) decode_on_rank0(ctx, p, hooks, check, vae_read, me, r);
   probe();
   r.peak_device_bytes = me.peak_device_bytes;

@@ -4,7 +4,8 @@
 // this API; progress and cancellation go through RunHooks.
 //
 // Invariants: plan_generate() throws wan::Error (BadInput) for every invalid input before anything
-// heavy happens (memory fit included); run_generate() writes no files; cancellation is checked between
+// heavy happens (memory fit included); run_generate() writes no files itself (RunHooks::latents_done lets
+// the front end write the latents before the decode); cancellation is checked between
 // steps, stages and VAE chunks and surfaces as wan::Cancelled; everything that draws random numbers
 // uses the seed (the noise) or the weights seed (random weights).
 #pragma once
@@ -19,6 +20,7 @@
 #include "ckpt/layout.h"
 #include "models/config.h"
 #include "core/tensor.h"
+#include "pipeline/files.h"
 #include "sampler/sampler.h"
 #include "models/vae/vae_cpu.h"
 
@@ -89,6 +91,9 @@ struct GenerateOptions {
   // One plan for every rank of a multi-GPU run (pipeline/generate_parallel.h): the device fits of the
   // text encoder and of the DiT depend on the rank and the layout and are checked there, not here.
   bool parallel = false;
+  // The files the front end will write ("--output" names the video): plan_generate refuses any that is
+  // one of the run's inputs or another output (files.h check_generate_outputs).
+  std::vector<NamedFile> outputs;
 };
 
 struct RunState;
@@ -181,6 +186,10 @@ using ProgressFn = std::function<void(const ProgressEvent&)>;
 struct RunHooks {
   ProgressFn progress;                        // may be empty
   const std::atomic<bool>* cancel = nullptr;  // polled between units of work
+  // Called once with the final latents [z, T, H, W] before the decode starts (not for a paused run; on
+  // several GPUs in rank 0's process): a front end writes them there, so a failed or interrupted decode
+  // keeps them. May be empty; what it throws ends the run.
+  std::function<void(const Tensor& latents)> latents_done;
 };
 
 // Seconds per stage. With the GPU fast start (GeneratePlan::fast_start) the loads overlap each other,

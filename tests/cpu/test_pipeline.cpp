@@ -14,6 +14,7 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 
+#include "ckpt/layout.h"
 #include "core/philox.h"
 #include "pipeline/files.h"
 #include "pipeline/models.h"
@@ -322,6 +323,45 @@ TEST(Pipeline, CancelStopsBetweenSteps) {
   for (const std::string& s : rec.stages) EXPECT_EQ(s.find("VAE"), std::string::npos) << s;
 }
 
+TEST(Pipeline, FinalLatentsReachTheFrontEndBeforeTheDecode) {
+  // latents_done runs once, with the final latents, before the VAE loads; a cancel from there stops
+  // the decode, and the front end has the latents anyway.
+  std::atomic<bool> cancel{false};
+  Recorded rec;
+  RunHooks h = recorder(&rec, &cancel);
+  Tensor got;
+  size_t stages_before = 0;
+  h.latents_done = [&](const Tensor& l) {
+    EXPECT_FALSE(got.defined()) << "called twice";
+    got = l.clone();
+    stages_before = rec.stages.size();
+    cancel = true;  // Ctrl-C as the decode begins
+  };
+  const GeneratePlan p = plan_generate(golden_options(false));
+  EXPECT_THROW(run_generate(p, h), Cancelled);
+  ASSERT_TRUE(got.defined());
+  EXPECT_LE(max_rel(got, expected("latents")), kTol);
+  for (size_t i = 0; i < stages_before; ++i) EXPECT_EQ(rec.stages[i].find("VAE"), std::string::npos) << rec.stages[i];
+  // A paused run has no final latents: not called.
+  GenerateOptions o = golden_options(false);
+  o.stop_after_steps = 2;
+  RunHooks h2;
+  h2.latents_done = [&](const Tensor&) { ADD_FAILURE() << "called for a paused run"; };
+  EXPECT_TRUE(run_generate(plan_generate(o), h2).state.has_value());
+}
+
+TEST(Pipeline, PlanRefusesAnOutputThatIsAnInput) {
+  GenerateOptions o = golden_options(false);
+  o.outputs = {{"--save-latents", o.init_latents_file}};
+  expect_bad_input([&] { plan_generate(o); }, "--init-latents");
+  o.outputs = {{"--json", kModel + "/transformer/../transformer_2/config.json"}};
+  expect_bad_input([&] { plan_generate(o); }, "checkpoint's dit_low_noise");
+  o.outputs = {{"--output", o.prompt_embeds_file}};
+  expect_bad_input([&] { plan_generate(o); }, "--prompt-embeds");
+  o.outputs = {{"--output", "fine.y4m"}, {"--save-latents", "fine.safetensors"}};
+  EXPECT_NO_THROW(plan_generate(o));
+}
+
 TEST(Pipeline, DecodeLatentsMatchesTheFixtureVideo) {
   const CheckpointInfo info = detect_checkpoint(kModel);
   const VaeConfig vae = vae_config_for(info);
@@ -377,31 +417,49 @@ TEST(PipelineFiles, EmbeddingsAndLatentsRoundTripAndValidation) {
   expect_bad_input([&] { read_latents(tmp / "e.safetensors"); }, "no tensor \"latents\" (has: prompt_embeds)");
 }
 
-TEST(PipelineFiles, OutputPathsAndAllOrNothingOutputs) {
+TEST(PipelineFiles, OutputPathsAreCheckedAndNeverAnInput) {
   TempDir tmp;
   EXPECT_NO_THROW(check_output_path(tmp / "x.mp4", "--output"));
+  EXPECT_TRUE(fs::is_empty(tmp.p)) << "the probe's temporary file stayed";
   expect_bad_input([&] { check_output_path(tmp / "nodir/x.mp4", "--output"); }, "does not exist");
   expect_bad_input([&] { check_output_path(tmp.p.string(), "--output"); }, "is a folder");
   expect_bad_input([&] { check_output_path("", "--output"); }, "empty file name");
+  // The kernel refuses new files in /proc even for root: an unwritable folder, found now.
+  expect_bad_input([&] { check_output_path("/proc/wan_out.mp4", "--output"); }, "cannot create");
 
   write_text_file(tmp / "a.txt", "hello");
-  write_text_file(tmp / "b.txt", "world");
-  {
-    PendingOutputs p;
-    p.add(tmp / "a.txt");
-    p.add(tmp / "b.txt");
-  }  // not committed: removed
-  EXPECT_FALSE(fs::exists(tmp / "a.txt"));
-  EXPECT_FALSE(fs::exists(tmp / "b.txt"));
-  write_text_file(tmp / "c.txt", "kept");
-  {
-    PendingOutputs p;
-    p.add(tmp / "c.txt");
-    p.commit();
-  }
-  std::ifstream f(tmp / "c.txt");
+  std::ifstream f(tmp / "a.txt");
   std::string s;
   f >> s;
-  EXPECT_EQ(s, "kept");
-  EXPECT_FALSE(fs::exists(tmp / "c.txt.tmp"));
+  EXPECT_EQ(s, "hello");
+
+  // Every file the checkpoint is read from, and any path that leads to one (symlink, hard link, "..").
+  const CheckpointInfo info = detect_checkpoint(kModel);
+  const std::vector<NamedFile> ins = checkpoint_input_files(info);
+  auto has = [&](const std::string& rel) {
+    for (const NamedFile& n : ins)
+      if (fs::equivalent(n.path, kModel + "/" + rel)) return true;
+    return false;
+  };
+  for (const char* rel : {"transformer/diffusion_pytorch_model.safetensors", "transformer_2/config.json",
+                          "vae/diffusion_pytorch_model.safetensors", "text_encoder/model.safetensors",
+                          "tokenizer/spiece.model", "tokenizer/tokenizer.json"})
+    EXPECT_TRUE(has(rel)) << rel;
+  const std::string vae = kModel + "/vae/diffusion_pytorch_model.safetensors";
+  fs::create_symlink(vae, tmp / "link.safetensors");
+  fs::create_hard_link(tmp / "a.txt", tmp / "hard.txt");
+  const std::vector<NamedFile> more = {{"--latents", tmp / "a.txt"}};
+  expect_bad_input([&] { check_outputs_distinct({{"--save-latents", vae}}, ins); }, "is an input of this run");
+  expect_bad_input([&] { check_outputs_distinct({{"--json", tmp / "link.safetensors"}}, ins); }, "checkpoint's vae");
+  expect_bad_input([&] { check_outputs_distinct({{"--output", tmp / "hard.txt"}}, more); }, "--latents");
+  expect_bad_input([&] { check_outputs_distinct({{"--output", tmp / "sub/../a.txt"}}, more); }, "--latents");
+  expect_bad_input([&] { check_outputs_distinct({{"--output", tmp / "o.y4m"}, {"--json", tmp / "./o.y4m"}}, {}); },
+                   "the same file as --output");
+  EXPECT_NO_THROW(check_outputs_distinct({{"--output", tmp / "o.y4m"}, {"--json", ""}}, ins));
+  // A PNG sequence is checked frame by frame.
+  EXPECT_EQ(video_output_files({"--output", tmp / "f.png"}, 3).size(), 3u);
+  EXPECT_EQ(video_output_files({"--output", tmp / "f.y4m"}, 3).size(), 1u);
+  expect_bad_input([&] { check_outputs_distinct(video_output_files({"--output", tmp / "a.png"}, 3),
+                                                {{"--latents", tmp / "a_00002.png"}}); },
+                   "a_00002.png");
 }

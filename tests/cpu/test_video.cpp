@@ -4,9 +4,11 @@
 //  - CRC-32 / Adler-32 known vectors, our zlib streams inflated by Python's zlib;
 //  - PNG files checked by Python (chunk CRCs, zlib, unfiltering) and decoded by ffmpeg, both exactly;
 //  - .y4m parsed back here exactly, and decoded by ffmpeg close to the RGB input;
-//  - .mp4 probed by ffprobe (h264, yuv420p, frame count, size, fps, moov before mdat) and decoded back
-//    by ffmpeg close to the input, and close to what the official writer's ffmpeg command produces;
-//  - errors (extension, folders, sizes, no FFmpeg) name the path and leave no file behind.
+//  - .mp4 probed by ffprobe (h264, yuv420p, colour tags, frame count, size, fps, moov before mdat) and
+//    decoded back by ffmpeg close to the input and to the official writer's ffmpeg command; the same
+//    frames give the same bytes every time, with every core busy and the heap full of changing garbage;
+//  - errors (extension, folders, sizes, no FFmpeg, a full disk) name the path and leave no file behind;
+//  - outputs: unique temporary names, permissions kept, symlinks written through, PNG frames folders.
 // ffmpeg, ffprobe and WAN_PYTHON are always installed by the setup script: a missing one FAILS a test.
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -19,7 +21,17 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <map>
+#include <thread>
 
 #include "core/error.h"
 #include "formats/video.h"
@@ -110,7 +122,8 @@ std::string decode_rgb24(const std::string& file) {
 nlohmann::json ffprobe_stream(const std::string& file) {
   std::string out;
   const int rc = run("ffprobe -v error -count_frames -select_streams v:0 -show_entries "
-                     "stream=codec_name,pix_fmt,color_range,width,height,nb_read_frames,avg_frame_rate,r_frame_rate "
+                     "stream=codec_name,pix_fmt,color_range,color_space,color_transfer,color_primaries,width,height,"
+                     "nb_read_frames,avg_frame_rate,r_frame_rate "
                      "-of json '" + file + "'", &out);
   EXPECT_EQ(rc, 0) << out;
   const auto j = nlohmann::json::parse(out, nullptr, false);
@@ -134,10 +147,12 @@ void expect_error(Fn&& fn, std::initializer_list<std::string> parts) {
   }
 }
 
-// No "*.tmp.*" file anywhere in the scratch folder.
+// No temporary file (".<name>.XXXXXX.tmp", or the old "<stem>.tmp.<ext>") anywhere in the scratch folder.
 void expect_no_temp_files() {
-  for (const auto& e : fs::recursive_directory_iterator(scratch()))
-    EXPECT_EQ(e.path().filename().string().find(".tmp."), std::string::npos) << e.path();
+  for (const auto& e : fs::recursive_directory_iterator(scratch())) {
+    const std::string n = e.path().filename().string();
+    EXPECT_FALSE(n.find(".tmp.") != std::string::npos || (n[0] == '.' && n.ends_with(".tmp"))) << e.path();
+  }
 }
 
 float bits(uint32_t b) { return std::bit_cast<float>(b); }
@@ -479,6 +494,12 @@ TEST(VideoMp4, ProbesAndDecodesBack) {
     EXPECT_EQ(s.value("nb_read_frames", ""), std::to_string(c.F));
     EXPECT_EQ(s.value("avg_frame_rate", ""), std::to_string(c.fps) + "/1");
     EXPECT_EQ(s.value("r_frame_rate", ""), std::to_string(c.fps) + "/1");
+    // Tagged with what swscale's conversion does (BT.601 matrix, limited range) and the RGB's own
+    // primaries and transfer, so players need not guess; the decode below honours these tags.
+    EXPECT_EQ(s.value("color_space", ""), "smpte170m");
+    EXPECT_EQ(s.value("color_range", ""), "tv");
+    EXPECT_EQ(s.value("color_primaries", ""), "bt709");
+    EXPECT_EQ(s.value("color_transfer", ""), "bt709");
     // faststart: the moov box precedes the media data.
     const std::vector<std::string> boxes = mp4_boxes(slurp(out));
     const auto moov = std::find(boxes.begin(), boxes.end(), "moov"), mdat = std::find(boxes.begin(), boxes.end(), "mdat");
@@ -501,8 +522,7 @@ TEST(VideoMp4, ProbesAndDecodesBack) {
 
     // The official writer's ffmpeg command on the same RGB frames (imageio-ffmpeg, quality=8) gives the
     // same fidelity and nearly the same pixels: same colour conversion, same encoder settings. (Not the
-    // same bytes: libx264 inside libavcodec is not repeatable from one encoder to the next within a
-    // process, even single-threaded; decodes then differ by about one level.)
+    // same bytes: the CLI runs another thread count and x264's AVX-512 kernels, and writes no colour tags.)
     const std::string raw = sp("ref_in.rgb"), ref = sp("ref" + std::to_string(c.fps) + ".mp4");
     spit(raw, rgb.data(), rgb.size());
     ASSERT_EQ(run("ffmpeg -v error -y -f rawvideo -vcodec rawvideo -s " + std::to_string(c.W) + "x" +
@@ -564,27 +584,215 @@ TEST(VideoErrors, NoFfmpegBranch) {
 #endif
 }
 
+// Runs fn with the process's file-size limit at `bytes` (write(2) then fails with EFBIG, the path a full
+// disk takes; SIGXFSZ ignored meanwhile).
+template <typename Fn>
+void with_file_size_limit(rlim_t bytes, Fn&& fn) {
+  struct rlimit old {};
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old), 0);
+  auto old_handler = ::signal(SIGXFSZ, SIG_IGN);
+  struct rlimit lim = old;
+  lim.rlim_cur = bytes;
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &lim), 0);
+  fn();
+  ::setrlimit(RLIMIT_FSIZE, &old);
+  ::signal(SIGXFSZ, old_handler);
+}
+
 TEST(VideoErrors, FailuresLeaveNothingBehind) {
   const int F = 6, H = 8, W = 10;
   const std::vector<float> v = make_video(F, H, W, fresh_seed() + 11);
-  // A folder where frame 3 of a PNG sequence must go: frames already written are removed again.
-  fs::create_directories(sp("seq"));
+  // A folder where frame 3 of a PNG sequence must go: refused before any frame is written.
   fs::create_directories(sp("seq/s_00003.png/blocker"));
-  expect_error([&] { write_video(sp("seq/s.png"), v.data(), F, H, W, 16); }, {"s_00003.png"});
+  expect_error([&] { write_video(sp("seq/s.png"), v.data(), F, H, W, 16); }, {"seq/s.png", "already holds 1 frame"});
+  VideoWriteOptions over;
+  over.overwrite_frames = true;
+  expect_error([&] { write_video(sp("seq/s.png"), v.data(), F, H, W, 16, over); }, {"s_00003.png", "is a folder"});
   size_t left = 0;
   for (const auto& e : fs::directory_iterator(sp("seq"))) left += e.path().filename() != "s_00003.png";
   EXPECT_EQ(left, 0u);
-  // A folder in the way of the temp file: the write fails before anything appears.
-  fs::create_directories(sp("blocked.tmp.y4m/x"));
-  expect_error([&] { write_video(sp("blocked.y4m"), v.data(), F, H, W, 16); }, {"blocked.y4m", "cannot create"});
-  EXPECT_FALSE(fs::exists(sp("blocked.y4m")));
-  if (video_have_ffmpeg()) {
-    fs::create_directories(sp("blocked.tmp.mp4/x"));
-    expect_error([&] { write_video(sp("blocked.mp4"), v.data(), F, H, W, 16); }, {"blocked.mp4"});
-    EXPECT_FALSE(fs::exists(sp("blocked.mp4")));
+  // A write that fails part-way removes its temporary file, and the file it was to replace keeps its bytes.
+  const int F2 = 9, H2 = 64, W2 = 96;
+  const std::vector<float> big = make_video(F2, H2, W2, fresh_seed() + 12, 0.3f);
+  std::vector<std::string> names = {"full.y4m", "full.png"};
+  if (video_have_ffmpeg()) names.push_back("full.mp4");
+  for (const std::string& name : names) {
+    SCOPED_TRACE(name);
+    spit(sp(name), "old", 3);
+    const int frames = name.ends_with(".png") ? 1 : F2;
+    with_file_size_limit(4096, [&] {
+      expect_error([&] { write_video(sp(name), big.data(), frames, H2, W2, 16); }, {name, std::strerror(EFBIG)});
+    });
+    EXPECT_EQ(slurp(sp(name)), "old");
   }
   fs::remove_all(sp("seq"));
-  fs::remove_all(sp("blocked.tmp.y4m"));
-  fs::remove_all(sp("blocked.tmp.mp4"));
+  expect_no_temp_files();
+}
+
+// ---- output files: temporary names, permissions, symlinks, PNG frames ---------------------------------
+
+TEST(VideoOutput, TemporaryNamesAreUniqueAndNeverAUsersFile) {
+  const int F = 3, H = 8, W = 10;
+  const std::vector<float> v = make_video(F, H, W, fresh_seed() + 20);
+  // The old fixed temporary names: a user's own file there is left alone, a folder there is no obstacle.
+  spit(sp("mine.tmp.y4m"), "user data", 9);
+  fs::create_directories(sp("dir.tmp.y4m/x"));
+  write_video(sp("mine.y4m"), v.data(), F, H, W, 16);
+  write_video(sp("dir.y4m"), v.data(), F, H, W, 16);
+  EXPECT_EQ(slurp(sp("mine.tmp.y4m")), "user data");
+  EXPECT_EQ(slurp(sp("mine.y4m")), slurp(sp("dir.y4m")));
+  // Four writers of one target at once: each has its own temporary file, and the target ends up as one
+  // of the complete videos, never a mix.
+  std::vector<std::vector<float>> vids;
+  std::vector<std::string> want;
+  for (int i = 0; i < 4; ++i) {
+    vids.push_back(make_video(F, H, W, fresh_seed() + 21 + i));
+    write_video(sp("ref" + std::to_string(i) + ".y4m"), vids.back().data(), F, H, W, 16);
+    want.push_back(slurp(sp("ref" + std::to_string(i) + ".y4m")));
+  }
+  for (int round = 0; round < 5; ++round) {
+    std::vector<std::thread> ts;
+    std::atomic<int> failures{0};
+    for (int i = 0; i < 4; ++i)
+      ts.emplace_back([&, i] {
+        try {
+          write_video(sp("same.y4m"), vids[size_t(i)].data(), F, H, W, 16);
+        } catch (const wan::Error&) {
+          ++failures;
+        }
+      });
+    for (auto& t : ts) t.join();
+    EXPECT_EQ(failures.load(), 0);
+    EXPECT_NE(std::find(want.begin(), want.end(), slurp(sp("same.y4m"))), want.end()) << "round " << round;
+  }
+  fs::remove_all(sp("dir.tmp.y4m"));
+  fs::remove(sp("mine.tmp.y4m"));
+  expect_no_temp_files();
+}
+
+TEST(VideoOutput, KeepsPermissionsAndWritesThroughSymlinks) {
+  const int F = 2, H = 8, W = 10;
+  const std::vector<float> v = make_video(F, H, W, fresh_seed() + 30);
+  // A new file: 0666 minus the umask. A replaced file: its own permission bits.
+  const mode_t old_mask = ::umask(027);
+  write_video(sp("new.y4m"), v.data(), F, H, W, 16);
+  ::umask(old_mask);
+  EXPECT_EQ(fs::status(sp("new.y4m")).permissions(), fs::perms(0640));
+  spit(sp("kept.y4m"), "old", 3);
+  fs::permissions(sp("kept.y4m"), fs::perms(0604));
+  write_video(sp("kept.y4m"), v.data(), F, H, W, 16);
+  EXPECT_EQ(fs::status(sp("kept.y4m")).permissions(), fs::perms(0604));
+  EXPECT_EQ(slurp(sp("kept.y4m")), slurp(sp("new.y4m")));
+  // A symlink is written through: the file it points to (in another folder) is replaced, the link stays.
+  fs::create_directories(sp("real"));
+  spit(sp("real/target.y4m"), "old", 3);
+  fs::create_symlink(sp("real/target.y4m"), sp("link.y4m"));
+  write_video(sp("link.y4m"), v.data(), F, H, W, 16);
+  EXPECT_TRUE(fs::is_symlink(sp("link.y4m")));
+  EXPECT_EQ(slurp(sp("real/target.y4m")), slurp(sp("new.y4m")));
+  // Refused: a dangling link (nothing is created at its target), a link to a folder, a device.
+  fs::create_symlink(sp("real/missing.y4m"), sp("dangling.y4m"));
+  expect_error([&] { write_video(sp("dangling.y4m"), v.data(), F, H, W, 16); }, {"dangling.y4m", "does not exist"});
+  EXPECT_FALSE(fs::exists(sp("real/missing.y4m")));
+  fs::create_symlink(sp("real"), sp("dirlink.y4m"));
+  expect_error([&] { write_video(sp("dirlink.y4m"), v.data(), F, H, W, 16); }, {"dirlink.y4m", "folder"});
+  fs::create_symlink("/dev/null", sp("null.y4m"));
+  expect_error([&] { write_video(sp("null.y4m"), v.data(), F, H, W, 16); }, {"null.y4m", "not a regular file"});
+  expect_no_temp_files();
+}
+
+TEST(VideoPng, FramesOfAnEarlierSequenceAreRefusedOrReplaced) {
+  const int H = 8, W = 10;
+  const std::vector<float> six = make_video(6, H, W, fresh_seed() + 40), three = make_video(3, H, W, fresh_seed() + 41);
+  fs::create_directories(sp("frames"));
+  write_video(sp("frames/f.png"), six.data(), 6, H, W, 16);
+  for (const char* other : {"g_00001.png", "f_1.png", "f_00001.txt", "f.png"})
+    spit(sp(std::string("frames/") + other), "x", 1);
+  std::map<std::string, std::string> before;
+  for (const auto& e : fs::directory_iterator(sp("frames"))) before[e.path().filename().string()] = slurp(e.path());
+  auto now = [&] {
+    std::map<std::string, std::string> m;
+    for (const auto& e : fs::directory_iterator(sp("frames"))) m[e.path().filename().string()] = slurp(e.path());
+    return m;
+  };
+  // Not asked: refused, nothing changes (the pattern's extension is matched without regard to case).
+  expect_error([&] { write_video(sp("frames/f.png"), three.data(), 3, H, W, 16); },
+               {"frames/f.png", "already holds 6 frame(s)", "f_00000.png"});
+  expect_error([&] { write_video(sp("frames/f.PNG"), three.data(), 3, H, W, 16); }, {"already holds 6"});
+  EXPECT_EQ(now(), before);
+  // Asked: the three new frames replace the first three, the three the new sequence does not reach go.
+  VideoWriteOptions over;
+  over.overwrite_frames = true;
+  write_video(sp("frames/f.png"), three.data(), 3, H, W, 16, over);
+  const std::vector<uint8_t> rgb = video_to_rgb8(three.data(), 3, H, W);
+  std::map<std::string, std::string> after = now();
+  for (int f = 0; f < 3; ++f) {
+    const std::string name = "f_0000" + std::to_string(f) + ".png";
+    const std::vector<uint8_t> png = video_detail::encode_png_rgb8(rgb.data() + size_t(f) * H * W * 3, H, W);
+    EXPECT_EQ(after[name], std::string(png.begin(), png.end()));
+    EXPECT_NE(after[name], before[name]);
+  }
+  for (const char* gone : {"f_00003.png", "f_00004.png", "f_00005.png"}) EXPECT_EQ(after.count(gone), 0u) << gone;
+  for (const char* other : {"g_00001.png", "f_1.png", "f_00001.txt", "f.png"}) EXPECT_EQ(after[other], "x") << other;
+  EXPECT_EQ(existing_png_frames(sp("frames/f.png")).size(), 3u);
+  // One frame is written under the given name; with the option, the earlier sequence's frames go.
+  write_video(sp("frames/f.png"), three.data(), 1, H, W, 16, over);
+  EXPECT_TRUE(existing_png_frames(sp("frames/f.png")).empty());
+  EXPECT_NE(slurp(sp("frames/f.png")), "x");
+  fs::remove_all(sp("frames"));
+  expect_no_temp_files();
+}
+
+// ---- MP4 determinism --------------------------------------------------------------------------------
+
+TEST(VideoMp4, SameFramesGiveTheSameBytesUnderLoad) {
+  if (!video_have_ffmpeg()) GTEST_FAIL() << "this build has no FFmpeg; the setup script installs it";
+  // Frames tall enough for several x264 threads. Meanwhile other threads keep every core busy and churn
+  // the heap with ever-different bytes, as a busy run leaves freed memory behind: the bytes must not
+  // move (x264's AVX-512 MB-tree kernels made them depend on such leftovers).
+  const int F = 17, H = 240, W = 416;
+  // Noise over moving ramps: content on which x264's motion search and MB-tree have work to do.
+  std::mt19937_64 gen(fresh_seed() + 50);
+  std::vector<uint8_t> rgb(size_t(F) * H * W * 3);
+  for (int f = 0; f < F; ++f)
+    for (int y = 0; y < H; ++y)
+      for (int x = 0; x < W; ++x) {
+        uint8_t* p = &rgb[((size_t(f) * H + y) * W + x) * 3];
+        p[0] = uint8_t(x * 4 + f * 3);
+        p[1] = uint8_t((gen() & 15) + y * 2);
+        p[2] = uint8_t(gen());
+      }
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> load;
+  const unsigned n = std::clamp(std::thread::hardware_concurrency(), 2u, 16u);
+  for (unsigned i = 0; i < n; ++i)
+    load.emplace_back([&stop, i] {
+      std::mt19937_64 rng(fresh_seed() + i);
+      while (!stop.load()) {
+        const size_t bytes = 1024 + rng() % (size_t(4) << 20);
+        void* p = std::malloc(bytes);
+        if (p) std::memset(p, int(rng() & 255), bytes);
+        std::free(p);
+      }
+    });
+  std::string first;
+  for (int rep = 0; rep < 6; ++rep) {
+    {  // leave fresh garbage in freed memory right before each encode, as well
+      std::mt19937_64 rng(fresh_seed() + 100 + rep);
+      std::vector<std::vector<uint8_t>> junk;
+      for (int k = 0; k < 64; ++k) junk.emplace_back(4096 + rng() % 262144, uint8_t(rng()));
+    }
+    const std::string out = sp("det" + std::to_string(rep) + ".mp4");
+    write_video_rgb8(out, rgb.data(), F, H, W, 16);
+    const std::string bytes = slurp(out);
+    if (rep == 0) first = bytes;
+    else EXPECT_TRUE(bytes == first) << "encode " << rep << " differs from encode 0 (" << bytes.size() << " vs "
+                                     << first.size() << " bytes)";
+  }
+  stop = true;
+  for (auto& t : load) t.join();
+  EXPECT_GT(first.size(), 1000u);
+  // No version string or date of the libraries in the container.
+  EXPECT_EQ(first.find("Lavf"), std::string::npos);
   expect_no_temp_files();
 }
