@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "ckpt/layout.h"
@@ -22,6 +23,8 @@
 #include "core/thread_pool.h"
 #include "models/dit/dit_cpu.h"
 #include "formats/safetensors.h"
+#include "pipeline/files.h"
+#include "pipeline/host_memory.h"
 
 namespace wan::cli {
 namespace {
@@ -79,7 +82,11 @@ int cmd_forward(int argc, char** argv) {
   const auto [w_arg, h_arg] = args.size("size");
   const long long width = w_arg, height = h_arg;
 
+  // The output is checked now, not after the forward: writable, and not one of the checkpoint's files.
+  const std::optional<std::string> output = args.get("output");
+  if (output) check_output_path(*output, "--output");
   const CheckpointInfo info = detect_checkpoint(model);
+  if (output) check_outputs_distinct({{"--output", *output}}, checkpoint_input_files(info));
   DiTConfig cfg = info.dit;
   const Role role = pick_dit_role(info, args.str("expert"));
   if (auto layers = args.get("layers")) {
@@ -97,6 +104,7 @@ int cmd_forward(int argc, char** argv) {
             ": width and height must be multiples of ", sstride * cfg.patch[2], " for ", task_name(info.task));
   const int64_t H = height / sstride, W = width / sstride;
   const int64_t L = (T / cfg.patch[0]) * (H / cfg.patch[1]) * (W / cfg.patch[2]);
+  check_forward_memory(cfg, T / cfg.patch[0], H / cfg.patch[1], W / cfg.patch[2], cfg.out_dim * T * H * W);
 
   printf("model:   %s (%s, %s, %s)\n", info.root.c_str(), layout_name(info.layout), task_name(info.task),
          role_name(role));
@@ -136,7 +144,7 @@ int cmd_forward(int argc, char** argv) {
          s.nonfinite ? cat("  NON-FINITE ", s.nonfinite).c_str() : "");
   printf("time:    %.3f s forward (%d threads)\n", secs, num_threads());
 
-  if (auto out = args.get("output")) {
+  if (const auto& out = output) {
     write_safetensors(*out, {{"x", x}, {"t", t}, {"context", ctx}, {"velocity", v}},
                       {{"model", info.root},
                        {"role", role_name(role)},

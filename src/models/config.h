@@ -32,6 +32,9 @@ struct DiTConfig {
   bool operator==(const DiTConfig& o) const;
 };
 
+// Positions per axis (frames, height, width in tokens) of the reference's RoPE table (spec §2.6).
+constexpr int kDiTRopePositions = 1024;
+
 DiTConfig dit_preset(const std::string& name);  // "t2v-A14B", "i2v-A14B", "ti2v-5B", "tiny"
 // official config.json ({"_class_name": "WanModel", "dim": ..}) or diffusers transformer config
 // ({"_class_name": "WanTransformer3DModel", "num_attention_heads": .., "attention_head_dim": ..}).

@@ -4,6 +4,7 @@
 #include <functional>
 
 #include "pipeline/denoiser.h"
+#include "pipeline/host_memory.h"
 #include "pipeline/models.h"
 #include "pipeline/pipeline.h"
 #include "pipeline/pipeline_internal.h"
@@ -54,6 +55,8 @@ Tensor decode_with(const std::function<VaeWeights()>& load, const VaeConfig& vae
 
 Tensor decode_latents(const CheckpointInfo& ckpt, const VaeConfig& vae, const Tensor& latents, const RunHooks& hooks,
                       Timings* timings, const std::string& device, int64_t* peak_device_bytes) {
+  if (parse_device(device) >= 0) check_gpu_vae(vae, device);
+  check_decode_memory(vae, latents.shape(), device);  // before the VAE loads
   return pipeline_detail::decode_with([&] { return load_vae(ckpt, vae); }, vae, latents, hooks, timings, device, peak_device_bytes);
 }
 

@@ -15,6 +15,7 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "core/json_limits.h"
 #include "core/log.h"
 #include "core/printable.h"
 #include "core/philox.h"
@@ -44,12 +45,7 @@ std::optional<json> read_json_if_exists(const fs::path& path) {
   WAN_CHECK(f.good(), path.string(), ": cannot read");
   std::stringstream ss;
   ss << f.rdbuf();
-  json j;
-  try {
-    j = json::parse(ss.str());
-  } catch (const std::exception& e) {
-    WAN_THROW(path.string(), ": invalid JSON: ", e.what());
-  }
+  const json j = parse_json_limited(ss.str(), path.string());
   WAN_CHECK(j.is_object(), path.string(), ": not a JSON object");
   return j;
 }
@@ -349,6 +345,9 @@ size_t gpu_text_encoder_bytes(const T5Config&) {
   WAN_THROW("--device cuda: this build of wan has no CUDA support (configure with a CUDA toolkit)");
 }
 int64_t gpu_memory_in_use(int) { return 0; }
+size_t gpu_free_bytes(int device) {
+  WAN_THROW("--device cuda:", device, ": this build of wan has no CUDA support (configure with a CUDA toolkit)");
+}
 std::future<void> gpu_prewarm(int) { return {}; }
 Tensor gpu_vae_decode_tracked(const VaeConfig&, const VaeWeights&, const Tensor&, int device, int64_t*) {
   WAN_THROW("device ", device, ": this build of wan has no CUDA support");

@@ -119,6 +119,8 @@ std::unique_ptr<GpuTextEncoder> make_gpu_text_encoder(const CheckpointInfo& info
 size_t gpu_text_encoder_bytes(const T5Config& c);
 // Device memory in use (cudaMemGetInfo: total - free) on `device`; 0 without CUDA or device.
 int64_t gpu_memory_in_use(int device);
+// Free device memory on `device` now (cudaMemGetInfo); throws wan::Error without CUDA.
+size_t gpu_free_bytes(int device);
 // Starts creating the CUDA context of `device` on another thread, so that it overlaps reading the
 // checkpoint's headers and configs; the first CUDA call elsewhere waits for it, and so does the
 // returned future's destructor. Errors are left to the next CUDA call. Without CUDA: nothing to do.

@@ -29,6 +29,7 @@
 #include "core/philox.h"
 #include "models/dit/dit_cpu.h"
 #include "pipeline/files.h"
+#include "pipeline/host_memory.h"
 #include "pipeline/models.h"
 #include "pipeline/startup.h"
 #include "pipeline/checkpoint_check.h"
@@ -64,15 +65,6 @@ bool uses_expert(const ExpertSchedule& es, Expert e) {
 
 namespace {
 
-std::string human_bytes(int64_t b) {
-  char buf[32];
-  const double v = static_cast<double>(b);
-  if (v >= 1e9) snprintf(buf, sizeof buf, "%.1f GB", v / 1e9);
-  else if (v >= 1e6) snprintf(buf, sizeof buf, "%.1f MB", v / 1e6);
-  else snprintf(buf, sizeof buf, "%.1f kB", v / 1e3);
-  return buf;
-}
-
 using pipeline_detail::check_cancel;
 using pipeline_detail::context_batch;
 using pipeline_detail::decode_with;
@@ -92,11 +84,6 @@ std::string exact(double v) {
   char buf[40];
   snprintf(buf, sizeof buf, "%.17g", v);
   return buf;
-}
-
-int64_t physical_memory_bytes() {
-  long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
-  return pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page : 0;
 }
 
 }  // namespace
@@ -373,6 +360,15 @@ void plan_video(const GenerateOptions& o, const std::optional<ModelPreset>& size
   WAN_CHECK(p.vae.z_dim == dit.in_dim && dit.out_dim == dit.in_dim, p.ckpt.root, ": the VAE's z_dim ", p.vae.z_dim,
             " does not match the DiT's in/out channels ", dit.in_dim, "/", dit.out_dim);
   p.seq_len = p.latent_shape[1] * (p.latent_shape[2] / dit.patch[1]) * (p.latent_shape[3] / dit.patch[2]);
+  // The DiT's RoPE covers kDiTRopePositions positions per axis: refused here, not in the first forward.
+  const int64_t axis[3] = {p.latent_shape[1] / dit.patch[0], p.latent_shape[2] / dit.patch[1],
+                           p.latent_shape[3] / dit.patch[2]};
+  WAN_CHECK_OPTION("frames", axis[0] <= kDiTRopePositions, "{} ", p.frames, ": ", axis[0],
+                   " latent frames exceed the DiT's RoPE, which covers ", kDiTRopePositions,
+                   " positions per axis (at most ", (kDiTRopePositions * dit.patch[0] - 1) * tf + 1, " frames)");
+  WAN_CHECK_OPTION("size", axis[1] <= kDiTRopePositions && axis[2] <= kDiTRopePositions, "{} ", p.width, "x", p.height,
+                   ": ", axis[2], "x", axis[1], " tokens exceed the DiT's RoPE, which covers ", kDiTRopePositions,
+                   " positions per axis (at most ", kDiTRopePositions * multiple, " pixels per side)");
   if (p.init_latents.defined())
     WAN_CHECK_OPTION("init-latents", p.init_latents.shape() == p.latent_shape, "{} ", o.init_latents_file, ": shape ",
                      p.init_latents.shape().str(), " does not match ", p.latent_shape.str(), " of ", p.width, "x",
@@ -465,16 +461,10 @@ void plan_memory(const GenerateOptions& o, GeneratePlan& p) {
   int experts_used = (uses_expert(p.experts, Expert::High) ? 1 : 0) + (uses_expert(p.experts, Expert::Low) ? 1 : 0);
   p.weights_peak_bytes =
       std::max(experts_used * dit_f32_bytes(p.ckpt.dit), p.needs_text_encoder ? t5_f32_bytes(p.t5) : 0);
-  const int64_t phys = physical_memory_bytes();
-  if (on_gpu) {
-    plan_gpu_run(o.parallel, o.decode, o.keep_text_encoder, p);
-    WAN_CHECK(phys == 0 || p.host_weights_bytes < phys, "the run needs ", human_bytes(p.host_weights_bytes),
-              " of host memory for weights but this machine has ", human_bytes(phys));
-  } else {
-    WAN_CHECK(phys == 0 || p.weights_peak_bytes < phys, "the float32 CPU path needs ",
-              human_bytes(p.weights_peak_bytes), " for weights alone but this machine has ", human_bytes(phys),
-              " of memory", p.random_weights ? " (random weights are drawn at the full size; use --device cuda)" : "");
-  }
+  // The host first (cheap, and a GPU run's video comes back to it), then the devices.
+  if (on_gpu) p.host_weights_bytes = gpu_host_weights_bytes(p);
+  check_generate_host_memory(p, on_gpu, o.decode);
+  if (on_gpu) plan_gpu_run(o.parallel, o.decode, o.keep_text_encoder, p);
 }
 }  // namespace
 
@@ -488,6 +478,7 @@ GeneratePlan plan_generate(const GenerateOptions& o) {
   plan_resume(o, p);
   plan_checkpoint(o, p);
   plan_memory(o, p);
+  check_generate_outputs(o, p);  // no output may be one of the files just read
   return p;
 }
 
@@ -762,6 +753,7 @@ GenerateResult run_generate(const GeneratePlan& p, const RunHooks& hooks, bool d
     return r;
   }
   te_gpu.reset();
+  if (hooks.latents_done) hooks.latents_done(r.latents);  // kept even if the decode fails or is cancelled
   if (decode) {
     double vae_read_s = -1;
     auto load = [&] {

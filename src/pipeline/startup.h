@@ -88,9 +88,11 @@ RunMemoryPlan rank_run_memory(const GeneratePlan& plan, const GpuDiTMemory& m, c
                               const dist::Layout& layout, bool rank0, bool decode);
 // plan_generate's device step for `--device cuda`: the text encoder's device bytes, then (one GPU) the
 // DiT's share and the run-level plan (p.memory, p.dit_memory, p.fast_start), checked against the free
-// memory now, then the VAE check and the host memory for weights (p.host_weights_bytes). Several GPUs:
-// each rank checks its rank_run_memory before any work on its device.
+// memory now, then the VAE check. Several GPUs: each rank checks its rank_run_memory before any work on
+// its device.
 void plan_gpu_run(bool parallel, bool decode, bool keep_text_encoder, GeneratePlan& p);
+// The host memory a GPU run holds for weights at once (its plan's host_weights_bytes).
+int64_t gpu_host_weights_bytes(const GeneratePlan& p);
 
 // `uses`: the (expert, batch) forwards of the run (warm-up). Needs plan.fast_start.
 FastStart gpu_fast_start(const GeneratePlan& plan, const DenoiserSpec& spec,

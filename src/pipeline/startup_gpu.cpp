@@ -107,10 +107,14 @@ void plan_gpu_run(bool parallel, bool decode, bool keep_text_encoder, GeneratePl
     p.dit_memory = m.plan;
   }
   if (decode && parallel) check_gpu_vae(p.vae, p.device);  // its bytes: rank 0's plan
-  // Host: the VAE's f32 weights, plus one tensor at a time while uploading (the largest: the text
-  // encoder's embedding table, converted per tensor on the GPU's side).
-  p.host_weights_bytes = vae_f32_bytes(p.vae);
-  if (!p.random_weights && p.needs_text_encoder) p.host_weights_bytes += static_cast<int64_t>(p.t5.vocab) * p.t5.dim * 4;
+}
+
+int64_t gpu_host_weights_bytes(const GeneratePlan& p) {
+  // The VAE's f32 weights, plus one tensor at a time while uploading (the largest: the text encoder's
+  // embedding table, converted per tensor on the GPU's side).
+  int64_t bytes = vae_f32_bytes(p.vae);
+  if (!p.random_weights && p.needs_text_encoder) bytes += static_cast<int64_t>(p.t5.vocab) * p.t5.dim * 4;
+  return bytes;
 }
 
 std::string startup_trace_json(const FastStart& fs) {

@@ -66,6 +66,13 @@ std::unique_ptr<GpuTextEncoder> make_gpu_text_encoder(const CheckpointInfo& info
 
 size_t gpu_text_encoder_bytes(const T5Config& c) { return cuda::T5EncoderGpu::device_bytes(c); }
 
+size_t gpu_free_bytes(int device) {
+  CUDA_CHECK(cudaSetDevice(device));
+  size_t free_b = 0, total_b = 0;
+  CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  return free_b;
+}
+
 int64_t gpu_memory_in_use(int device) {
   if (device < 0 || device >= cuda::device_count()) return 0;
   int prev = 0;

@@ -85,7 +85,7 @@ TEST(BenchAttentionCli, BadInputStdIsOneClearError) {
                           {"0", "--input-std 0: expected a value in (0, 64]"},
                           {"-1", "--input-std -1: expected a value in (0, 64]"},
                           {"65", "--input-std 65: expected a value in (0, 64]"},
-                          {"nan", "--input-std nan: expected a value in (0, 64]"}});
+                          {"nan", "option --input-std: 'nan' must be a finite number"}});
 }
 
 }  // namespace

@@ -175,7 +175,17 @@ TEST(GenerateRandom, PlanRefusesBadInputBeforeHeavyWork) {
          o.config = "t2v-A14B";
          o.layers = 1000;
        },
-       "float32 CPU path needs"},
+       "of host memory (weights "},
+      // Activations and video planned too: 16000x16000 needs terabytes; 100001 frames exceed the RoPE.
+      {[](GenerateOptions& o) {
+         o.width = 16000;
+         o.height = 16000;
+         o.frames = 1;
+       },
+       "; not even 1 frame fits at this size"},
+      {[](GenerateOptions& o) { o.frames = 100001; },
+       "--frames 100001: 25001 latent frames exceed the DiT's RoPE, which covers 1024 positions per axis (at most "
+       "4093 frames)"},
       {[](GenerateOptions& o) { o.layers = 5000; }, "--layers 5000"},
       {[](GenerateOptions& o) { o.random_weights = false; }, "--config NAME needs --weights random"},
       {[](GenerateOptions& o) {

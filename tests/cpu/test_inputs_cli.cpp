@@ -3,6 +3,7 @@
 // damaged, and the one-line messages and exit codes of every such case (README "Exit codes").
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <regex>
@@ -10,6 +11,8 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/tensor.h"
+#include "formats/safetensors.h"
 #include "run_util.h"
 
 namespace fs = std::filesystem;
@@ -164,4 +167,41 @@ TEST(CheckpointCli, ConfigThatDisagreesWithItsTensorsIsAnError) {
   r = run_wan({"inspect", ck});
   EXPECT_EQ(r.code, 2) << r.out << r.err;
   EXPECT_NE(r.out.find("status: INCOMPLETE"), std::string::npos) << r.out;
+}
+
+// Work that cannot fit, or exceeds the DiT's RoPE, is refused in under a second with one line that
+// says what was asked, what it needs and what fits: generate, decode and forward alike.
+TEST(MemoryCli, RequestsThatCannotFitAreRefusedAtOnce) {
+  TempDir t;
+  const std::string ck = tiny_model(t);
+  const std::string big = t / "big.safetensors";
+  wan::Tensor lat = wan::Tensor::empty(wan::DType::F32, {16, 1, 512, 512});
+  for (int64_t i = 0; i < lat.numel(); ++i) lat.f32()[i] = 0.5f;
+  wan::write_safetensors(big, {{"latents", lat}});
+  struct Case {
+    std::vector<std::string> args;
+    std::string want;
+  };
+  const std::vector<Case> cases = {
+      {{"generate", "--model", ck, "--prompt", "cat", "--size", "192x128", "--frames", "100001", "--steps", "1",
+        "--output", t / "o.y4m"},
+       "--frames 100001: 25001 latent frames exceed the DiT's RoPE"},
+      {{"generate", "--model", ck, "--prompt", "cat", "--size", "16000x16000", "--frames", "1", "--steps", "1",
+        "--output", t / "o.y4m"},
+       "of host memory (weights "},
+      {{"decode", "--model", ck, "--latents", big, "--output", t / "d.y4m"},
+       "decoding [16, 1, 512, 512] latents (1 frames at 4096x4096) needs "},
+      {{"forward", "--model", ck, "--size", "100000x100000", "--frames", "1"}, "token grid exceeds the DiT's RoPE"},
+  };
+  for (const Case& c : cases) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const Result r = run_wan(c.args);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_EQ(r.code, 2) << c.args[0] << ": " << r.err;
+    EXPECT_EQ(lines(r.err), 1) << r.err;
+    EXPECT_NE(r.err.find(c.want), std::string::npos) << r.err;
+    EXPECT_LT(s, 5.0) << c.args[0] << " took " << s << " s to refuse";
+    EXPECT_FALSE(fs::exists(t / "o.y4m"));
+    EXPECT_FALSE(fs::exists(t / "d.y4m"));
+  }
 }

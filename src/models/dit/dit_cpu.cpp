@@ -94,6 +94,16 @@ DiTWeights load_dit_weights(const DiTConfig& cfg, const DiTWeightFn& get) {
   return w;
 }
 
+size_t dit_forward_bytes(const DiTConfig& cfg, int64_t B, int64_t S, int64_t Lt, int64_t out_elems) {
+  const double D = cfg.dim, F = cfg.ffn_dim, TL = cfg.text_len, TD = cfg.text_dim;
+  const double OP = static_cast<double>(cfg.out_dim) * cfg.patch[0] * cfg.patch[1] * cfg.patch[2];
+  const double rows = static_cast<double>(B) * static_cast<double>(S), NT = static_cast<double>(B) * Lt;
+  const double threads = 256;  // an attention score row per worker thread (more than any pool here)
+  const double floats = rows * (7 * D + F + OP) + B * TL * (TD + 4 * D) + NT * (cfg.freq_dim + 16 * D) +
+                        threads * static_cast<double>(S) + static_cast<double>(out_elems);
+  return floats * 4 > 1.8e19 ? SIZE_MAX : static_cast<size_t>(floats * 4);
+}
+
 Tensor dit_forward(const DiTConfig& cfg, const DiTWeights& w, const Tensor& x, const Tensor& t, const Tensor& context,
                    const std::vector<int64_t>& context_lens, int64_t seq_len, const DiTHook& hook) {
   // ---- shapes ----

@@ -60,6 +60,12 @@ DiTWeights load_dit_weights(const DiTConfig& cfg, const DiTWeightFn& get);
 // with S = seq_len and Lt = 1 for a per-sample timestep, S for a per-token one.
 using DiTHook = std::function<void(const std::string& name, const Tensor& value)>;
 
+// The host bytes dit_forward allocates for B samples of `S` tokens (seq_len) with Lt timestep rows per
+// sample (1 or S) and an output of `out_elems` floats, besides its inputs and weights: the residual
+// stream and the q, k, v, attention, projection and FFN buffers (rows = B·S), the text and time
+// embeddings, the head and the output. Plain arithmetic, for refusing a run before it starts.
+size_t dit_forward_bytes(const DiTConfig& cfg, int64_t B, int64_t S, int64_t Lt, int64_t out_elems);
+
 // Velocity prediction of the official WanModel.forward:
 //   x        [B, in_dim, T, H, W] f32 (I2V: the caller concatenates y, so in_dim = 36)
 //   t        [B] (one timestep per sample, A14B) or [B, seq_len] (per token, TI2V) f32

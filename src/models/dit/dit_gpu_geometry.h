@@ -18,7 +18,7 @@ constexpr size_t kAlign = 256;
 // Kept free beyond the plan: cuBLASLt/cuDNN handles and their lazily loaded kernels, graph
 // executables, the CUDA context's growth.
 constexpr size_t kReserveBytes = size_t{512} << 20;
-constexpr int kRopeMaxPos = 1024;  // positions per axis of the reference's RoPE table (spec §2.6)
+constexpr int kRopeMaxPos = kDiTRopePositions;
 constexpr double kMiB = 1024.0 * 1024.0;
 
 inline size_t align_up(size_t v) { return (v + kAlign - 1) / kAlign * kAlign; }

@@ -15,6 +15,7 @@
 #include "models/vae/vae_cpu.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 
 #include "core/error.h"
@@ -167,6 +168,29 @@ std::vector<float> inv_std(const VaeConfig& c) {
 }
 
 }  // namespace
+
+size_t vae_decode_bytes(const VaeConfig& c, int64_t T, int64_t h, int64_t w) {
+  // Resolution level l (0: latent, 3: the decoder's output) holds dec_dim · dim_mult[3 - l] channels
+  // (its stage's width; the stage's input is at most that), 2^l times the latent size, and up to
+  // temporal-factor frames per chunk. Per level: the res blocks' convolutions, the up-sampler's
+  // time_conv, and at level 0 conv1 + the middle block, at the last level the head.
+  const int levels = static_cast<int>(c.dim_mult.size());
+  const int tf = vae_temporal_factor(c), sf = vae_spatial_factor(c);
+  double caches = 0, working = 0;
+  for (int l = 0; l < levels; ++l) {
+    const double C = static_cast<double>(c.dec_dim) * c.dim_mult[static_cast<size_t>(levels - 1 - std::min(l, levels - 1))];
+    const double Cin = C;  // a stage's first convolution reads at most its width (the up-sampler halves it)
+    const double hw = static_cast<double>(h << l) * static_cast<double>(w << l);
+    const int convs = 2 * (c.num_res_blocks + 1) + 1 + (l == 0 ? 5 : 0) + (l == levels - 1 ? 1 : 0);
+    caches += convs * 2.0 * Cin * hw;
+    working = std::max(working, 6.0 * tf * Cin * hw);
+  }
+  const double F = 1.0 + static_cast<double>(tf) * static_cast<double>(T - 1);
+  const double video = 2.0 * F * 3.0 * static_cast<double>(h * sf) * static_cast<double>(w * sf);
+  const double latents = 2.0 * c.z_dim * static_cast<double>(T) * static_cast<double>(h * w);
+  const double bytes = 4.0 * (caches + working + video + latents);
+  return bytes > 1.8e19 ? SIZE_MAX : static_cast<size_t>(bytes);
+}
 
 Tensor vae_decode(const VaeConfig& c, const VaeWeights& w, const Tensor& latents, bool clamp,
                   const VaeProgress& progress) {

@@ -28,6 +28,12 @@ using VaeProgress = std::function<void(int, int)>;
 // decode one latent frame at a time, un-patchify, clamp to [-1, 1] unless clamp is false.
 Tensor vae_decode(const VaeConfig& c, const VaeWeights& w, const Tensor& latents, bool clamp = true,
                   const VaeProgress& progress = {});
+// An upper bound of the host bytes vae_decode allocates for latents [z, T, h, w] besides the weights:
+// the causal caches (2 frames per temporal convolution at its resolution), the largest chunk's working
+// tensors (6 of the widest at each resolution) and the video twice (frame-major and the returned copy).
+// Plain arithmetic on the config, for refusing a decode that cannot fit before it starts.
+size_t vae_decode_bytes(const VaeConfig& c, int64_t T, int64_t h, int64_t w);
+
 // video [3, F, H, W] in [-1, 1] (any float dtype), F = 1 + 4k, H and W multiples of the spatial
 // factor -> normalised posterior mean [z, T_lat, H_lat, W_lat] float32: patchify, encode chunks of
 // 1, 4, 4, ... frames, conv1, take the mean half, (mu - mean) * (1/std).
