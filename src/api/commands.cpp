@@ -39,8 +39,9 @@ const char* kFilesHelp =
     "  state:      \"latents\", \"state.step\", \"state.fingerprint\", \"sampler.*\", \"prompt_embeds\",\n"
     "              \"negative_prompt_embeds\", \"timings.*\" (src/pipeline/files.h).\n"
     "Seeded noise: element i (C-order) of the initial latents is philox_normal(seed, i).\n"
-    "Exit codes: 0 ok, 2 bad input, 1 internal error, 130 interrupted (Ctrl-C; outputs already complete,\n"
-    "such as --save-latents written before the decode, are kept; nothing partial is).\n";
+    "Exit codes: 0 ok, 1 runtime failure, 2 bad input or a request that cannot fit, 130 / 143 stopped by\n"
+    "SIGINT (Ctrl-C) / SIGTERM (outputs already complete, such as --save-latents written before the decode,\n"
+    "are kept; nothing partial is).\n";
 
 // PNG output into a folder that already holds frames of the same name: refused unless asked for.
 Option overwrite_frames_option() {

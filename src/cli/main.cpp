@@ -1,5 +1,6 @@
 // `wan` command line: dispatches to subcommands and turns errors into one line and an exit code.
-// Exit codes: 0 success, 2 bad input (wan::Error of kind BadInput), 1 internal error.
+// Exit codes (README "Exit codes"): 0 success, 2 bad input or a request that cannot fit (wan::Error of kind
+// BadInput, std::bad_alloc), 1 internal error; commands return 130 / 143 when a signal stopped them.
 // Every command has an option table (api::CommandSpec); `wan help CMD`, `wan CMD --help` and
 // `wan CMD -h` print the help generated from it.
 #include <cstdio>

@@ -43,7 +43,6 @@ class InterruptGuard {
   bool interrupted() const { return flag().load(); }
   int exit_code() const;  // 128 + the signal that set flag()
 };
-constexpr int kExitInterrupted = 130;
 
 // "1:23" / "1:02:03" for a duration in seconds.
 std::string format_duration(double s);

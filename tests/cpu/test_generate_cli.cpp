@@ -297,7 +297,8 @@ TEST(GenerateCli, BadInputExitsTwoWithOneLineAndNoOutput) {
   }
 }
 
-TEST(GenerateCli, CtrlCStopsCleanlyWithoutOutputs) {
+// SIGINT (Ctrl-C) and SIGTERM alike: the run stops after the current step, says so, and exits 128 + signal.
+static void stop_by_signal(int sig) {
   TempDir t;
   // Many cheap steps (one token), so the run is certainly still sampling when the signal arrives.
   auto args = with(with(with(golden_args(t), "--init-latents", "", true), "--size", "16x16"), "--frames", "1");
@@ -323,7 +324,7 @@ TEST(GenerateCli, CtrlCStopsCleanlyWithoutOutputs) {
     if (n <= 0) break;
     err.append(buf, static_cast<size_t>(n));
     if (!sent && err.find("denoise: step 1/3000") != std::string::npos) {
-      kill(pid, SIGINT);
+      kill(pid, sig);
       sent = true;
     }
   }
@@ -333,12 +334,18 @@ TEST(GenerateCli, CtrlCStopsCleanlyWithoutOutputs) {
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   ASSERT_TRUE(sent) << err;
   ASSERT_TRUE(WIFEXITED(status)) << "killed by signal " << WTERMSIG(status);
-  EXPECT_EQ(WEXITSTATUS(status), 130) << err;
-  EXPECT_NE(err.find("interrupted"), std::string::npos) << err;
+  EXPECT_EQ(WEXITSTATUS(status), 128 + sig) << err;
+  EXPECT_NE(err.find(sig == SIGTERM ? "terminated: stopping after the current step" : "interrupted: stopping after "
+                                                                                        "the current step"),
+            std::string::npos)
+      << err;
   EXPECT_EQ(err.find("denoise: step 3000/3000"), std::string::npos) << "ran to the end";
   EXPECT_TRUE(t.files().empty()) << "outputs left behind";
   printf("  interrupted run took %.2f s\n", secs);
 }
+
+TEST(GenerateCli, CtrlCStopsCleanlyWithoutOutputs) { stop_by_signal(SIGINT); }
+TEST(GenerateCli, SigtermStopsCleanlyWithExit143) { stop_by_signal(SIGTERM); }
 
 TEST(GenerateCli, TinyCheckpointFromPromptTextInBothLayouts) {
   // The README's first command: a random-weight tiny model from `wan make-checkpoint`, then generate
