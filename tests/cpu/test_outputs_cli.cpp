@@ -83,6 +83,17 @@ void expect_one_line_error(const RunResult& r, const std::string& part) {
   EXPECT_NE(r.err.find(part), std::string::npos) << "stderr: " << r.err << "wanted: " << part;
 }
 
+// The child's side of a fork: becomes `wan args`.
+[[noreturn]] void exec_wan(const std::vector<std::string>& args) {
+  std::string bin = WAN_BINARY;
+  std::vector<std::string> copy = args;
+  std::vector<char*> argv{bin.data()};
+  for (auto& a : copy) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  execv(bin.c_str(), argv.data());
+  _exit(127);
+}
+
 // Runs `wan args` with stdout to /dev/null and stderr read here; `on_err` sees stderr as it grows and
 // returns true once it has sent its signal. Returns the exit code (128 + signal when killed) and stderr.
 RunResult run_interrupting(const std::vector<std::string>& args,
@@ -96,13 +107,7 @@ RunResult run_interrupting(const std::vector<std::string>& args,
     dup2(pipefd[1], 2);
     const int devnull = open("/dev/null", O_WRONLY);
     dup2(devnull, 1);
-    std::string bin = WAN_BINARY;
-    std::vector<std::string> copy = args;
-    std::vector<char*> argv{bin.data()};
-    for (auto& a : copy) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    execv(bin.c_str(), argv.data());
-    _exit(127);
+    exec_wan(args);
   }
   close(pipefd[1]);
   RunResult r;
@@ -138,13 +143,7 @@ RunResult run_with_file_size_limit(const std::vector<std::string>& args, rlim_t 
     getrlimit(RLIMIT_FSIZE, &lim);
     lim.rlim_cur = bytes;
     setrlimit(RLIMIT_FSIZE, &lim);
-    std::string bin = WAN_BINARY;
-    std::vector<std::string> copy = args;
-    std::vector<char*> argv{bin.data()};
-    for (auto& a : copy) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    execv(bin.c_str(), argv.data());
-    _exit(127);
+    exec_wan(args);
   }
   int status = 0;
   waitpid(pid, &status, 0);
