@@ -10,7 +10,9 @@
 #include "cli/commands.h"
 #include "cli/progress.h"
 #include "ckpt/layout.h"
+#include "pipeline/checkpoint_check.h"
 #include "pipeline/files.h"
+#include "pipeline/host_memory.h"
 #include "pipeline/models.h"
 #include "pipeline/pipeline.h"
 
@@ -32,7 +34,8 @@ int cmd_encode_prompt(int argc, char** argv) {
   check_outputs_distinct({{"--output", output}}, checkpoint_input_files(info));
   WAN_CHECK(info.has(Role::TextEncoder), info.root, ": checkpoint has no text encoder");
   WAN_CHECK(info.has(Role::Tokenizer), info.root, ": checkpoint has no tokenizer");
-  t5_config_for(info);  // validates the encoder's tensors before the heavy load
+  validate_checkpoint(info, {Role::TextEncoder});  // headers, byte ranges and tensors before the heavy load
+  check_text_encoder_memory(t5_config_for(info));
 
   ProgressPrinter printer = ProgressPrinter::for_stderr(quiet);
   ProgressEvent e;

@@ -106,6 +106,17 @@ void check_decode_memory(const VaeConfig& vae, const Shape& latents, const std::
   }
 }
 
+void check_text_encoder_memory(const T5Config& c) {
+  const int64_t phys = physical_memory_bytes();
+  if (phys == 0) return;
+  const int64_t weights = t5_f32_bytes(c);
+  // 512 tokens: the residual stream, q/k/v/o and the gated FFN's two halves, plus a score row per head.
+  const int64_t acts = 4 * 512 * (8 * static_cast<int64_t>(c.dim) + 3 * static_cast<int64_t>(c.dim_ffn) +
+                                  static_cast<int64_t>(c.num_heads) * 512);
+  if (weights < phys && acts <= phys - weights) return;
+  refuse("encoding a prompt on the CPU (float32 text encoder)", weights, acts, phys, "");
+}
+
 void check_forward_memory(const DiTConfig& cfg, int64_t t, int64_t h, int64_t w, int64_t out_elems) {
   WAN_CHECK(t <= kDiTRopePositions && h <= kDiTRopePositions && w <= kDiTRopePositions, "a ", t, "x", h, "x", w,
             " token grid exceeds the DiT's RoPE, which covers ", kDiTRopePositions, " positions per axis");

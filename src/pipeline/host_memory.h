@@ -23,6 +23,8 @@ void check_generate_host_memory(const GeneratePlan& p, bool on_gpu, bool decode)
 // `wan decode` of latents [z, T, h, w] on `device` ("cpu" | "cuda[:i]"): the VAE's weights plus the
 // CPU decoder's working set, or the video copies on the host and the GPU decoder's own need there.
 void check_decode_memory(const VaeConfig& vae, const Shape& latents, const std::string& device);
+// `wan encode-prompt` on the CPU: the encoder's f32 weights plus one 512-token forward.
+void check_text_encoder_memory(const T5Config& c);
 // `wan forward`: f32 weights of `cfg` plus one forward of `tokens` tokens (grid t x h x w, checked
 // against the RoPE) with an output of `out_elems` floats.
 void check_forward_memory(const DiTConfig& cfg, int64_t t, int64_t h, int64_t w, int64_t out_elems);

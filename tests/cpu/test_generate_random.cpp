@@ -21,6 +21,7 @@
 #include "core/hash.h"
 #include "models/weight_spec.h"
 #include "pipeline/files.h"
+#include "pipeline/host_memory.h"
 #include "pipeline/models.h"
 #include "pipeline/pipeline.h"
 #include "formats/safetensors.h"
@@ -389,3 +390,23 @@ TEST(GenerateRandom, CliSaveStateThenResumeEqualsOneRun) {
   EXPECT_FALSE(fs::exists(t / "x.y4m"));
   EXPECT_FALSE(fs::exists(t / "x.safetensors"));
 }
+
+namespace wan {
+namespace {
+// encode-prompt's CPU encoder is planned too: weights and a 512-token forward against this machine.
+TEST(GenerateRandom, TextEncoderThatCannotFitIsRefused) {
+  T5Config c = t5_preset("umt5-xxl");
+  c.vocab = 2000000000;  // 32 TB of f32 embedding: more than any machine here
+  try {
+    check_text_encoder_memory(c);
+    ADD_FAILURE() << "not refused";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::BadInput);
+    EXPECT_NE(std::string(e.what()).find("encoding a prompt on the CPU (float32 text encoder) needs "),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_NO_THROW(check_text_encoder_memory(t5_preset("tiny")));
+}
+}  // namespace
+}  // namespace wan
