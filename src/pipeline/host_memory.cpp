@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 
 #include "core/error.h"
 #include "models/dit/dit_cpu.h"
@@ -57,7 +58,24 @@ std::string human_bytes(int64_t b) {
 
 int64_t physical_memory_bytes() {
   long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
-  return pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page : 0;
+  int64_t bytes = pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page : 0;
+  const auto cap = [&bytes](long long v) {
+    if (v > 0) bytes = bytes > 0 ? std::min<int64_t>(bytes, v) : v;
+  };
+  // A container's limit (cgroup v2 memory.max, "max" when none) is what the run really has.
+  if (FILE* f = std::fopen("/sys/fs/cgroup/memory.max", "r")) {
+    long long v = 0;
+    if (std::fscanf(f, "%lld", &v) == 1) cap(v);
+    std::fclose(f);
+  }
+  // WAN_HOST_MEMORY=BYTES plans as if the machine had that much (a share of a shared machine).
+  if (const char* e = std::getenv("WAN_HOST_MEMORY")) {
+    char* end = nullptr;
+    const long long v = std::strtoll(e, &end, 10);
+    WAN_CHECK(end && *end == 0 && v > 0, "WAN_HOST_MEMORY=", e, ": expected a number of bytes");
+    cap(v);
+  }
+  return bytes;
 }
 
 void check_generate_host_memory(const GeneratePlan& p, bool on_gpu, bool decode) {

@@ -15,7 +15,8 @@
 namespace wan {
 
 std::string human_bytes(int64_t bytes);  // "1.5 GB", "12.0 MB", "3.1 kB"
-int64_t physical_memory_bytes();         // this machine's RAM; 0 when unknown
+// This machine's RAM (0 when unknown), capped by a cgroup v2 memory.max and by WAN_HOST_MEMORY=BYTES.
+int64_t physical_memory_bytes();
 
 // The host side of a generate plan (its weights_peak_bytes / host_weights_bytes set): on the CPU the
 // DiT's forward (a CFG batch of 2) or the decoder, whichever is larger; on a GPU the video it brings back.
