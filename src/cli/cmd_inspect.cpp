@@ -59,6 +59,7 @@ void print_text(const CheckpointInfo& info, const std::vector<ComponentReport>& 
     if (!r.table_error.empty()) printf("    problem: %s\n", r.table_error.c_str());
     print_list("missing", r.missing);
     print_list("unexpected", r.unexpected);
+    if (!r.ignored.empty()) print_list("ignored (mapped to no model tensor)", r.ignored);
     print_list("shape mismatches", r.mismatches);
     problems += r.problems();
   }
@@ -91,6 +92,7 @@ std::string json_report(const CheckpointInfo& info, const std::vector<ComponentR
       c["parameters"] = r.params;
       c["dtypes"] = r.dtypes;
       c["unexpected"] = r.unexpected;
+      c["ignored"] = r.ignored;
       c["missing"] = r.missing;
       c["shape_mismatches"] = r.mismatches;
       if (!r.table_error.empty()) c["problem"] = r.table_error;

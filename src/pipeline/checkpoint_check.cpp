@@ -61,7 +61,7 @@ ComponentReport check_component(const CheckpointInfo& info, const Component& c) 
     r.params += store->shape(n).numel();
     r.dtypes[dtype_name(store->dtype(n))]++;
   }
-  r.unexpected = store->unexpected();
+  r.ignored = store->unexpected();
   std::map<std::string, Shape> want;
   try {
     want = expected_shapes(info, c.role);

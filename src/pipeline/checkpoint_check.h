@@ -5,7 +5,8 @@
 // components they could use have any problem, naming the first.
 // Invariants: no tensor data is read; missing and mis-shaped tensors are problems anywhere; a DiT
 // tensor outside the table (e.g. blocks.1.* under a num_layers 1 config) is one too, while extra
-// tensors in a text encoder or VAE file (which the configs are inferred from) are listed but ignored.
+// tensors in a text encoder or VAE file (which the configs are inferred from), and source tensors no
+// layout rule maps (e.g. another component bundled in one file), are listed but ignored.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -25,7 +26,9 @@ struct ComponentReport {
   size_t tensors = 0;
   int64_t params = 0;
   std::map<std::string, size_t> dtypes;
-  std::vector<std::string> missing, unexpected;
+  std::vector<std::string> missing;
+  std::vector<std::string> unexpected;  // tensors the layout maps to model names outside the table
+  std::vector<std::string> ignored;     // source tensors the layout maps to no model name (listed only)
   std::vector<std::string> mismatches;  // "name: [got], expected [want]"
   std::string table_error;              // the config (hence the table) could not be inferred from the file
   size_t problems() const {

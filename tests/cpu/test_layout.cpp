@@ -643,7 +643,7 @@ TEST(Layout, InspectCommand) {
   EXPECT_EQ(j["components"][0]["tensors"], dit_expected_shapes(cfg).size());
   EXPECT_EQ(j["components"][0]["parameters"], dit_param_count(cfg));
   EXPECT_EQ(j["components"][0]["dtypes"]["f32"], dit_expected_shapes(cfg).size());
-  EXPECT_EQ(j["components"][2]["unexpected"], nlohmann::json::array({"bogus.weight"}));
+  EXPECT_EQ(j["components"][2]["ignored"], nlohmann::json::array({"bogus.weight"}));
   // --json FILE writes the same document to FILE (and prints nothing); a PATH-less call names the usage.
   const std::string first = r.out;
   r = run_wan(cat("inspect --json '", (out.p / "report.json").string(), "' '", t.str(), "'"), out.p);
@@ -666,7 +666,7 @@ TEST(Layout, InspectCommand) {
   j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["complete"], false);
   EXPECT_EQ(j["components"][1]["missing"], nlohmann::json::array({"blocks.1.ffn.2.bias"}));
-  EXPECT_EQ(j["components"][1]["unexpected"], nlohmann::json::array({"blocks.0.attn2.add_k_proj.weight"}));
+  EXPECT_EQ(j["components"][1]["ignored"], nlohmann::json::array({"blocks.0.attn2.add_k_proj.weight"}));
   r = run_wan(cat("inspect '", d.str(), "'"), out.p);
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.out.find("blocks.1.ffn.2.bias"), std::string::npos) << r.out;
