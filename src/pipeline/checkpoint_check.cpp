@@ -27,10 +27,10 @@ std::string format_of(const std::string& path, Role role) {
   return "safetensors folder";
 }
 
-std::map<std::string, Shape> expected_shapes(const CheckpointInfo& info, Role role) {
+std::map<std::string, Shape> expected_shapes(const CheckpointInfo& info, Role role, const KnownConfigs& known) {
   if (role_is_dit(role)) return dit_expected_shapes(info.dit);
-  if (role == Role::TextEncoder) return shape_map(umt5_weight_table(t5_config_for(info)));
-  if (role == Role::Vae) return shape_map(vae_weight_table(vae_config_for(info)));
+  if (role == Role::TextEncoder) return shape_map(umt5_weight_table(known.t5 ? *known.t5 : t5_config_for(info)));
+  if (role == Role::Vae) return shape_map(vae_weight_table(known.vae ? *known.vae : vae_config_for(info)));
   return {};
 }
 
@@ -46,7 +46,7 @@ std::string ComponentReport::first_problem() const {
   return {};
 }
 
-ComponentReport check_component(const CheckpointInfo& info, const Component& c) {
+ComponentReport check_component(const CheckpointInfo& info, const Component& c, const KnownConfigs& known) {
   ComponentReport r;
   r.role = c.role;
   r.path = c.path;
@@ -64,7 +64,7 @@ ComponentReport check_component(const CheckpointInfo& info, const Component& c) 
   r.ignored = store->unexpected();
   std::map<std::string, Shape> want;
   try {
-    want = expected_shapes(info, c.role);
+    want = expected_shapes(info, c.role, known);
   } catch (const Error& e) {
     r.table_error = cat("its config cannot be inferred from its tensors: ", e.what());
   }
@@ -78,10 +78,10 @@ ComponentReport check_component(const CheckpointInfo& info, const Component& c) 
   return r;
 }
 
-void validate_checkpoint(const CheckpointInfo& info, const std::vector<Role>& roles) {
+void validate_checkpoint(const CheckpointInfo& info, const std::vector<Role>& roles, const KnownConfigs& known) {
   for (const Component& c : info.components) {
     if (!roles.empty() && std::find(roles.begin(), roles.end(), c.role) == roles.end()) continue;
-    const ComponentReport r = check_component(info, c);
+    const ComponentReport r = check_component(info, c, known);
     WAN_CHECK(r.problems() == 0, info.root, ": ", role_name(c.role), " (", c.path, "): ", r.first_problem(),
               "; `wan inspect ", info.root, "` lists every problem");
   }

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "ckpt/layout.h"
+#include "models/config.h"
 
 namespace wan {
 
@@ -39,12 +40,20 @@ struct ComponentReport {
   std::string first_problem() const;
 };
 
+// The text encoder's and the VAE's configs when the caller has inferred them already (a plan has):
+// null ones are inferred from the files (another read of their headers).
+struct KnownConfigs {
+  const T5Config* t5 = nullptr;
+  const VaeConfig* vae = nullptr;
+};
+
 // Opens component `c` of `info` (throws wan::Error naming the file when a header or byte range is
 // bad) and compares its tensors with its table.
-ComponentReport check_component(const CheckpointInfo& info, const Component& c);
+ComponentReport check_component(const CheckpointInfo& info, const Component& c, const KnownConfigs& known = {});
 
 // check_component for every component whose role is in `roles` (every component when empty); throws
 // one wan::Error naming the component and its first problem.
-void validate_checkpoint(const CheckpointInfo& info, const std::vector<Role>& roles = {});
+void validate_checkpoint(const CheckpointInfo& info, const std::vector<Role>& roles = {},
+                         const KnownConfigs& known = {});
 
 }  // namespace wan

@@ -448,7 +448,7 @@ void plan_checkpoint(const GenerateOptions& o, const GeneratePlan& p) {
   std::vector<Role> roles = {Role::DiT, Role::DiTHigh, Role::DiTLow};
   if (p.needs_text_encoder) roles.push_back(Role::TextEncoder);
   if (o.decode) roles.push_back(Role::Vae);
-  validate_checkpoint(p.ckpt, roles);
+  validate_checkpoint(p.ckpt, roles, KnownConfigs{&p.t5, &p.vae});  // inferred by plan_text / plan_video
 }
 
 // Memory: host (the weights held at once) and the GPU run's device plan, checked before any heavy work.
