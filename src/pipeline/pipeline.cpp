@@ -72,20 +72,6 @@ using pipeline_detail::StageTimer;
 using pipeline_detail::uses_expert;
 
 
-// 64-bit FNV-1a of bytes, as 16 hex digits (fingerprints).
-std::string hash_hex(const void* data, size_t n) {
-  char buf[20];
-  snprintf(buf, sizeof buf, "%016llx",
-           static_cast<unsigned long long>(fnv1a64(std::string_view(static_cast<const char*>(data), n))));
-  return buf;
-}
-
-std::string exact(double v) {
-  char buf[40];
-  snprintf(buf, sizeof buf, "%.17g", v);
-  return buf;
-}
-
 }  // namespace
 
 const char* stage_name(Stage s) {
@@ -163,71 +149,6 @@ int64_t peak_rss_bytes() {
   struct rusage ru;
   if (getrusage(RUSAGE_SELF, &ru) != 0) return 0;
   return static_cast<int64_t>(ru.ru_maxrss) * 1024;  // Linux reports kilobytes
-}
-
-namespace {
-std::string fingerprint_numerics(const GeneratePlan& p) {
-  return parse_device(p.device) < 0 ? std::string("cpu float32")
-         : p.parallel.empty()       ? std::string("cuda bf16")
-                                    : cat("cuda bf16, ", p.parallel);
-}
-}  // namespace
-
-std::string plan_fingerprint(const GeneratePlan& p) {
-  nlohmann::ordered_json j;
-  j["format"] = "wan-generate-state 1";
-  j["task"] = task_name(p.task);
-  std::string root = p.ckpt.root;  // a checkpoint's folder or file, absolute; or the configuration's name
-  if (!p.ckpt.components.empty()) {
-    std::error_code ec;
-    const std::filesystem::path abs = std::filesystem::weakly_canonical(p.ckpt.root, ec);
-    if (!ec) root = abs.string();
-  }
-  j["weights"] = p.random_weights ? cat("random, seed ", p.weights_seed, ", ", root, ", DiT ", p.ckpt.dit.num_layers, " layers")
-                                  : cat("checkpoint ", root);
-  j["numerics"] = fingerprint_numerics(p);
-  j["video"] = cat(p.width, "x", p.height, ", ", p.frames, " frames");
-  j["latents"] = p.latent_shape.str();
-  j["noise"] = p.init_latents.defined() ? cat("init-latents ", hash_hex(p.init_latents.data(), p.init_latents.nbytes()))
-                                        : cat("seed ", p.seed);
-  j["steps"] = std::to_string(p.sampler.steps);
-  j["sampler"] = solver_name(p.sampler.solver);
-  j["schedule"] = schedule_name(p.sampler.schedule);
-  j["shift"] = exact(p.sampler.shift);
-  j["guide"] = cat(exact(p.guide_low), ",", exact(p.guide_high));
-  j["boundary"] = exact(p.boundary);
-  auto text = [](const Tensor& e, const std::string& s) {
-    return e.defined() ? cat("embeddings ", e.shape().str(), " ", hash_hex(e.data(), e.nbytes()))
-                       : cat("text ", hash_hex(s.data(), s.size()));
-  };
-  j["prompt"] = text(p.prompt_embeds, p.prompt);
-  j["negative"] = text(p.negative_embeds, p.negative_prompt);
-  return j.dump();
-}
-
-std::string fingerprint_differences(const std::string& saved, const std::string& now) {
-  nlohmann::json a, b;
-  try {
-    a = nlohmann::json::parse(saved);
-    b = nlohmann::json::parse(now);
-  } catch (const std::exception&) {
-    return "unreadable fingerprint";
-  }
-  if (!a.is_object() || !b.is_object()) return "unreadable fingerprint";
-  std::string out;
-  auto value = [](const nlohmann::json& j, const std::string& k) {
-    auto it = j.find(k);
-    return it == j.end() ? std::string("(none)") : it->is_string() ? it->get<std::string>() : it->dump();
-  };
-  std::vector<std::string> keys;
-  for (auto it = b.begin(); it != b.end(); ++it) keys.push_back(it.key());
-  for (auto it = a.begin(); it != a.end(); ++it)
-    if (!b.contains(it.key())) keys.push_back(it.key());
-  for (const std::string& k : keys) {
-    const std::string x = value(a, k), y = value(b, k);
-    if (x != y) out += cat(out.empty() ? "" : "; ", k, " ", x, " (saved) vs ", y, " (now)");
-  }
-  return out;
 }
 
 namespace {
@@ -559,7 +480,7 @@ void set_parallel_numerics(GeneratePlan& p, const std::string& parallel) {
   p.parallel = parallel;
   auto j = nlohmann::ordered_json::parse(p.fingerprint, nullptr, false);
   WAN_ASSERT(j.is_object() && j.contains("numerics"), "set_parallel_numerics: the plan has no fingerprint");
-  j["numerics"] = fingerprint_numerics(p);
+  j["numerics"] = pipeline_detail::fingerprint_numerics(p);
   p.fingerprint = j.dump();
 }
 

@@ -104,6 +104,8 @@ void complete_state(const GeneratePlan& p, const Tensor& cond, const Tensor& unc
 // (before a resumed state's text replaced the prompts, so that it still names the prompts, not the
 // embeddings, exactly as the one-GPU plan's).
 void set_parallel_numerics(GeneratePlan& p, const std::string& parallel);
+// The fingerprint's "numerics": "cpu float32", "cuda bf16" or "cuda bf16, <p.parallel>" (fingerprint.cpp).
+std::string fingerprint_numerics(const GeneratePlan& p);
 
 // Throws one wan::Error (BadInput) when p resumes a state saved by a run with another fingerprint:
 // "--resume F: the state was saved by a different run: <differences>". plan_generate calls it, except
