@@ -4,7 +4,7 @@
 // fp32 vectors); grids are flat over chunks, so any row count works.
 // Invariants: see dit_kernels.h. Residual arithmetic is `x + y·gate` with the product and the sum each
 // rounded to fp32 (no FMA), gate = base + e rounded first: the reference's order, bit for bit
-// (gated_add8 / add8 of dit_device.h, which the adds fused into a LayerNorm, dit_norm.cu, share).
+// (gated_add8 / add8 of device_vec.h, which the adds fused into a LayerNorm, dit_norm.cu, share).
 #include <cmath>
 
 #include "kernels/check.h"
@@ -30,7 +30,7 @@ __global__ void gated_residual_kernel(float* __restrict__ x, const bf16* __restr
   float xv[kChunk], yv[kChunk], g[kChunk];
   load8(x + at, xv);
   load8(y + at, yv);
-  mod8(gate.base, e_row_of(gate, r), col, g);
+  mod8(gate.base, gate.e_row(r), col, g);
   gated_add8(xv, yv, g);
   store8(x + at, xv);
 }
@@ -203,6 +203,10 @@ void gated_residual_add(float* x, const bf16* y, int64_t rows, int64_t D, const 
   WAN_CHECK(gate.e == nullptr || (aligned16(gate.e) && gate.rows_per_e >= 1 && gate.e_stride % 4 == 0),
             "gated_residual_add: bad gate e (alignment, rows_per_e ", gate.rows_per_e, ", e_stride ", gate.e_stride,
             ")");
+  WAN_CHECK(gate.e_first == nullptr ||
+                (gate.e && aligned16(gate.e_first) && gate.first_tokens >= 0 && gate.token0 >= 0),
+            "gated_residual_add: bad first-frame gate (e_first needs e and 16-byte alignment; first_tokens ",
+            gate.first_tokens, ", token0 ", gate.token0, ")");
   const int64_t total = rows * (D / kChunk);
   if (total == 0) return;
   gated_residual_kernel<<<grid1(total), kThreads, 0, stream>>>(x, y, total, D / kChunk, gate);

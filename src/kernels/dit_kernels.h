@@ -26,18 +26,35 @@ namespace wan::cuda {
 
 using bf16 = __nv_bfloat16;
 
-// A per-row fp32 vector v_r[i] = base[i] + e[(r / rows_per_e)·e_stride + i]: the reference's
-// `modulation + e0` folded into the kernel that uses it, so no pass materialises m.
+// A per-row fp32 vector v_r[i] = base[i] + e_r[i]: the reference's `modulation + e0` folded into the
+// kernel that uses it, so no pass materialises m. Row r belongs to e vector j = r / rows_per_e and is
+// token n = token0 + r % rows_per_e of that vector's sequence; e_r = e_first + j·e_stride when e_first
+// is given and n < first_tokens, else e + j·e_stride.
 //   block modulation [1, 6, D] + e0 [B, 6, D] (per-sample t):  base = mod + k·D, e = e0 + k·D,
 //       e_stride = 6·D, rows_per_e = S (tokens per sample, the rows of one sample)
-//   block modulation + e0 [B, S, 6, D] (per-token t, TI2V):    same with rows_per_e = 1
+//   block modulation + e0 [B, S, 6, D] (per-token t):          same with rows_per_e = 1
+//   two timesteps per sample (TI2V image mode, spec §7.5.3: the tokens of latent frame 0 take their
+//       own): as per-sample, plus e_first = e0_first + k·D ([B, 6, D] of that timestep),
+//       first_tokens = the tokens of frame 0, token0 = the sequence index of each sample's first row
+//       (sequence parallel: the rank's slice offset)
 //   head modulation [1, 2, D] + e [B, D] or [B, S, D]:          base = hmod + k·D, e = e, e_stride = D
-// base or e may be null (contributes 0). Both must be 16-byte aligned, e_stride a multiple of 4.
+// base or e may be null (contributes 0; e_first needs e). Pointers 16-byte aligned, e_stride a
+// multiple of 4.
 struct ModVec {
   const float* base = nullptr;  // [D]
   const float* e = nullptr;     // first vector; vector j at e + j·e_stride
   int64_t e_stride = 0;         // elements between consecutive e vectors
   int64_t rows_per_e = 1;       // rows sharing one e vector (>= 1)
+  const float* e_first = nullptr;  // null: every row reads e
+  int64_t first_tokens = 0;        // tokens n < first_tokens read e_first
+  int64_t token0 = 0;              // the token index of row 0 of each e vector's rows
+  // The e vector of row r (null without e). Host and device: the kernels call it per row.
+  __host__ __device__ const float* e_row(int64_t r) const {
+    if (!e) return nullptr;
+    const int64_t j = r / rows_per_e;
+    const float* v = e_first && token0 + (r - j * rows_per_e) < first_tokens ? e_first : e;
+    return v + j * e_stride;
+  }
 };
 
 // ---- LayerNorm (eps = 1e-6 in the model; biased variance; fp32 statistics) ----

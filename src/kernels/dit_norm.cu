@@ -50,7 +50,7 @@ __global__ void __launch_bounds__(kMaxRowThreads)
   const int64_t r = blockIdx.x;
   const int64_t chunks = D / kChunk;
   const Resid<kAdd> xr = x + r * D;
-  const float* gate_e = kAdd == Add::Gated ? e_row_of(add.gate, r) : nullptr;
+  const float* gate_e = kAdd == Add::Gated ? add.gate.e_row(r) : nullptr;
   float v[kMaxChunksPerThread][kChunk];
   float s = 0.0f;
 #pragma unroll
@@ -89,8 +89,8 @@ __global__ void __launch_bounds__(kMaxRowThreads)
   }
   const float var = block_sum(ss, smem) / static_cast<float>(D);
   const float rstd = 1.0f / sqrtf(var + eps);
-  const float* sh_e = e_row_of(shift, r);
-  const float* sc_e = e_row_of(scale, r);
+  const float* sh_e = shift.e_row(r);
+  const float* sc_e = scale.e_row(r);
   OutT* yr = y + r * D;
 #pragma unroll
   for (int i = 0; i < kMaxChunksPerThread; ++i) {
@@ -123,6 +123,9 @@ void check_mod(const ModVec& m, int64_t D, const char* what) {
   WAN_CHECK(m.e == nullptr || aligned16(m.e), what, ": modulation e not 16-byte aligned");
   WAN_CHECK(m.e == nullptr || (m.rows_per_e >= 1 && m.e_stride % 4 == 0 && m.e_stride >= 0), what,
             ": bad modulation e layout (rows_per_e ", m.rows_per_e, ", e_stride ", m.e_stride, ")");
+  WAN_CHECK(m.e_first == nullptr || (m.e && aligned16(m.e_first) && m.first_tokens >= 0 && m.token0 >= 0), what,
+            ": bad first-frame modulation (e_first needs e and 16-byte alignment; first_tokens ", m.first_tokens,
+            ", token0 ", m.token0, ")");
 }
 
 bool overlap(const void* p, size_t p_bytes, const void* q, size_t q_bytes) {

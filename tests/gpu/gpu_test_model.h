@@ -3,6 +3,7 @@
 #pragma once
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <utility>
@@ -30,16 +31,47 @@ inline double rel_l2(const Tensor& a, const Tensor& b) {
   return std::sqrt(d / n);
 }
 // The host inputs of one DiT forward (cuda::DiTGpu::forward): latents, timesteps and f32 text states.
+// t_first (one per sample, used iff shape.first_frame_t): the timestep of latent frame 0's tokens.
 struct DiTHostInputs {
   cuda::DiTShape shape;
-  std::vector<float> x, t, ctx;
+  std::vector<float> x, t, ctx, t_first;
   std::vector<int64_t> lens;
   int64_t ctx_rows = 128;
   cuda::DiTInputs in() const {
     cuda::DiTInputs i;
     i.x = x.data(), i.t = t.data(), i.context = ctx.data(), i.context_dtype = DType::F32;
     i.ctx_rows = ctx_rows, i.ctx_lens = lens.data();
+    i.t_first = shape.first_frame_t ? t_first.data() : nullptr;
     return i;
+  }
+  // The reference's timesteps (wan::dit_forward): [B] per sample, or with shape.first_frame_t per token
+  // [B, f·h·w]: t_first[b] for the first (H/ph)·(W/pw) tokens of sample b (latent frame 0), t[b] after.
+  Tensor cpu_t(const DiTConfig& c) const {
+    const int64_t B = shape.batch;
+    if (!shape.first_frame_t) {
+      Tensor r = Tensor::empty(DType::F32, {B});
+      std::copy(t.begin(), t.end(), r.f32());
+      return r;
+    }
+    EXPECT_EQ(t_first.size(), static_cast<size_t>(B));
+    const int64_t hw = (shape.height / c.patch[1]) * (shape.width / c.patch[2]);
+    const int64_t L = (shape.frames / c.patch[0]) * hw;
+    Tensor r = Tensor::empty(DType::F32, {B, L});
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t n = 0; n < L; ++n) r.f32()[b * L + n] = n < hw ? t_first[b] : t[b];
+    return r;
+  }
+  Tensor cpu_x(const DiTConfig& c) const {
+    Tensor r = Tensor::empty(DType::F32, {shape.batch, c.in_dim, shape.frames, shape.height, shape.width});
+    EXPECT_EQ(x.size(), static_cast<size_t>(r.numel()));
+    std::copy(x.begin(), x.end(), r.f32());
+    return r;
+  }
+  Tensor cpu_ctx(const DiTConfig& c) const {
+    Tensor r = Tensor::empty(DType::F32, {shape.batch, ctx_rows, c.text_dim});
+    EXPECT_EQ(ctx.size(), static_cast<size_t>(r.numel()));
+    std::copy(ctx.begin(), ctx.end(), r.f32());
+    return r;
   }
   size_t out_numel(const DiTConfig& c) const {
     return static_cast<size_t>(shape.batch * c.out_dim * shape.frames * shape.height * shape.width);

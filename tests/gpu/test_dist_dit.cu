@@ -7,7 +7,10 @@
 // Model: random weights drawn on the GPU (the same on every device), dim 1024, 8 heads of 128, 2 blocks;
 // batch 2 (cond, uncond: different timesteps and prompt lengths); latent 5 x 30 x 26 -> 975 tokens, odd,
 // so every sequence split pads (to 976 tokens for 2, 4 and 8 ranks) and the last ring block is partly
-// padding.
+// padding. TI2V image mode (per-token timesteps, DiTShape::first_frame_t): TI2V-5B widths (dim 3072,
+// 24 heads, in/out 48, 2 blocks), latent 3 x 30 x 26 -> 585 tokens of which the 195 of latent frame 0
+// take t_first, so the frame boundary falls inside a slice other than the first for 4 and 8 ranks
+// (global token index = slice offset + row); its own timesteps per sample (the CFG split picks them).
 // Checks per layout, on every rank: the whole [2, 16, 5, 30, 26] output is written (poisoned first);
 // rel L2 vs the single-GPU engine <= 1e-2 (bf16 engine; measured values printed); error vs CPU fp32 at
 // most twice the single-GPU engine's own error vs CPU fp32 (+1e-3); the forward is deterministic and the
@@ -20,7 +23,6 @@
 #include <atomic>
 #include <cmath>
 #include <cstdio>
-#include <cstring>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -111,36 +113,55 @@ gpu_test::DiTHostInputs inputs(const DiTConfig& c) {
 using gpu_test::bit_equal;
 using gpu_test::poisoned;
 
-// The references, computed once: the single-GPU engine (device 0) and the CPU fp32 forward.
+// TI2V image mode at TI2V-5B widths: 3 x 15 x 13 patches (585 tokens, 195 of latent frame 0).
+DiTConfig ti2v_cfg() {
+  DiTConfig c = dit_preset("ti2v-5B");
+  c.num_layers = 2;
+  return c;
+}
+gpu_test::DiTHostInputs ti2v_inputs(const DiTConfig& c) {
+  DiTShape s{2, 3, 30, 26};
+  s.first_frame_t = true;
+  gpu_test::DiTHostInputs in = gpu_test::dit_host_inputs(c, s, 902, {700.0f, 650.0f}, {97, 23});
+  in.t_first = {0.0f, 40.0f};
+  return in;
+}
+
+// One model and its inputs with the references, computed once: the single-GPU engine (device 0) and the
+// CPU fp32 forward.
 struct References {
   std::vector<float> single, cpu;
   gpu_test::Err single_vs_cpu;
 };
-const References& references() {
-  static References r = [] {
-    References ref;
-    const DiTConfig c = model_cfg();
-    const gpu_test::DiTHostInputs in = inputs(c);
-    CUDA_CHECK(cudaSetDevice(0));
-    DiTGpu gpu = DiTGpu::create(c, {DiTWeightSource::random_weights(kWeightSeed)}, in.shape);
-    ref.single = poisoned(in.out_numel(c));
-    gpu.forward(0, in.shape, in.in(), ref.single.data(), nullptr);
-    CUDA_CHECK(cudaDeviceSynchronize());
-    const DiTWeights w = load_dit_weights(c, [&](const std::string& n) { return gpu.download_weight(0, n); });
-    Tensor x = Tensor::empty(DType::F32, {2, c.in_dim, in.shape.frames, in.shape.height, in.shape.width});
-    std::memcpy(x.data(), in.x.data(), x.nbytes());
-    Tensor t = Tensor::empty(DType::F32, {2});
-    std::memcpy(t.data(), in.t.data(), t.nbytes());
-    Tensor ctx = Tensor::empty(DType::F32, {2, in.ctx_rows, c.text_dim});
-    std::memcpy(ctx.data(), in.ctx.data(), ctx.nbytes());
-    const Tensor cpu = dit_forward(c, w, x, t, ctx, in.lens);
-    ref.cpu.assign(cpu.f32(), cpu.f32() + cpu.numel());
-    ref.single_vs_cpu = gpu_test::error_vs(ref.single, ref.cpu);
-    std::printf("  single GPU vs CPU fp32: rel L2 %.3e, max abs %.3e (max |ref| %.3g)\n", ref.single_vs_cpu.rel_l2,
-                ref.single_vs_cpu.max_abs, gpu_test::max_abs_of(ref.cpu));
-    return ref;
-  }();
-  return r;
+struct Case {
+  const char* name;
+  DiTConfig cfg;
+  gpu_test::DiTHostInputs in;
+  References ref;
+};
+Case make_case(const char* name, const DiTConfig& c, const gpu_test::DiTHostInputs& in) {
+  Case k{name, c, in, {}};
+  References& ref = k.ref;
+  CUDA_CHECK(cudaSetDevice(0));
+  DiTGpu gpu = DiTGpu::create(c, {DiTWeightSource::random_weights(kWeightSeed)}, in.shape);
+  ref.single = poisoned(in.out_numel(c));
+  gpu.forward(0, in.shape, in.in(), ref.single.data(), nullptr);
+  CUDA_CHECK(cudaDeviceSynchronize());
+  const DiTWeights w = load_dit_weights(c, [&](const std::string& n) { return gpu.download_weight(0, n); });
+  const Tensor cpu = dit_forward(c, w, in.cpu_x(c), in.cpu_t(c), in.cpu_ctx(c), in.lens);
+  ref.cpu.assign(cpu.f32(), cpu.f32() + cpu.numel());
+  ref.single_vs_cpu = gpu_test::error_vs(ref.single, ref.cpu);
+  std::printf("  %s: single GPU vs CPU fp32: rel L2 %.3e, max abs %.3e (max |ref| %.3g)\n", name,
+              ref.single_vs_cpu.rel_l2, ref.single_vs_cpu.max_abs, gpu_test::max_abs_of(ref.cpu));
+  return k;
+}
+const Case& base_case() {
+  static const Case k = make_case("8 heads", model_cfg(), inputs(model_cfg()));
+  return k;
+}
+const Case& ti2v_case() {
+  static const Case k = make_case("TI2V per-token t", ti2v_cfg(), ti2v_inputs(ti2v_cfg()));
+  return k;
 }
 
 #ifdef WAN_HAVE_NCCL
@@ -199,10 +220,10 @@ struct RankResult {
   size_t graphs = 0;
 };
 
-void check_layout(const PL& l, DiTGpu::Attention attention) {
-  const DiTConfig c = model_cfg();
-  const References& ref = references();
-  const gpu_test::DiTHostInputs in = inputs(c);
+void check_layout(const PL& l, DiTGpu::Attention attention, const Case& k = base_case()) {
+  const DiTConfig& c = k.cfg;
+  const References& ref = k.ref;
+  const gpu_test::DiTHostInputs& in = k.in;
   const int n = l.world();
   std::vector<RankResult> res(static_cast<size_t>(n));
   LocalRanks::run(n, [&](int rank, ncclComm_t world, const std::function<void(ncclComm_t)>& adopt) {
@@ -224,7 +245,8 @@ void check_layout(const PL& l, DiTGpu::Attention attention) {
     }
     rr.graphs = gpu.graphs_captured();
   });
-  const std::string what = cat(dist::describe(l), attention == DiTGpu::Attention::Cudnn ? " (cuDNN)" : " (auto)");
+  const std::string what =
+      cat(k.name, ", ", dist::describe(l), attention == DiTGpu::Attention::Cudnn ? " (cuDNN)" : " (auto)");
   for (int r = 0; r < n; ++r) {
     const RankResult& rr = res[static_cast<size_t>(r)];
     EXPECT_TRUE(rr.deterministic) << what << ": rank " << r << " repeated / graph forwards differ from the first";
@@ -261,6 +283,16 @@ TEST(DistDit, FourGpuLayoutsMatchSingleGpu) {
 TEST(DistDit, EightGpuLayoutsMatchSingleGpu) {
   REQUIRE_GPUS(8);
   for (const PL& l : {PL{2, 2, 2}, PL{1, 4, 2}, PL{2, 4, 1}}) check_layout(l, DiTGpu::Attention::Auto);
+}
+
+// TI2V image mode (latent frame 0's tokens at t_first) split over ranks: each rank picks a token's time
+// row by its global index, the CFG split by its sample. Ulysses degrees 2, 4, 8 divide the 24 heads.
+TEST(DistDit, PerTokenTimestepLayoutsMatchSingleGpu) {
+  REQUIRE_GPUS(2);
+  std::vector<PL> layouts = {PL{2, 1, 1}, PL{1, 2, 1}, PL{1, 1, 2}};
+  if (gpus() >= 4) layouts.insert(layouts.end(), {PL{2, 2, 1}, PL{1, 4, 1}, PL{1, 2, 2}, PL{1, 1, 4}});
+  if (gpus() >= 8) layouts.insert(layouts.end(), {PL{1, 8, 1}, PL{2, 4, 1}, PL{1, 4, 2}});
+  for (const PL& l : layouts) check_layout(l, DiTGpu::Attention::Auto, ti2v_case());
 }
 
 // A layout whose Ulysses degree does not divide the heads is refused before anything is allocated.

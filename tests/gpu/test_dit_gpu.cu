@@ -11,7 +11,7 @@
 //     request throws the clear error without allocating.
 // Precision rule: GPU vs CPU fp32 within 2e-2 relative L2 (the issue's bound for a bf16 engine; the
 // measured numbers are printed), every output element written (outputs poisoned with NaN first).
-// The TI2V per-token-timestep fixture case is not run: the GPU forward takes one timestep per sample.
+// The TI2V per-token-timestep fixture case and the TI2V / I2V shapes run in test_dit_gpu_ti2v.cu.
 #include <gtest/gtest.h>
 
 #include <algorithm>

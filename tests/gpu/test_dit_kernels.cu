@@ -6,7 +6,8 @@
 // in max-abs and relative L2. Kernels whose arithmetic is fully specified (residual adds, patchify,
 // unpatchify, conversions) must match the CPU bit for bit; fp32-output norms and the float64 sinusoid
 // meet stated bounds (a few fp32 ulps). The residual adds fused into a LayerNorm must also equal the
-// unfused add + LayerNorm kernels bit for bit (both outputs).
+// unfused add + LayerNorm kernels bit for bit (both outputs), and the modulation's two-timestep row
+// choice (ModVec::e_first, TI2V image mode) the kernels given the per-token table it spells out.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -385,6 +386,105 @@ TEST(GpuDitKernels, ResidualAddLayerNorm) {
   }
 }
 
+// ModVec's row choice with two timesteps per sample (TI2V image mode), on the host: row r of e vector
+// j = r / rows_per_e is token token0 + r % rows_per_e; tokens below first_tokens read e_first.
+TEST(GpuDitKernels, ModVecFirstFrameRowChoice) {
+  static const float e[12] = {}, ef[12] = {};
+  const ModVec plain{nullptr, e, 4, 5};
+  for (int64_t r = 0; r < 15; ++r) EXPECT_EQ(plain.e_row(r), e + (r / 5) * 4) << r;
+  for (int64_t token0 : {0, 2, 7}) {
+    ModVec m = plain;
+    m.e_first = ef, m.first_tokens = 3, m.token0 = token0;
+    for (int64_t r = 0; r < 15; ++r) {
+      const bool first = token0 + r % 5 < 3;
+      EXPECT_EQ(m.e_row(r), (first ? ef : e) + (r / 5) * 4) << "token0 " << token0 << " row " << r;
+    }
+  }
+  EXPECT_EQ((ModVec{nullptr, nullptr, 4, 5, ef, 3, 0}.e_row(0)), nullptr);  // no e: no vector at all
+}
+
+// The modulated kernels with two timesteps per sample (e = e0 of t, e_first = e0 of t_first; tokens of
+// latent frame 0 read e_first): bit-identical to the same kernels given the per-token table that row
+// choice spells out (rows_per_e = 1), for a whole sequence and for sequence-parallel slices (token0 > 0,
+// the boundary inside, at or before the slice). Kernels: layernorm_modulate (bf16 and the head's fp32),
+// gated_residual_add, and the residual adds fused into a modulated and an affine LayerNorm.
+TEST(GpuDitKernels, FirstFrameModulationEqualsPerTokenTable) {
+  REQUIRE_GPU();
+  uint64_t seed = 0x3E0;
+  for (int64_t D : {256, 3072}) {
+    for (int64_t token0 : {0, 20, 40}) {
+      // 25 frame-0 tokens: the boundary inside the rows (token0 0, 20) or before them (40)
+      const int64_t B = 2, S = 37, rows = B * S, first = 25;
+      const std::string what = cat("D ", D, " token0 ", token0);
+      const auto x = randn(++seed, rows * D, 2.0f, 0.4f);
+      const auto ab = to_bf16(randn(++seed, rows * D, 1.0f));
+      const auto mod = randn(++seed, 6 * D, 0.05f), hmod = randn(++seed, 2 * D, 0.05f);
+      const auto e0 = randn(++seed, B * 6 * D, 0.5f), e0f = randn(++seed, B * 6 * D, 0.5f);
+      const auto w = round_bf16(randn(++seed, D, 0.1f, 1.0f)), b = round_bf16(randn(++seed, D, 0.1f));
+      // the per-token table [rows, 6D]: row r is sample r / S's e0 or e0f by its token index
+      std::vector<float> table(rows * 6 * D);
+      for (int64_t r = 0; r < rows; ++r) {
+        const auto& src = token0 + r % S < first ? e0f : e0;
+        std::copy(src.begin() + (r / S) * 6 * D, src.begin() + (r / S + 1) * 6 * D, table.begin() + r * 6 * D);
+      }
+      DevBuf<float> dx(x.size()), dmod(mod.size()), dhmod(hmod.size()), de0(e0.size()), de0f(e0f.size());
+      DevBuf<float> dtab(table.size()), dw(D), db(D);
+      DevBuf<uint16_t> da(ab.size());
+      dx.upload(x), dmod.upload(mod), dhmod.upload(hmod), de0.upload(e0), de0f.upload(e0f);
+      dtab.upload(table), dw.upload(w), db.upload(b), da.upload(ab);
+      // chunk k of the block modulation, both ways; the head's modulation + e (e = chunk 0 of e0 here)
+      auto split = [&](const float* base, int k, int64_t stride, const float* e, const float* ef) {
+        ModVec m{base, e + k * D, stride, S};
+        m.e_first = ef + k * D, m.first_tokens = first, m.token0 = token0;
+        return m;
+      };
+      auto mv = [&](int k) { return split(dmod.p + k * D, k, 6 * D, de0.p, de0f.p); };
+      auto tv = [&](int k) { return ModVec{dmod.p + k * D, dtab.p + k * D, 6 * D, 1}; };
+      const ModVec hs = split(dhmod.p, 0, 6 * D, de0.p, de0f.p), hc = split(dhmod.p + D, 0, 6 * D, de0.p, de0f.p);
+      const ModVec ths{dhmod.p, dtab.p, 6 * D, 1}, thc{dhmod.p + D, dtab.p, 6 * D, 1};
+
+      DevBuf<uint16_t> y1(rows * D), y2(rows * D);
+      DevBuf<float> f1(rows * D), f2(rows * D);
+      y1.poison(), y2.poison(), f1.poison(), f2.poison();
+      cuda::layernorm_modulate(dx.p, bf(y1), rows, D, mv(0), mv(1), kEps, nullptr);
+      cuda::layernorm_modulate(dx.p, bf(y2), rows, D, tv(0), tv(1), kEps, nullptr);
+      const std::vector<uint16_t> ln_table = y2.download();
+      EXPECT_TRUE(y1.download() == ln_table) << what << ": layernorm_modulate (bf16)";
+      cuda::layernorm_modulate(dx.p, f1.p, rows, D, hs, hc, kEps, nullptr);
+      cuda::layernorm_modulate(dx.p, f2.p, rows, D, ths, thc, kEps, nullptr);
+      EXPECT_TRUE(bit_equal(f1.download(), f2.download())) << what << ": layernorm_modulate (fp32, head)";
+
+      DevBuf<float> r1(x.size()), r2(x.size());
+      r1.upload(x), r2.upload(x);
+      cuda::gated_residual_add(r1.p, bf(da), rows, D, mv(2), nullptr);
+      cuda::gated_residual_add(r2.p, bf(da), rows, D, tv(2), nullptr);
+      EXPECT_TRUE(bit_equal(r1.download(), r2.download())) << what << ": gated_residual_add";
+
+      for (bool affine : {false, true}) {
+        r1.upload(x), r2.upload(x), y1.poison(), y2.poison();
+        const ModVec g1 = mv(5), g2 = tv(5);
+        if (affine) {
+          cuda::residual_add_layernorm_affine(r1.p, bf(da), &g1, dw.p, db.p, bf(y1), rows, D, kEps, nullptr);
+          cuda::residual_add_layernorm_affine(r2.p, bf(da), &g2, dw.p, db.p, bf(y2), rows, D, kEps, nullptr);
+        } else {
+          cuda::residual_add_layernorm_modulate(r1.p, bf(da), &g1, bf(y1), rows, D, mv(3), mv(4), kEps, nullptr);
+          cuda::residual_add_layernorm_modulate(r2.p, bf(da), &g2, bf(y2), rows, D, tv(3), tv(4), kEps, nullptr);
+        }
+        const std::string k = affine ? ": residual_add_layernorm_affine" : ": residual_add_layernorm_modulate";
+        EXPECT_TRUE(bit_equal(r1.download(), r2.download())) << what << k << " residual";
+        EXPECT_TRUE(y1.download() == y2.download()) << what << k << " output";
+      }
+      // The choice matters: the per-sample ModVec (no e_first) gives another output when any row is first.
+      if (token0 < first) {
+        y1.poison();
+        cuda::layernorm_modulate(dx.p, bf(y1), rows, D, ModVec{dmod.p, de0.p, 6 * D, S},
+                                 ModVec{dmod.p + D, de0.p + D, 6 * D, S}, kEps, nullptr);
+        EXPECT_FALSE(y1.download() == ln_table) << what;
+      }
+    }
+  }
+}
+
 // Sinusoidal embedding of per-sample and per-token timesteps (float64 on both sides).
 TEST(GpuDitKernels, TimestepEmbedding) {
   REQUIRE_GPU();
@@ -580,6 +680,10 @@ TEST(GpuDitKernels, ChecksThrow) {
   EXPECT_THROW(cuda::residual_add_layernorm_affine(dx.p, bf(dz), &bad_gate, dwb.p, dwb.p, bf(dy), 2, 256, kEps,
                                                    nullptr),
                wan::Error);
+  ModVec no_e;  // a first-frame vector without the other tokens' one
+  no_e.e_first = dwb.p, no_e.first_tokens = 1;
+  EXPECT_THROW(cuda::layernorm_modulate(dx.p, bf(dy), 2, 256, no_e, ModVec{}, kEps, nullptr), wan::Error);
+  EXPECT_THROW(cuda::gated_residual_add(dx.p, bf(dy), 2, 256, no_e, nullptr), wan::Error);
   const int64_t wide = 40 * 1024;  // wider than the LayerNorms support (32768)
   DevBuf<float> wx(wide);
   DevBuf<uint16_t> wa(wide), wy(wide);

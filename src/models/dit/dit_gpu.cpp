@@ -1,5 +1,7 @@
-// The GPU DiT: memory plan, creation (fit check, allocation, weights), the forward as a sequence of
-// cuBLASLt GEMMs, cuDNN attentions and the fused kernels of dit_kernels.h, and its CUDA graphs.
+// The GPU DiT: creation (fit check, allocation, weights), the forward as a sequence of cuBLASLt GEMMs,
+// cuDNN / own attentions and the fused kernels of dit_kernels.h, its CUDA graphs and the op profile.
+// The memory plan and geometry live in dit_gpu_plan.cpp, the time embedding and the per-token choice of
+// a timestep's modulation rows in dit_gpu_time.cpp.
 #include "models/dit/dit_gpu.h"
 
 #include <algorithm>
@@ -42,29 +44,6 @@ using namespace dit_gpu_detail;  // Geometry, geometry(), the arena constants (d
 
 namespace {
 
-// `one_sample`: the first block's shared self-attention (Geometry::share_first()).
-AttentionShape self_attn_shape(const Geometry& g, bool one_sample = false) {
-  if (g.seq_parallel()) return SeqParallelAttention::attention_shape(spa_geometry(g));
-  AttentionShape s;
-  s.B = one_sample ? 1 : g.B, s.Lq = g.L, s.Lk = g.L, s.H = g.NH, s.D = 128;
-  s.v_ld = 3 * g.D;  // v is the last third of the fused qkv rows
-  return s;
-}
-AttentionShape cross_attn_shape(const Geometry& g) {
-  AttentionShape s;
-  s.B = g.B, s.Lq = g.S, s.Lk = g.TL, s.H = g.NH, s.D = 128;
-  s.v_ld = 2 * g.D;  // v is the second half of the fused context kv rows
-  return s;
-}
-
-// Every attention shape a forward of g runs; `any_sharing`: also the shared first block's, whether g
-// shares or not (create() sizes cuDNN's workspace for any forward up to its maximal geometry).
-std::vector<AttentionShape> attention_shapes(const Geometry& g, bool any_sharing) {
-  std::vector<AttentionShape> v{self_attn_shape(g), cross_attn_shape(g)};
-  if (any_sharing ? g.can_share_first() : g.share_first()) v.push_back(self_attn_shape(g, true));
-  return v;
-}
-
 // Samples 1 .. B-1 of a [B, per_sample] buffer become copies of sample 0 (the one-latent CFG batch).
 void copy_first_sample(void* p, size_t per_sample_bytes, int64_t B, cudaStream_t s) {
   auto* base = static_cast<char*>(p);
@@ -86,7 +65,7 @@ struct BlockPtrs {
 struct ExpertPtrs {
   const bf16 *pe_w, *pe_b;                                    // [D, K], [D]
   const bf16 *te0_w, *te0_b, *te2_w, *te2_b;                  // [D, TD], [D], [D, D], [D]
-  const float *tm0_w, *tm0_b, *tm2_w, *tm2_b, *tp_w, *tp_b;   // [D, FQ], [D], [D, D], [D], [6D, D], [6D]
+  TimeMlp time;                                               // fp32 time MLP and projection
   std::vector<BlockPtrs> blocks;
   const float *hmod, *head_w, *head_b;                        // [2D], [OP, D], [OP]
 };
@@ -99,9 +78,8 @@ ExpertPtrs resolve(const DeviceTable& t, const void* base, int layers) {
   e.pe_w = b("patch_embedding.weight"), e.pe_b = b("patch_embedding.bias");
   e.te0_w = b("text_embedding.0.weight"), e.te0_b = b("text_embedding.0.bias");
   e.te2_w = b("text_embedding.2.weight"), e.te2_b = b("text_embedding.2.bias");
-  e.tm0_w = f("time_embedding.0.weight"), e.tm0_b = f("time_embedding.0.bias");
-  e.tm2_w = f("time_embedding.2.weight"), e.tm2_b = f("time_embedding.2.bias");
-  e.tp_w = f("time_projection.1.weight"), e.tp_b = f("time_projection.1.bias");
+  e.time = {f("time_embedding.0.weight"), f("time_embedding.0.bias"), f("time_embedding.2.weight"),
+            f("time_embedding.2.bias"),      f("time_projection.1.weight"), f("time_projection.1.bias")};
   for (int i = 0; i < layers; ++i) {
     const std::string p = cat("blocks.", i, ".");
     BlockPtrs k;
@@ -152,9 +130,10 @@ struct DiTGpu::Impl {
   int cfg_rank = 0, seq_rank = 0;
   std::unique_ptr<SeqParallelAttention> spa;
   float* head_seq = nullptr;
-  using Key = std::tuple<int, int64_t, int64_t, int64_t, int64_t, bool>;  // expert, B, T, H, W, share_first
+  // expert, B, T, H, W, share_first, first_frame
+  using Key = std::tuple<int, int64_t, int64_t, int64_t, int64_t, bool, bool>;
   static Key key_of(int expert, const DiTShape& shape, const Geometry& g) {
-    return Key{expert, shape.batch, shape.frames, shape.height, shape.width, g.share_first()};
+    return Key{expert, shape.batch, shape.frames, shape.height, shape.width, g.share_first(), g.first_frame};
   }
   std::map<Key, cudaGraphExec_t> graphs;
   std::set<Key> warmed;
@@ -191,6 +170,7 @@ struct DiTGpu::Impl {
 
   // arena buffers
   float *x_in, *t, *ctx_f32, *sinus, *temb, *e, *e_silu, *e0, *rope, *resid, *head_out, *out;
+  float *t_first, *e_first, *e0_first;  // DiTShape::first_frame_t
   bf16 *ctx_in, *ctx_hidden, *ctx, *ckv, *ck, *h, *att, *big;
   void *gemm_ws, *attn_ws;
 
@@ -220,6 +200,7 @@ struct DiTGpu::Impl {
     ckv = buf<bf16>("ckv"), ck = buf<bf16>("ck");
     sinus = buf<float>("sinus"), temb = buf<float>("temb"), e = buf<float>("e"), e_silu = buf<float>("e_silu");
     e0 = buf<float>("e0"), rope = buf<float>("rope"), resid = buf<float>("resid");
+    t_first = buf<float>("t_first"), e_first = buf<float>("e_first"), e0_first = buf<float>("e0_first");
     h = buf<bf16>("h"), att = buf<bf16>("att"), big = buf<bf16>("big");
     head_out = buf<float>("head_out"), out = buf<float>("out");
     gemm_ws = buf<void>("cublaslt_workspace"), attn_ws = buf<void>("cudnn_workspace");
@@ -246,8 +227,9 @@ struct DiTGpu::Impl {
     run_attention(sh, a, s);
     prof->spans.push_back({cat, b, prof->mark(s)});
   }
-  // Events one profiled forward of `layers` blocks records: 2 around the forward, 2 per interval.
-  static size_t profile_events(int layers) { return 2 + 2 * static_cast<size_t>(7 + 7 * layers + 2 * layers); }
+  // Events one profiled forward of `layers` blocks records at most: 2 around the forward, 2 per interval
+  // (10 GEMMs outside the blocks with a first-frame timestep).
+  static size_t profile_events(int layers) { return 2 + 2 * static_cast<size_t>(10 + 7 * layers + 2 * layers); }
   // forward() after the checks; eager: run the body even when a graph exists (profile_forward).
   void forward(int expert, const DiTShape& shape, const DiTInputs& in, float* out, cudaStream_t stream, bool eager);
   void head_and_output(const ExpertPtrs& w, const Geometry& g, cudaStream_t s);
@@ -265,10 +247,12 @@ struct DiTGpu::Impl {
   // self-attention part runs for those and is copied to the other samples.
   void block(const BlockPtrs& w, const BlockPtrs* next, const Geometry& g, const RopeArgs& rope_args, bool shared,
              cudaStream_t s);
+  // This forward's time embedding rows (dit_gpu_time.cpp picks a token's row from them).
+  TimeRows time_rows(const Geometry& g) const { return {e, e0, e_first, e0_first, seq_rank * g.S}; }
   // Modulation vector k of a block for this step's rows: m = modulation + e0 (fp32), folded into the
-  // kernel that uses it; chunk k of sample b is mod[k] + e0[b, k].
+  // kernel that uses it; chunk k of sample b is mod[k] + e0[b, k] (e0 of t_first for frame 0's tokens).
   ModVec block_mod(const BlockPtrs& w, int k, const Geometry& g) const {
-    return ModVec{w.mod + k * g.D, e0 + k * g.D, 6 * g.D, g.S};
+    return dit_gpu_detail::block_mod(w.mod, k, g, time_rows(g));
   }
 };
 
@@ -284,6 +268,8 @@ void DiTGpu::Impl::stage_inputs(const Geometry& g, const DiTInputs& in, cudaStre
                                s));
   }
   CUDA_CHECK(cudaMemcpyAsync(t, in.t + b0, static_cast<size_t>(g.B) * 4, cudaMemcpyDefault, s));
+  if (g.first_frame)
+    CUDA_CHECK(cudaMemcpyAsync(t_first, in.t_first + b0, static_cast<size_t>(g.B) * 4, cudaMemcpyDefault, s));
   // Each prompt zero-padded to text_len before the text MLP (spec §2.5).
   const bool f32 = in.context_dtype == DType::F32;
   const size_t es = f32 ? 4 : 2, row = static_cast<size_t>(g.TD) * es;
@@ -369,13 +355,11 @@ void DiTGpu::Impl::run_body(const ExpertPtrs& w, const Geometry& g, cudaStream_t
   linear_op(patch_rows, w.pe_w, w.pe_b, h, rows, g.K, D, Act::None, s);
   convert_bf16_to_f32(h, resid, rows * D, s);
 
-  // time embedding and projection, fp32: e [B, D], e0 [B, 6D]
-  timestep_embedding(t, g.B, g.FQ, sinus, s);
-  linear_op(sinus, w.tm0_w, w.tm0_b, temb, g.B, g.FQ, D, Act::None, s);
-  silu(temb, temb, g.B * D, s);
-  linear_op(temb, w.tm2_w, w.tm2_b, e, g.B, D, D, Act::None, s);
-  silu(e, e_silu, g.B * D, s);
-  linear_op(e_silu, w.tp_w, w.tp_b, e0, g.B, D, 6 * D, Act::None, s);
+  // time embedding and projection, fp32: e [B, D], e0 [B, 6D]; of t_first too (latent frame 0's tokens)
+  const LinearF32 lin = [this](const float* x, const float* wt, const float* b, float* y, int64_t M, int64_t K,
+                               int64_t N, cudaStream_t st) { linear_op(x, wt, b, y, M, K, N, Act::None, st); };
+  time_embedding(w.time, g, t, sinus, temb, e_silu, e, e0, lin, s);
+  if (g.first_frame) time_embedding(w.time, g, t_first, sinus, temb, e_silu, e_first, e0_first, lin, s);
 
   // text embedding, bf16: ctx [B, text_len, D], once per forward for every block's cross k/v
   linear_op(ctx_in, w.te0_w, w.te0_b, ctx_hidden, g.B * g.TL, g.TD, D, Act::GeluTanh, s);
@@ -398,8 +382,8 @@ void DiTGpu::Impl::head_and_output(const ExpertPtrs& w, const Geometry& g, cudaS
   const int64_t D = g.D, rows = g.rows, P = g.par.seq();
   // head (fp32 region): LN(x)·(1 + scale) + shift with (shift, scale) = head.modulation + e, fp32 Linear
   float* head_in = reinterpret_cast<float*>(big);  // [rows, D]
-  const ModVec shift{w.hmod, e, D, g.S}, scale{w.hmod + D, e, D, g.S};
-  layernorm_modulate(resid, head_in, rows, D, shift, scale, cfg.eps, s);
+  const TimeRows tr = time_rows(g);
+  layernorm_modulate(resid, head_in, rows, D, head_mod(w.hmod, 0, g, tr), head_mod(w.hmod, 1, g, tr), cfg.eps, s);
   float* head_rows = head_out + seq_rank * rows * g.OP;  // [B, S, OP] this rank's rows
   linear_op(head_in, w.head_w, w.head_b, head_rows, rows, D, g.OP, Act::None, s);
   const float* seq_rows = head_out;  // [B, Lpad, OP] every token of this rank's samples
@@ -619,10 +603,7 @@ void DiTGpu::Impl::forward(int expert, const DiTShape& shape, const DiTInputs& i
             "DiT GPU forward: context must be f32 or bf16, got ", dtype_name(in.context_dtype));
   WAN_CHECK(in.ctx_rows >= 1 && in.ctx_rows <= g.TL, "DiT GPU forward: context has ", in.ctx_rows,
             " rows per sample, expected 1..", g.TL);
-  if (g.one_latent)
-    for (int64_t b = 1; b < g.Bg; ++b)
-      WAN_CHECK(in.t[b] == in.t[0], "DiT GPU forward: one latent for every sample (DiTShape::one_latent) needs one "
-                "timestep, but sample ", b, " has ", in.t[b], " and sample 0 ", in.t[0]);
+  check_timesteps(g, in);
   for (int64_t b = 0; b < g.Bg; ++b)
     WAN_CHECK(in.ctx_lens[b] >= 0 && in.ctx_lens[b] <= in.ctx_rows, "DiT GPU forward: context length ",
               in.ctx_lens[b], " of sample ", b, " outside [0, ", in.ctx_rows, "]");

@@ -52,7 +52,10 @@ namespace wan::cuda {
 //   text. The head rows are all-gathered (sequence, then CFG) so every rank returns the whole batch.
 //   NCCL calls are captured into the forward's CUDA graph like every other op (all ranks capture the
 //   same sequence, after the eager first forward has set up every NCCL connection).
-// - One timestep per sample (T2V/I2V A14B); the per-token timesteps of TI2V are not supported here.
+// - Timesteps: one per sample (T2V/I2V A14B, TI2V text mode), or with DiTShape::first_frame_t two
+//   (TI2V image mode: latent frame 0's tokens take their own, spec §7.5.3). The time MLP and projection
+//   run once per distinct timestep of a sample, never per token; each modulation, gate and the head pick
+//   a token's row by its index in the whole sequence (sequence parallel: slice offset + local row).
 // - CFG with one latent (DiTShape::one_latent, what the samplers run): cond and uncond are the same
 //   up to the first block's cross-attention, so that block's self-attention part runs once (halves
 //   its cost; about 1/40 of the self-attention work of a step).
@@ -68,7 +71,8 @@ namespace wan::cuda {
 //   from an event pool created before the forward (sized from the op count). Off (every other forward)
 //   the hooks cost one null-pointer test each. It refuses a stream that is being captured and a split
 //   sequence (the sequence-parallel self-attention is not bracketed; CFG-parallel is fine).
-// - Not thread-safe; one object per device. Files: dit_gpu.cpp (plan, forward, graphs),
+// - Not thread-safe; one object per device. Files: dit_gpu.cpp (creation, forward, graphs, profile),
+//   dit_gpu_plan.cpp (geometry, memory plan), dit_gpu_time.cpp (time embedding, timestep rows per token),
 //   models/weights_gpu.cpp (placement of the weight table, upload, random draw), kernels/affine.cu (init kernels).
 
 // Latent geometry of one forward: x is [batch, in_dim, frames, height, width] (latent units; height and
@@ -85,6 +89,12 @@ struct DiTShape {
   // within the GEMMs' fp32 accumulation order (cuBLASLt may pick another kernel for the smaller M) of
   // the batched one; the own attention kernel gives bit-identical rows.
   bool one_latent = false;
+  // TI2V image mode (spec §7.5.3): the tokens of latent frame 0 (the first (H/2)·(W/2) of each sample at
+  // the patch (1, 2, 2); generally those of the first patch frame) take the timestep DiTInputs::t_first,
+  // every other token (sequence padding included) t. Equals the reference's per-token t [B, seq_len]
+  // built that way; the time embedding runs for 2·B timesteps instead of B (3 more small fp32 GEMMs
+  // through the same plans, so t_first == t gives the per-sample forward's output bit for bit).
+  bool first_frame_t = false;
   bool operator==(const DiTShape&) const = default;
 };
 
@@ -162,7 +172,11 @@ struct MemoryPlan {
 struct DiTInputs {
   const float* x = nullptr;           // [B, in_dim, T, H, W] f32 latents (I2V: y already concatenated);
                                       // with DiTShape::one_latent only the first is read
-  const float* t = nullptr;           // [B] host: one timestep per sample
+  const float* t = nullptr;           // [B] host: one timestep per sample (with DiTShape::first_frame_t
+                                      // that of every token but latent frame 0's)
+  const float* t_first = nullptr;     // [B] host: the timestep of latent frame 0's tokens (TI2V image
+                                      // mode: 0); given iff DiTShape::first_frame_t. With one_latent both
+                                      // t and t_first must be equal across samples
   const void* context = nullptr;      // [B, ctx_rows, text_dim] text encoder output
   DType context_dtype = DType::F32;   // F32 or BF16
   int64_t ctx_rows = 0;               // rows per sample in `context` (1 <= ctx_rows <= text_len)
@@ -175,6 +189,7 @@ struct OpProfile {
   int layers = 0;
   int gemms = 0;             // GEMM intervals: 7 per block (q|k|v, o, cross q, cross k|v, cross o, FFN up,
                              // FFN down) + 7 outside (patch embedding, time MLP 2 + projection, text MLP 2, head)
+                             // + 3 with DiTShape::first_frame_t (the time MLP and projection of t_first)
   int self_attentions = 0;   // 1 per block
   int cross_attentions = 0;  // 1 per block
   double total_ms = 0;       // first event to last: input staging, the whole body, the output copy (what a

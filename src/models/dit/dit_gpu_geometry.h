@@ -1,11 +1,19 @@
-// Internal to the GPU DiT (dit_gpu.cpp, dit_gpu_plan.cpp): the geometry of one forward (everything derived
-// from config, shape and parallel layout), the arena constants, and the memory-plan helpers the creation
-// uses. Invariant: DiTGpu::plan() and the forward derive every size from the same Geometry.
+// Internal to the GPU DiT (dit_gpu.cpp, dit_gpu_plan.cpp, dit_gpu_time.cpp): the geometry of one forward
+// (everything derived from config, shape and parallel layout), the arena constants, the memory-plan
+// helpers the creation uses, the attention shapes of a geometry, and the time side of the forward
+// (timestep checks, time MLP, the modulation vectors that pick a token's timestep row).
+// Invariant: DiTGpu::plan() and the forward derive every size from the same Geometry.
 #pragma once
+#include <cuda_runtime.h>
+
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <vector>
 
+#include "kernels/attention_cudnn.h"  // AttentionShape
+#include "kernels/dit_kernels.h"      // ModVec
 #include "models/config.h"
 #include "models/dit/dit_gpu.h"
 #include "models/dit/seq_attention_gpu.h"
@@ -34,6 +42,8 @@ struct Geometry {
   int64_t S, Lpad;             // tokens per sample on this rank (its slice), padded tokens per sample
   dist::Layout par;
   bool one_latent = false;  // DiTShape::one_latent
+  bool first_frame = false; // DiTShape::first_frame_t
+  int64_t first_tokens = 0; // gh·gw: the tokens of the first patch frame (latent frame 0 at patch (1, 2, 2))
   bool seq_parallel() const { return par.seq() > 1; }
   // The first block's self-attention part can run for sample 0 alone (DiTGpu::Impl::block): more than
   // one sample here and a whole sequence per rank; it does with one latent.
@@ -56,5 +66,40 @@ void check_fit(const DiTConfig& cfg, const DiTShape& shape, int experts, size_t 
 // `p` (a plan without cuDNN's workspace) with the workspace: plan() adds it last, so no other buffer
 // moves and the result equals plan(..., attn_ws, ...).
 MemoryPlan with_attention_workspace(MemoryPlan p, size_t attn_ws);
+
+// The self-attention shape of g (`one_sample`: the first block's shared self-attention,
+// Geometry::share_first()) and the cross-attention's.
+AttentionShape self_attn_shape(const Geometry& g, bool one_sample = false);
+AttentionShape cross_attn_shape(const Geometry& g);
+// Every attention shape a forward of g runs; `any_sharing`: also the shared first block's, whether g
+// shares or not (create() sizes cuDNN's workspace for any forward up to its maximal geometry).
+std::vector<AttentionShape> attention_shapes(const Geometry& g, bool any_sharing);
+
+// ---- the time side of the forward (dit_gpu_time.cpp; spec §2.4, §2.7, §2.9, §7.5.3) ----
+// One expert's fp32 time MLP and projection: time_embedding.0 [D, FQ], [D]; .2 [D, D], [D];
+// time_projection.1 [6D, D], [6D].
+struct TimeMlp {
+  const float *w0, *b0, *w2, *b2, *wp, *bp;
+};
+// A forward's time embedding on the device: e [B, D] and e0 [B, 6D] of t, e_first and e0_first of t_first
+// (read only with Geometry::first_frame); token0: the sequence index of this rank's first row of a sample.
+struct TimeRows {
+  const float *e, *e0, *e_first, *e0_first;
+  int64_t token0;
+};
+// y[M, N] = x[M, K]·w[N, K]ᵀ + b, all fp32: the forward's GEMM (bracketed when profiling).
+using LinearF32 = std::function<void(const float* x, const float* w, const float* b, float* y, int64_t M, int64_t K,
+                                     int64_t N, cudaStream_t s)>;
+// Checks DiTInputs::t and t_first against g: t_first given iff Geometry::first_frame; with one latent each
+// equal across the samples. in.t is non-null (checked by the caller).
+void check_timesteps(const Geometry& g, const DiTInputs& in);
+// e [B, D] and e0 [B, 6D] of the B timesteps t (device), fp32 with the sinusoid in float64; sinus [B, FQ],
+// temb [B, D] and e_silu [B, D] are scratch.
+void time_embedding(const TimeMlp& w, const Geometry& g, const float* t, float* sinus, float* temb, float* e_silu,
+                    float* e, float* e0, const LinearF32& linear, cudaStream_t s);
+// Chunk k of a block's `modulation + e0` (0..5: shift, scale, gate of the self-attention, then of the
+// FFN) and of the head's `modulation + e` (0, 1: shift, scale) for this rank's rows [B, S] of g.
+ModVec block_mod(const float* modulation, int k, const Geometry& g, const TimeRows& tr);
+ModVec head_mod(const float* modulation, int k, const Geometry& g, const TimeRows& tr);
 
 }  // namespace wan::cuda::dit_gpu_detail

@@ -1,9 +1,11 @@
-// The GPU DiT's memory plan: the arena layout of one (config, shape, layout), its printout, and the fit
-// check that names what would fit. Invariant: every size comes from the forward's own Geometry, so the
-// plan and the forward never disagree.
+// The GPU DiT's memory plan: the geometry of a forward, the attention shapes it runs (which size cuDNN's
+// workspace), the arena layout of one (config, shape, layout), its printout, and the fit check that
+// names what would fit. Invariant: every size comes from the forward's own Geometry, so the plan and the
+// forward never disagree.
 #include <algorithm>
 #include <cstdio>
 #include <string>
+#include <vector>
 
 #include "core/error.h"
 #include "kernels/gemm.h"
@@ -61,6 +63,8 @@ Geometry geometry(const DiTConfig& c, const DiTShape& s, const dist::Layout& par
   g.Lpad = sp.padded, g.S = sp.per_rank;
   g.rows = g.B * g.S;
   g.one_latent = s.one_latent;
+  g.first_frame = s.first_frame_t;
+  g.first_tokens = g.gh * g.gw;
   return g;
 }
 
@@ -68,6 +72,25 @@ SeqParallelAttention::Geometry spa_geometry(const Geometry& g) {
   SeqParallelAttention::Geometry a;
   a.B = g.B, a.S = g.S, a.L = g.L, a.heads = g.NH, a.U = g.par.ulysses, a.R = g.par.ring;
   return a;
+}
+
+AttentionShape self_attn_shape(const Geometry& g, bool one_sample) {
+  if (g.seq_parallel()) return SeqParallelAttention::attention_shape(spa_geometry(g));
+  AttentionShape s;
+  s.B = one_sample ? 1 : g.B, s.Lq = g.L, s.Lk = g.L, s.H = g.NH, s.D = 128;
+  s.v_ld = 3 * g.D;  // v is the last third of the fused qkv rows
+  return s;
+}
+AttentionShape cross_attn_shape(const Geometry& g) {
+  AttentionShape s;
+  s.B = g.B, s.Lq = g.S, s.Lk = g.TL, s.H = g.NH, s.D = 128;
+  s.v_ld = 2 * g.D;  // v is the second half of the fused context kv rows
+  return s;
+}
+std::vector<AttentionShape> attention_shapes(const Geometry& g, bool any_sharing) {
+  std::vector<AttentionShape> v{self_attn_shape(g), cross_attn_shape(g)};
+  if (any_sharing ? g.can_share_first() : g.share_first()) v.push_back(self_attn_shape(g, true));
+  return v;
 }
 
 // Appends buffers to a plan, each at the next kAlign boundary; views alias part of an earlier one.
@@ -220,6 +243,11 @@ MemoryPlan DiTGpu::plan(const DiTConfig& cfg, const DiTShape& shape, int experts
   a.add("e", static_cast<size_t>(g.B) * D * f4);
   a.add("e_silu", static_cast<size_t>(g.B) * D * f4);
   a.add("e0", static_cast<size_t>(g.B) * 6 * D * f4);
+  // DiTShape::first_frame_t: the second timestep of each sample and its e, e0 (sinus, temb and e_silu are
+  // reused). Own buffers at the arena's alignment, so its GEMMs take the same plans as e's and e0's.
+  a.add("t_first", static_cast<size_t>(g.B) * f4);
+  a.add("e_first", static_cast<size_t>(g.B) * D * f4);
+  a.add("e0_first", static_cast<size_t>(g.B) * 6 * D * f4);
   a.add("rope", static_cast<size_t>(kRopeMaxPos) * 128 * f4);  // [max_pos][64 pairs][cos, sin]
   a.add("resid", rows * D * f4);
   a.add("h", rows * D * b2);
