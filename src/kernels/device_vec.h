@@ -108,11 +108,6 @@ __device__ __forceinline__ void add8(float (&x)[8], const float (&y)[8]) {
   for (int i = 0; i < 8; ++i) x[i] = __fadd_rn(x[i], y[i]);
 }
 
-// The e vector of row r (null when the ModVec has none).
-__device__ __forceinline__ const float* e_row_of(const ModVec& m, int64_t r) {
-  return m.e ? m.e + (r / m.rows_per_e) * m.e_stride : nullptr;
-}
-
 inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
 // Threads for a kernel that spreads `chunks` chunks of one row over a block: the smallest multiple of
