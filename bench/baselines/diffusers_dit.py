@@ -1,26 +1,34 @@
 #!/usr/bin/env python3
-"""Baseline for `wan bench`: diffusers WanTransformer3DModel at the Wan 2.2 T2V-A14B width, eager and
+"""Baseline for `wan bench`: diffusers WanTransformer3DModel at a Wan 2.2 model's width, eager and
 torch.compile, timed the way ANCHORS.md timed the peers.
 
-Model: dim 5120 (40 heads x 128), ffn 13824, text_dim 4096, in/out 16, patch (1, 2, 2), qk RMSNorm
-across heads, cross-attention norm; 1 and 3 blocks with random weights (PyTorch's default init, drawn
-on the GPU). dtypes as `from_pretrained(torch_dtype=bfloat16)` leaves them: bf16 parameters except the
-model's `_keep_in_fp32_modules` (time embedder, modulation tables, norms), which stay fp32. Attention is
+Models (--task; the diffusers configs of the Wan 2.2 checkpoints): patch (1, 2, 2), head dim 128, text_dim
+4096, freq_dim 256, qk RMSNorm across heads, cross-attention norm, no image embedder;
+  t2v-A14B  dim 5120 (40 heads), ffn 13824, in/out 16, 40 blocks, VAE stride 8;
+  i2v-A14B  the same with in_channels 36 (latent + mask + image latent concatenated), 40 blocks;
+  ti2v-5B   dim 3072 (24 heads), ffn 14336, in/out 48, 30 blocks, VAE stride 16.
+1 and 3 blocks with random weights (PyTorch's default init, drawn on the GPU). dtypes as
+`from_pretrained(torch_dtype=bfloat16)` leaves them: bf16 parameters except the model's
+`_keep_in_fp32_modules` (time embedder, modulation tables, norms), which stay fp32. Attention is
 diffusers' default backend (PyTorch SDPA, whichever kernel PyTorch picks; the profile below names it).
 
-Inputs (batch 2 = cond + uncond of a CFG step): latents [2, 16, T, H/8, W/8] bf16 ~ N(0, 1), timestep
-937 for both, text states [2, 512, 4096] bf16 ~ 0.2 N(0, 1).
+Inputs (batch 2 = cond + uncond of a CFG step): latents [2, in_channels, T, H/s, W/s] bf16 ~ N(0, 1),
+text states [2, 512, 4096] bf16 ~ 0.2 N(0, 1), timestep 937 for both samples; for ti2v-5B (unless
+--uniform-t) per token, [2, seq_len] float32, latent frame 0's tokens at 0 and the rest at 937, as its
+pipeline builds it in image mode (expand_timesteps: mask[:, ::2, ::2] * t flattened).
 
 Timing: CUDA events around each forward under no_grad, median of --reps after --warmup untimed ones.
 torch.compile: mode default (torch.compile(model)), static shapes; the first call (trace + compile +
 one forward) is timed separately as compile_s, then warm-up and timed forwards as for eager. Each
 compiled model starts from torch._dynamo.reset().
 
-Extrapolation (ANCHORS.md): per block = (t3 - t1) / 2, step = 40 x per block (the non-block parts
-cancel; they are reported as t1 - per block).
+Extrapolation (ANCHORS.md): per block = (t3 - t1) / 2, step = the task's blocks (40; ti2v-5B 30) x per
+block (the non-block parts cancel; they are reported as fixed_ms = t1 - per block, and step_incl_nonblock_s
+= fixed + blocks x per block adds them back: for ti2v-5B they hold the per-token time embedding).
 
 A wall-clock --deadline (unix seconds) skips configurations that would not finish in time; skipped
-ones are listed in the JSON with the reason, never silently dropped.
+ones are listed in the JSON with the reason, never silently dropped. --device cpu (tiny sizes only) is
+a smoke test of the script: wall-clock timing, no profile.
 """
 import argparse
 import json
@@ -31,8 +39,7 @@ import time
 
 import torch
 
-FULL_BLOCKS = 40
-CONFIG = dict(
+BASE_CONFIG = dict(
     patch_size=(1, 2, 2),
     num_attention_heads=40,
     attention_head_dim=128,
@@ -48,10 +55,49 @@ CONFIG = dict(
     added_kv_proj_dim=None,
     rope_max_seq_len=1024,
 )
+# Per task: the config overrides, the full block count, the VAE's spatial stride, the default sizes and frames.
+TASKS = {
+    "t2v-A14B": dict(config={}, blocks=40, stride=8, sizes="832x480,1280x720", frames=81),
+    "i2v-A14B": dict(config=dict(in_channels=36), blocks=40, stride=8, sizes="832x480,1280x720", frames=81),
+    "ti2v-5B": dict(
+        config=dict(num_attention_heads=24, in_channels=48, out_channels=48, ffn_dim=14336),
+        blocks=30,
+        stride=16,
+        sizes="1280x704",
+        frames=121,
+    ),
+}
+TIMESTEP, FIRST_FRAME_TIMESTEP = 937.0, 0.0
+# Set by main() from --task (the functions below read them).
+TASK = "t2v-A14B"
+CONFIG = dict(BASE_CONFIG)
+FULL_BLOCKS = 40
+STRIDE = 8
+PER_TOKEN_T = False
+DEVICE = "cuda"
+
+
+def set_task(task, uniform_t, device):
+    global TASK, CONFIG, FULL_BLOCKS, STRIDE, PER_TOKEN_T, DEVICE
+    spec = TASKS[task]
+    TASK, CONFIG = task, dict(BASE_CONFIG, **spec["config"])
+    FULL_BLOCKS, STRIDE = spec["blocks"], spec["stride"]
+    PER_TOKEN_T = task == "ti2v-5B" and not uniform_t
+    DEVICE = device
 
 
 def log(*a):
     print("[diffusers]", *a, flush=True)
+
+
+def sync():
+    if DEVICE != "cpu":
+        torch.cuda.synchronize()
+
+
+def free_cached():
+    if DEVICE != "cpu":
+        torch.cuda.empty_cache()
 
 
 def parse_size(s):
@@ -61,7 +107,10 @@ def parse_size(s):
 
 def latent_shape(size, frames):
     w, h = size
-    return (frames - 1) // 4 + 1, h // 8, w // 8
+    mult = STRIDE * 2  # the VAE's stride times the patch
+    if w % mult or h % mult or (frames - 1) % 4:
+        raise SystemExit(f"size {w}x{h}, {frames} frames: {TASK} needs multiples of {mult} and 4n+1 frames")
+    return (frames - 1) // 4 + 1, h // STRIDE, w // STRIDE
 
 
 def tokens_per_sample(size, frames):
@@ -69,11 +118,21 @@ def tokens_per_sample(size, frames):
     return T * (H // 2) * (W // 2)
 
 
+def timesteps(size, frames, batch):
+    """[batch] one per sample, or (ti2v image mode) [batch, seq_len] with latent frame 0's tokens at 0."""
+    if not PER_TOKEN_T:
+        return torch.full((batch,), TIMESTEP, device=DEVICE)
+    _, H, W = latent_shape(size, frames)
+    t = torch.full((batch, tokens_per_sample(size, frames)), TIMESTEP, device=DEVICE)
+    t[:, : (H // 2) * (W // 2)] = FIRST_FRAME_TIMESTEP
+    return t
+
+
 def build_model(blocks, seed):
     from diffusers import WanTransformer3DModel
 
     torch.manual_seed(seed)
-    with torch.device("cuda"):
+    with torch.device(DEVICE):
         model = WanTransformer3DModel(num_layers=blocks, **CONFIG)
     keep = WanTransformer3DModel._keep_in_fp32_modules or []
     # The rule diffusers' loader applies to each parameter name (model_loading_utils.py).
@@ -85,16 +144,22 @@ def build_model(blocks, seed):
 
 def make_inputs(size, frames, batch, seed):
     T, H, W = latent_shape(size, frames)
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    x = torch.randn(batch, 16, T, H, W, device="cuda", dtype=torch.bfloat16, generator=g)
-    ctx = 0.2 * torch.randn(batch, 512, 4096, device="cuda", dtype=torch.bfloat16, generator=g)
-    t = torch.full((batch,), 937.0, device="cuda")
-    return x, t, ctx
+    g = torch.Generator(device=DEVICE).manual_seed(seed)
+    x = torch.randn(batch, CONFIG["in_channels"], T, H, W, device=DEVICE, dtype=torch.bfloat16, generator=g)
+    ctx = 0.2 * torch.randn(batch, 512, 4096, device=DEVICE, dtype=torch.bfloat16, generator=g)
+    return x, timesteps(size, frames, batch), ctx
 
 
 def timed(fn, warmup, reps):
     for _ in range(warmup):
         fn()
+    if DEVICE == "cpu":
+        ms = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            fn()
+            ms.append((time.perf_counter() - t0) * 1e3)
+        return ms
     torch.cuda.synchronize()
     ms = []
     for _ in range(reps):
@@ -149,8 +214,9 @@ def run_one(size, frames, blocks, mode, args, budget, est_s, est_fwd_ms):
     if budget.left() < est_s:
         log(f"skip {key}: {budget.left():.0f} s left, needs about {est_s:.0f} s")
         return dict(key, skipped=f"time budget: {budget.left():.0f} s left, estimated {est_s:.0f} s")
-    torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats()
+    free_cached()
+    if DEVICE != "cpu":
+        torch.cuda.reset_peak_memory_stats()
     t0 = time.time()
     model = build_model(blocks, args.seed)
     x, t, ctx = make_inputs(size, frames, args.batch, args.seed + 1)
@@ -168,12 +234,12 @@ def run_one(size, frames, blocks, mode, args, budget, est_s, est_fwd_ms):
     if mode == "compile":
         t0 = time.time()
         out = fwd()
-        torch.cuda.synchronize()
+        sync()
         compile_s = time.time() - t0
         log(f"{key['size']} {blocks} block(s): first compiled call (trace + compile + 1 forward) {compile_s:.1f} s")
     else:
         out = fwd()
-        torch.cuda.synchronize()
+        sync()
     finite = bool(torch.isfinite(out.float()).all().item())
     ms = timed(fwd, args.warmup, reps)
     run = dict(
@@ -187,14 +253,14 @@ def run_one(size, frames, blocks, mode, args, budget, est_s, est_fwd_ms):
         build_s=build_s,
         compile_s=compile_s,
         output_finite=finite,
-        peak_memory_bytes=torch.cuda.max_memory_allocated(),
+        peak_memory_bytes=torch.cuda.max_memory_allocated() if DEVICE != "cpu" else None,
     )
     log(
         f"{key['size']} {frames}f {mode:7s} {blocks} block(s): median {run['median_ms']:.2f} ms "
         f"(min {run['min_ms']:.2f}; {reps} timed after {args.warmup} warm-up)"
         + (f", compile {compile_s:.1f} s" if compile_s is not None else "")
     )
-    if args.profile and mode == "eager" and blocks == min(args.blocks) and not getattr(args, "_profiled", False):
+    if args.profile and DEVICE != "cpu" and mode == "eager" and blocks == min(args.blocks) and not getattr(args, "_profiled", False):
         try:
             run["profile"] = profile_kernels(fwd)
             args._profiled = True
@@ -205,12 +271,12 @@ def run_one(size, frames, blocks, mode, args, budget, est_s, est_fwd_ms):
     del fn_model, model, out, x, t, ctx
     if mode == "compile":
         torch._dynamo.reset()
-    torch.cuda.empty_cache()
+    free_cached()
     return run
 
 
 def extrapolate(runs, blocks):
-    """ANCHORS.md: per block = (t_b - t_a)/(b - a), step = 40 x per block."""
+    """ANCHORS.md: per block = (t_b - t_a)/(b - a), step = FULL_BLOCKS x per block."""
     out = []
     groups = {}
     for r in runs:
@@ -220,14 +286,18 @@ def extrapolate(runs, blocks):
     for (size, frames, mode), by in groups.items():
         if a in by and b in by and a != b:
             pb = (by[b]["median_ms"] - by[a]["median_ms"]) / (b - a)
+            fixed = by[a]["median_ms"] - a * pb
             out.append(
                 dict(
+                    task=TASK,
                     size=size,
                     frames=frames,
                     mode=mode,
+                    blocks=FULL_BLOCKS,
                     per_block_ms=pb,
-                    fixed_ms=by[a]["median_ms"] - a * pb,
+                    fixed_ms=fixed,
                     step_s=pb * FULL_BLOCKS / 1e3,
+                    step_incl_nonblock_s=(fixed + pb * FULL_BLOCKS) / 1e3,
                     method=f"(t{b} - t{a})/{b - a} per block x {FULL_BLOCKS}",
                 )
             )
@@ -236,8 +306,10 @@ def extrapolate(runs, blocks):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--sizes", default="832x480,1280x720")
-    ap.add_argument("--frames", type=int, default=81)
+    ap.add_argument("--task", choices=sorted(TASKS), default="t2v-A14B", help="the model's config and block count")
+    ap.add_argument("--uniform-t", action="store_true", help="ti2v-5B: one timestep per sample (its text mode)")
+    ap.add_argument("--sizes", default="", help="WxH,... (default: t2v/i2v 832x480,1280x720; ti2v-5B 1280x704)")
+    ap.add_argument("--frames", type=int, default=0, help="pixel frames (default: 81; ti2v-5B 121)")
     ap.add_argument("--blocks", default="1,3")
     ap.add_argument("--modes", default="eager,compile")
     ap.add_argument("--compile-sizes", default="", help="sizes for torch.compile (default: all of --sizes)")
@@ -249,8 +321,12 @@ def main():
     ap.add_argument("--deadline", type=float, default=0, help="unix time after which nothing new starts")
     ap.add_argument("--compile-estimate-s", type=float, default=90, help="assumed compile time before one is seen")
     ap.add_argument("--no-profile", dest="profile", action="store_false")
+    ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda", help="cpu: a smoke test at tiny sizes")
     ap.add_argument("--json", required=True)
     args = ap.parse_args()
+    set_task(args.task, args.uniform_t, args.device)
+    args.sizes = args.sizes or TASKS[args.task]["sizes"]
+    args.frames = args.frames or TASKS[args.task]["frames"]
     args.blocks = [int(b) for b in args.blocks.split(",")]
     sizes = [parse_size(s) for s in args.sizes.split(",")]
     compile_sizes = [parse_size(s) for s in args.compile_sizes.split(",")] if args.compile_sizes else sizes
@@ -259,10 +335,14 @@ def main():
 
     import diffusers
 
-    props = torch.cuda.get_device_properties(0)
+    for size in sizes:
+        latent_shape(size, args.frames)  # refuse a size the task's VAE cannot take before any work
+    device_name = torch.cuda.get_device_properties(0).name if DEVICE != "cpu" else "cpu"
+    T0, H0, W0 = latent_shape(sizes[0], args.frames)
     info = dict(
         tool="diffusers WanTransformer3DModel",
-        device=props.name,
+        task=TASK,
+        device=device_name,
         torch=torch.__version__,
         diffusers=diffusers.__version__,
         cuda=torch.version.cuda,
@@ -273,13 +353,20 @@ def main():
             mem_efficient=torch.backends.cuda.mem_efficient_sdp_enabled(),
             math=torch.backends.cuda.math_sdp_enabled(),
         ),
-        config=dict(CONFIG, patch_size=list(CONFIG["patch_size"])),
+        config=dict(CONFIG, patch_size=list(CONFIG["patch_size"]), num_layers=FULL_BLOCKS),
         frames=args.frames,
         batch=args.batch,
+        timesteps=(
+            f"per token [batch, seq_len] float32: latent frame 0's {(H0 // 2) * (W0 // 2)} tokens at "
+            f"{FIRST_FRAME_TIMESTEP:g}, the rest at {TIMESTEP:g} (ti2v image mode, expand_timesteps)"
+            if PER_TOKEN_T
+            else f"per sample [batch]: {TIMESTEP:g}"
+        ),
         method="CUDA events around each forward (no_grad), median of reps after warm-up; "
-        "torch.compile mode default, first call timed as compile_s; step = (t3 - t1)/2 x 40",
+        f"torch.compile mode default, first call timed as compile_s; step = (t3 - t1)/2 x {FULL_BLOCKS}",
     )
-    log(f"{props.name}, torch {torch.__version__}, diffusers {diffusers.__version__}, cuDNN {info['cudnn']}")
+    log(f"{TASK}: {info['timesteps']}")
+    log(f"{device_name}, torch {torch.__version__}, diffusers {diffusers.__version__}, cuDNN {info['cudnn']}")
 
     runs = []
     # Per-(size, blocks) eager forward time, to estimate what a configuration needs.
@@ -310,7 +397,7 @@ def main():
             log(f"FAILED {size} {blocks} {mode}: {e!r}")
             r = dict(size=f"{size[0]}x{size[1]}", frames=args.frames, blocks=blocks, mode=mode, error=repr(e))
             torch._dynamo.reset()
-            torch.cuda.empty_cache()
+            free_cached()
         if "median_ms" in r and mode == "eager":
             seen[(size, blocks)] = r["median_ms"]
         runs.append(r)
@@ -321,8 +408,9 @@ def main():
 
     ext = extrapolate(runs, args.blocks)
     for e in ext:
-        log(f"{e['size']} {e['frames']}f {e['mode']:7s}: per block {e['per_block_ms']:.2f} ms, "
-            f"non-block {e['fixed_ms']:.2f} ms -> {e['step_s']:.3f} s/step at {FULL_BLOCKS} blocks [{e['method']}]")
+        log(f"{TASK} {e['size']} {e['frames']}f {e['mode']:7s}: per block {e['per_block_ms']:.2f} ms, "
+            f"non-block {e['fixed_ms']:.2f} ms -> {e['step_s']:.3f} s/step at {FULL_BLOCKS} blocks [{e['method']}]; "
+            f"{e['step_incl_nonblock_s']:.3f} s with the non-block part")
     info.update(runs=runs, extrapolated=ext)
     with open(args.json, "w") as f:
         json.dump(info, f, indent=2)

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <ctime>
 #include <fstream>
+#include <sstream>
 
 #include "core/error.h"
 #include "pipeline/files.h"
@@ -73,6 +74,44 @@ api::Option bench_int_option(const std::string& name, const std::string& def, do
   o.min = min;
   o.max = max;
   return o;
+}
+
+std::string default_step_size(const std::string& task) { return task == "ti2v-5B" ? "1280x704" : "1280x720"; }
+long long default_step_frames(const std::string& task) { return task == "ti2v-5B" ? 121 : 81; }
+
+StepGeometry step_geometry(const std::string& task, const DiTConfig& cfg, const std::string& size, long long frames) {
+  StepGeometry g;
+  const size_t x = size.find_first_of("x*");
+  WAN_CHECK(x != std::string::npos, "--size '", size, "': expected WxH, e.g. 1280x720");
+  char* end = nullptr;
+  g.width = std::strtoll(size.c_str(), &end, 10);
+  WAN_CHECK(end == size.c_str() + x, "--size '", size, "': expected WxH");
+  g.height = std::strtoll(size.c_str() + x + 1, &end, 10);
+  WAN_CHECK(*end == 0 && g.width > 0 && g.height > 0, "--size '", size, "': expected positive WxH");
+  WAN_CHECK(frames >= 1 && (frames - 1) % 4 == 0, "--frames ", frames, ": must be 4n+1");
+  g.frames = frames;
+  const int64_t stride = task == "ti2v-5B" ? 16 : 8;
+  const int64_t mult = stride * cfg.patch[1];
+  WAN_CHECK(g.width % mult == 0 && g.height % mult == 0, "--size ", size, ": width and height must be multiples of ",
+            mult, " for ", task);
+  g.T = (frames - 1) / 4 + 1, g.H = g.height / stride, g.W = g.width / stride;
+  g.first_frame_tokens = (g.H / cfg.patch[1]) * (g.W / cfg.patch[2]);
+  g.tokens = (g.T / cfg.patch[0]) * g.first_frame_tokens;
+  return g;
+}
+
+std::vector<int> parse_layer_counts(const std::string& s, int full) {
+  std::vector<int> v;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    char* end = nullptr;
+    const long n = std::strtol(item.c_str(), &end, 10);
+    WAN_CHECK(!item.empty() && *end == 0 && n >= 1 && n <= full, "--layers '", s, "': expected counts in 1..", full);
+    v.push_back(static_cast<int>(n));
+  }
+  WAN_CHECK(!v.empty(), "--layers: empty list");
+  return v;
 }
 
 #ifdef WAN_HAVE_CUDA

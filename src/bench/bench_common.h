@@ -1,12 +1,15 @@
 // Small pieces shared by the `wan bench*` commands (cmd_bench*.cpp): the JSON result file and its common
-// fields, the option rows every bench command has (--device, --json), medians, and (with CUDA) the device
-// selection, the device fields of the JSONs and a scoped device buffer, so the commands read and check alike.
+// fields, the option rows every bench command has (--device, --json), medians, the DiT step bench's
+// pixel-to-latent geometry and layer list, and (with CUDA) the device selection, the device fields of the
+// JSONs and a scoped device buffer, so the commands read and check alike.
 #pragma once
+#include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "api/options.h"
+#include "models/config.h"
 
 #ifdef WAN_HAVE_CUDA
 #include <cuda_runtime.h>
@@ -43,6 +46,23 @@ api::Option bench_json_option();
 // An integer row with an inclusive range (the bench tables have many).
 api::Option bench_int_option(const std::string& name, const std::string& def, double min, double max,
                              const std::string& help, const std::string& meta = "N");
+
+// The DiT step bench (`wan bench`): a task's pixel size and frames as the latent and tokens its DiT sees.
+struct StepGeometry {
+  int64_t width = 0, height = 0, frames = 0;  // pixels
+  int64_t T = 0, H = 0, W = 0;                // latent
+  int64_t tokens = 0;                         // per sample
+  int64_t first_frame_tokens = 0;             // the tokens of latent frame 0 (one patch frame)
+};
+// The size and frames a task is benchmarked at when not given: T2V / I2V A14B 1280x720, 81 frames;
+// TI2V-5B 1280x704, 121 frames (its pipeline's default 720p shape).
+std::string default_step_size(const std::string& task);
+long long default_step_frames(const std::string& task);
+// `size` "WxH"; the VAE's spatial stride is 8 for the A14B tasks (Wan 2.1 VAE) and 16 for ti2v-5B (Wan 2.2
+// VAE), its temporal stride 4. One wan::Error naming --size / --frames for a size or count that does not fit.
+StepGeometry step_geometry(const std::string& task, const DiTConfig& cfg, const std::string& size, long long frames);
+// "1,3": layer counts in 1..full; one wan::Error naming --layers otherwise.
+std::vector<int> parse_layer_counts(const std::string& s, int full);
 
 #ifdef WAN_HAVE_CUDA
 // Checks that a device is visible (else one error: `none_visible`) and that --device names one of them,

@@ -4,8 +4,9 @@
 // ANCHORS.md, the floor and the gap, and the peak device memory; --json writes all of it.
 // What is measured (say it, so numbers are never mistaken for something else):
 // - s/step: whole DiTGpu forwards (CUDA-graph replay unless --no-graphs), CUDA events on the stream,
-//   median of --steps after --warmup untimed forwards; with fewer layers than the model has, the
-//   40-layer figure is EXTRAPOLATED and printed as such (full_depth_step says how);
+//   median of --steps after --warmup untimed forwards; with fewer layers than the preset has (40, or 30
+//   for ti2v-5B), the full-depth figure is EXTRAPOLATED and printed as such (full_depth_step says how);
+// - ti2v-5B runs its image mode's timesteps (latent frame 0's tokens at 0, the rest at t) unless --uniform-t;
 // - the isolated breakdown (report_breakdown) and the in-step breakdown of the real forward
 //   (report_in_step), each described where it is measured;
 // - FLOPs and the floor as ANCHORS.md counts them (anchors_flops).
@@ -45,46 +46,7 @@
 namespace wan::cli {
 namespace {
 
-struct Geometry {
-  int64_t width = 0, height = 0, frames = 0;  // pixels
-  int64_t T = 0, H = 0, W = 0;                // latent
-  int64_t tokens = 0;                         // per sample
-};
-
-Geometry geometry(const std::string& task, const DiTConfig& cfg, const std::string& size, long long frames) {
-  Geometry g;
-  const size_t x = size.find_first_of("x*");
-  WAN_CHECK(x != std::string::npos, "--size '", size, "': expected WxH, e.g. 1280x720");
-  char* end = nullptr;
-  g.width = std::strtoll(size.c_str(), &end, 10);
-  WAN_CHECK(end == size.c_str() + x, "--size '", size, "': expected WxH");
-  g.height = std::strtoll(size.c_str() + x + 1, &end, 10);
-  WAN_CHECK(*end == 0 && g.width > 0 && g.height > 0, "--size '", size, "': expected positive WxH");
-  WAN_CHECK(frames >= 1 && (frames - 1) % 4 == 0, "--frames ", frames, ": must be 4n+1");
-  g.frames = frames;
-  // A14B uses the Wan 2.1 VAE (spatial stride 8), TI2V-5B the Wan 2.2 VAE (16); temporal stride 4.
-  const int64_t stride = task == "ti2v-5B" ? 16 : 8;
-  const int64_t mult = stride * cfg.patch[1];
-  WAN_CHECK(g.width % mult == 0 && g.height % mult == 0, "--size ", size, ": width and height must be multiples of ",
-            mult, " for ", task);
-  g.T = (frames - 1) / 4 + 1, g.H = g.height / stride, g.W = g.width / stride;
-  g.tokens = (g.T / cfg.patch[0]) * (g.H / cfg.patch[1]) * (g.W / cfg.patch[2]);
-  return g;
-}
-
-std::vector<int> parse_layers(const std::string& s, int full) {
-  std::vector<int> v;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    char* end = nullptr;
-    const long n = std::strtol(item.c_str(), &end, 10);
-    WAN_CHECK(!item.empty() && *end == 0 && n >= 1 && n <= full, "--layers '", s, "': expected counts in 1..", full);
-    v.push_back(static_cast<int>(n));
-  }
-  WAN_CHECK(!v.empty(), "--layers: empty list");
-  return v;
-}
+using Geometry = StepGeometry;
 
 // The command line, read and checked before any device work (in this order: the first bad value is the error).
 struct BenchSettings {
@@ -94,6 +56,7 @@ struct BenchSettings {
   std::vector<int> layer_counts;
   long long steps = 0, warmup = 0, batch = 0, seed = 0, reps = 0, device = 0, profile_reps = 0;
   bool graphs = true, breakdown = true, verbose = false, one_latent = true;
+  bool first_frame_t = false;  // TI2V image mode: latent frame 0's tokens at t_first = 0 (DiTShape::first_frame_t)
   std::string json_path, attention_name;
 };
 
@@ -101,8 +64,9 @@ BenchSettings parse_settings(const api::Values& args) {
   BenchSettings o;
   o.task = task_name(task_from_name(args.get_or("task", "t2v-A14B")));
   o.full = dit_preset(o.task);
-  o.geo = geometry(o.task, o.full, args.get_or("size", "1280x720"), args.get_int("frames", 81));
-  o.layer_counts = parse_layers(args.get_or("layers", std::to_string(o.full.num_layers)), o.full.num_layers);
+  o.geo = step_geometry(o.task, o.full, args.get_or("size", default_step_size(o.task)),
+                        args.get_int("frames", default_step_frames(o.task)));
+  o.layer_counts = parse_layer_counts(args.get_or("layers", std::to_string(o.full.num_layers)), o.full.num_layers);
   o.steps = args.get_int("steps", 3), o.warmup = args.get_int("warmup", 2);
   o.batch = args.get_int("batch", 2), o.seed = args.get_int("seed", 0);
   o.reps = args.get_int("breakdown-reps", 3), o.device = args.device("device");
@@ -110,6 +74,7 @@ BenchSettings parse_settings(const api::Values& args) {
   o.graphs = !args.flag("no-graphs"), o.breakdown = !args.flag("no-breakdown");
   o.verbose = args.flag("verbose");
   o.one_latent = !args.flag("distinct-latents");
+  o.first_frame_t = o.task == "ti2v-5B" && !args.flag("uniform-t");
   o.json_path = args.get_or("json", "");
   if (!o.json_path.empty()) check_output_path(o.json_path, "--json");  // before any work
   o.attention_name = args.str("attention");
@@ -134,6 +99,21 @@ Flops anchors_flops(const DiTConfig& c, int64_t batch, int64_t tokens, int layer
   return {n * 4.0 * L * L * D, n * 2.0 * L * (6.0 * D * D + 2.0 * D * F)};
 }
 
+// The step's latent shape; the TI2V image mode's per-token timesteps when asked for.
+cuda::DiTShape step_shape(const BenchSettings& o) {
+  cuda::DiTShape s{o.batch, o.geo.T, o.geo.H, o.geo.W, o.one_latent};
+  s.first_frame_t = o.first_frame_t;
+  return s;
+}
+
+// How the step's timesteps are laid out, for the printout and the JSON.
+std::string timesteps_text(const cuda::DiTShape& shape, const Geometry& geo) {
+  if (!shape.first_frame_t) return cat("per sample: t = ", cuda::kBenchTimestep, " for every token");
+  return cat("per token (TI2V image mode): latent frame 0's ", geo.first_frame_tokens, " tokens at t_first = ",
+             cuda::kBenchFirstFrameTimestep, ", the other ", geo.tokens - geo.first_frame_tokens, " at t = ",
+             cuda::kBenchTimestep);
+}
+
 // The fields every `wan bench` JSON starts with (tool, commit, date, device, the run's geometry).
 void put_header(nlohmann::json& J, const cuda::BenchDevice& bd, const std::string& task, const Geometry& geo,
                 const cuda::DiTShape& shape, bool graphs, const std::string& attention_used, const DiTConfig& full,
@@ -152,10 +132,13 @@ void put_header(nlohmann::json& J, const cuda::BenchDevice& bd, const std::strin
   J["tokens_per_sample"] = geo.tokens;
   J["batch"] = shape.batch;
   J["one_latent"] = shape.one_latent;  // every sample's latent is the first (the samplers' CFG batch)
+  J["first_frame_t"] = shape.first_frame_t;
+  J["timesteps"] = timesteps_text(shape, geo);
   J["graphs"] = graphs;
   J["attention"] = attention_used;
-  J["config"] = {{"dim", full.dim}, {"ffn_dim", full.ffn_dim}, {"heads", full.num_heads}, {"layers", layers},
-                 {"text_len", full.text_len}};
+  J["config"] = {{"dim", full.dim},         {"ffn_dim", full.ffn_dim},       {"heads", full.num_heads},
+                 {"layers", layers},        {"preset_layers", full.num_layers}, {"in_dim", full.in_dim},
+                 {"out_dim", full.out_dim}, {"text_len", full.text_len}};
 }
 #endif  // WAN_HAVE_CUDA
 
@@ -294,14 +277,14 @@ bool wants_parallel(const api::Values& args) {
 
 // `wan bench --gpus N [--cfg-parallel] [--ulysses U] [--ring R]`: the step of one layout on N GPUs. Every
 // rank times its own forwards (CUDA events, as one GPU); a step's time is the maximum of the ranks'
-// medians (the slowest rank sets the pace). The 40-layer figure is measured or extrapolated like the
+// medians (the slowest rank sets the pace). The full-depth figure is measured or extrapolated like the
 // single-GPU bench, by the same method, so the two are comparable (efficiency = t1 / (N · tN)).
 int bench_parallel(const api::Values& args, const BenchSettings& o) {
 #ifndef WAN_HAVE_NCCL
   (void)args, (void)o;
   WAN_THROW("wan bench --gpus/--cfg-parallel/--ulysses/--ring: this wan was built without NCCL");
 #else
-  const cuda::DiTShape shape{o.batch, o.geo.T, o.geo.H, o.geo.W, o.one_latent};
+  const cuda::DiTShape shape = step_shape(o);
   const ParallelRuns p = run_parallel(args, o, shape);
   if (!p.rank0) return 0;  // another process's rank 0 reports
   report_parallel(o, shape, p);
@@ -327,7 +310,7 @@ StepRig setup_device(const BenchSettings& o) {
   CUDA_CHECK(cudaSetDevice(r.dev));
   r.attention = DiTGpu::resolve_attention(DiTGpu::parse_attention(o.attention_name));
   r.attention_used = r.attention == DiTGpu::Attention::Own ? "own" : "cudnn";
-  r.shape = DiTShape{o.batch, o.geo.T, o.geo.H, o.geo.W, o.one_latent};
+  r.shape = step_shape(o);
   r.target_layers = o.full.num_layers;
   return r;
 }
@@ -335,13 +318,15 @@ StepRig setup_device(const BenchSettings& o) {
 void print_intro(const BenchSettings& o, const StepRig& r) {
   const Geometry& geo = o.geo;
   const cuda::BenchDevice& bd = r.bd;
-  printf("wan bench: %s %lldx%lld, %lld frames -> latent %lldx%lldx%lld, %lld tokens/sample, batch %lld, "
-         "dim %d, ffn %d, random weights (seed %lld)\n",
-         o.task.c_str(), (long long)geo.width, (long long)geo.height, (long long)geo.frames, (long long)geo.T,
-         (long long)geo.H, (long long)geo.W, (long long)geo.tokens, o.batch, o.full.dim, o.full.ffn_dim, o.seed);
-  printf("attention: %s; %s\n", r.attention_used,
+  printf("wan bench: %s %lldx%lld, %lld frames -> latent %dx%lldx%lldx%lld, %lld tokens/sample, batch %lld, "
+         "dim %d, ffn %d, %d layers in the preset, random weights (seed %lld)\n",
+         o.task.c_str(), (long long)geo.width, (long long)geo.height, (long long)geo.frames, o.full.in_dim,
+         (long long)geo.T, (long long)geo.H, (long long)geo.W, (long long)geo.tokens, o.batch, o.full.dim,
+         o.full.ffn_dim, o.full.num_layers, o.seed);
+  printf("attention: %s; %s; timesteps %s\n", r.attention_used,
          r.shape.one_latent ? "one latent for every sample (the first block's self-attention runs once)"
-                            : "a latent per sample (--distinct-latents)");
+                            : "a latent per sample (--distinct-latents)",
+         timesteps_text(r.shape, geo).c_str());
   printf("device %d: %s, %d SMs, %.1f GiB; driver %d, runtime %d, cuDNN %d, cuBLASLt %d\n", r.dev, bd.name.c_str(),
          bd.sm_count, bd.total_bytes / kGiB, bd.driver_version, bd.runtime_version, bd.cudnn_version,
          bd.cublaslt_version);
@@ -421,7 +406,7 @@ void time_layer_counts(const BenchSettings& o, const StepRig& rig, LayerRuns& ou
 }
 
 // The step at the model's full depth: measured, or extrapolated (and labelled so). Returns seconds. With
-// two or more layer counts by ANCHORS.md's method, (t_b - t_a)/(b - a) per block x 40 (non-block time
+// two or more layer counts by ANCHORS.md's method, (t_b - t_a)/(b - a) per block x the preset's layers (non-block time
 // excluded, as the peers were measured); with one count from its per-block share after subtracting the
 // isolated non-block time.
 double full_depth_step(const BenchSettings& o, const LayerRuns& lr, const cuda::OpBreakdown& br, int target_layers,
@@ -717,7 +702,7 @@ const api::CommandSpec& bench_spec() {
         return cat("{}: ", e.what());
       }
     };
-    Option frames = bench_int_option("frames", "81", 1, 1e6, "pixel frames, 4n+1");
+    Option frames = bench_int_option("frames", "81, ti2v-5B 121", 1, 1e6, "pixel frames, 4n+1");
     frames.check = [](const std::string& f) {
       return (std::stoll(f) - 1) % 4 == 0 ? std::string() : cat("{} ", f, ": must be 4n+1");
     };
@@ -741,17 +726,21 @@ const api::CommandSpec& bench_spec() {
     devices.hidden = true;  // documented in the --gpus row
     c.options = {
         task,
-        api::option("size", Kind::Size, "", "1280x720", "pixel size"),
+        api::option("size", Kind::Size, "", "1280x720, ti2v-5B 1280x704",
+                    "pixel size (multiples of 16, ti2v-5B 32: its VAE strides 16)"),
         frames,
-        api::option("layers", Kind::String, "N[,M...]", "the preset's 40",
-                    "blocks to build. Fewer: the 40-layer step is extrapolated (two counts: (t_b - t_a)/(b - a) "
-                    "x 40)"),
+        api::option("layers", Kind::String, "N[,M...]", "the preset's: 40, ti2v-5B 30",
+                    "blocks to build. Fewer: the full-depth step is extrapolated (two counts: (t_b - t_a)/(b - a) "
+                    "x the preset's layers)"),
         bench_int_option("steps", "3", 1, 1000, "timed forwards per layer count"),
         warmup,
         bench_int_option("batch", "2", 1, 64, "samples per forward"),
         api::option("distinct-latents", Kind::Flag, "", "",
                     "one random latent per sample; default: one latent for all samples, as the samplers' CFG "
                     "steps run (the first block's self-attention then runs once)"),
+        api::option("uniform-t", Kind::Flag, "", "",
+                    "ti2v-5B: one timestep for every token (its text mode); default: its image mode's per-token "
+                    "timesteps, latent frame 0's tokens at 0 and the rest at t (other tasks: always one)"),
         seed,
         api::option("no-graphs", Kind::Flag, "", "", "eager forwards instead of CUDA-graph replay"),
         api::option("no-breakdown", Kind::Flag, "", "",

@@ -150,6 +150,8 @@ struct Geometry {
   int pt, ph, pw;
   int64_t f, gh, gw, L, rows, P, K, OP, D, F, TL, TD, FQ, crow, nx, nout;
   float eps;
+  bool first_frame;      // DiTShape::first_frame_t: a second timestep for the first patch frame's tokens
+  int64_t first_tokens;  // gh·gw: those tokens
 };
 
 Geometry breakdown_geometry(const DiTConfig& cfg, const DiTShape& shape) {
@@ -168,6 +170,7 @@ Geometry breakdown_geometry(const DiTConfig& cfg, const DiTShape& shape) {
   g.f = f, g.gh = gh, g.gw = gw, g.L = L, g.rows = rows, g.P = P, g.K = K, g.OP = OP;
   g.D = D, g.F = F, g.TL = TL, g.TD = TD, g.FQ = FQ, g.crow = crow, g.nx = nx, g.nout = nout;
   g.eps = cfg.eps;
+  g.first_frame = shape.first_frame_t, g.first_tokens = gh * gw;
   return g;
 }
 
@@ -179,7 +182,21 @@ struct Buffers {
   bf16 *qkv_w, *qkv_b, *o_w, *o_b, *nq, *nk, *cq_w, *cq_b, *ckv_w, *ckv_b, *co_w, *co_b, *cnq, *cnk;
   bf16 *f0_w, *f0_b, *f2_w, *f2_b, *pe_w, *pe_b, *te0_w, *te0_b, *te2_w, *te2_b;
   void *gemm_ws, *attn_ws_ptr;
+  float *t_first, *e_first, *e0_first;  // Geometry::first_frame only (else null)
 };
+
+// Chunk k of a block's modulation + e0, and the head's shift (0) / scale (1), as the forward builds them
+// (dit_gpu_time.cpp): with a first-frame timestep the tokens of the first patch frame read its rows.
+ModVec block_chunk(const Geometry& g, const Buffers& b, int k) {
+  ModVec m{b.mod + k * g.D, b.e0 + k * g.D, 6 * g.D, g.L};
+  if (g.first_frame) m.e_first = b.e0_first + k * g.D, m.first_tokens = g.first_tokens;
+  return m;
+}
+ModVec head_chunk(const Geometry& g, const Buffers& b, int k) {
+  ModVec m{b.hmod + k * g.D, b.e, g.D, g.L};
+  if (g.first_frame) m.e_first = b.e_first, m.first_tokens = g.first_tokens;
+  return m;
+}
 
 // Requests every buffer from the slab. The order fixes each buffer's random stream (seed + index).
 void reserve_buffers(const Geometry& g, size_t attn_ws, Slab& sl, Buffers& b) {
@@ -213,6 +230,7 @@ void reserve_buffers(const Geometry& g, size_t attn_ws, Slab& sl, Buffers& b) {
   sl.b16(&b.te2_w, u(D * D), wscale(D)), sl.b16(&b.te2_b, u(D), wscale(D));
   sl.raw(&b.gemm_ws, GemmRunner::kWorkspaceBytes);
   sl.raw(&b.attn_ws_ptr, std::max<size_t>(attn_ws, 256));
+  if (g.first_frame) sl.f32(&b.t_first, u(B)), sl.f32(&b.e_first, u(B * D)), sl.f32(&b.e0_first, u(B * 6 * D));
 }
 
 // What the ops run with: the allocated buffers, the GEMM runner and the attention kernels.
@@ -249,7 +267,7 @@ void add_prologue_ops(const OpEnv& env, OpList& l) {
   const double fl_rows = 2.0 * static_cast<double>(rows);
   const double fl_crow = 2.0 * static_cast<double>(crow);
   const double Dd = static_cast<double>(D);
-  const auto chunk = [=](int k) { return ModVec{b.mod + k * D, b.e0 + k * D, 6 * D, L}; };
+  const auto chunk = [=](int k) { return block_chunk(g, b, k); };
   l.add("stage inputs (x, t, context copies)", O, false, 0, [=](cudaStream_t st) {
     CUDA_CHECK(cudaMemcpyAsync(b.x_in, b.x_src, u(nx) * 4, cudaMemcpyDeviceToDevice, st));
     CUDA_CHECK(cudaMemcpyAsync(b.ctx_in, b.ctx_src, u(crow * TD) * 2, cudaMemcpyDeviceToDevice, st));
@@ -260,16 +278,21 @@ void add_prologue_ops(const OpEnv& env, OpList& l) {
         [=, &gemm](cudaStream_t st) { gemm.linear(b.big, b.pe_w, b.pe_b, b.h, rows, K, D, Act::None, st); });
   l.add("patch rows to fp32 residual", O, false, 0,
         [=](cudaStream_t st) { convert_bf16_to_f32(b.h, b.resid, rows * D, st); });
-  l.add("time embedding (sinusoid, silu)", O, false, 0,
-        [=](cudaStream_t st) { timestep_embedding(b.t, B, FQ, b.sinus, st); });
-  l.add("time MLP + projection GEMMs (fp32)", G, false, 2.0 * B * (FQ * Dd + Dd * Dd + 6 * Dd * Dd),
-        [=, &gemm](cudaStream_t st) {
-          gemm.linear(b.sinus, b.tm0_w, b.tm0_b, b.temb, B, FQ, D, Act::None, st);
-          silu(b.temb, b.temb, B * D, st);
-          gemm.linear(b.temb, b.tm2_w, b.tm2_b, b.e, B, D, D, Act::None, st);
-          silu(b.e, b.e_silu, B * D, st);
-          gemm.linear(b.e_silu, b.tp_w, b.tp_b, b.e0, B, D, 6 * D, Act::None, st);
-        });
+  // The time MLP and projection of one timestep per sample: t's, then t_first's (first-frame tokens).
+  const auto time_ops = [&](const char* of, const float* t, float* e, float* e0) {
+    l.add(cat("time embedding", of, " (sinusoid, silu)"), O, false, 0,
+          [=](cudaStream_t st) { timestep_embedding(t, B, FQ, b.sinus, st); });
+    l.add(cat("time MLP + projection GEMMs", of, " (fp32)"), G, false, 2.0 * B * (FQ * Dd + Dd * Dd + 6 * Dd * Dd),
+          [=, &gemm](cudaStream_t st) {
+            gemm.linear(b.sinus, b.tm0_w, b.tm0_b, b.temb, B, FQ, D, Act::None, st);
+            silu(b.temb, b.temb, B * D, st);
+            gemm.linear(b.temb, b.tm2_w, b.tm2_b, e, B, D, D, Act::None, st);
+            silu(e, b.e_silu, B * D, st);
+            gemm.linear(b.e_silu, b.tp_w, b.tp_b, e0, B, D, 6 * D, Act::None, st);
+          });
+  };
+  time_ops("", b.t, b.e, b.e0);
+  if (g.first_frame) time_ops(" of t_first", b.t_first, b.e_first, b.e0_first);
   l.add("text embedding GEMMs", G, false, fl_crow * (TD * Dd + Dd * Dd), [=, &gemm](cudaStream_t st) {
     gemm.linear(b.ctx_in, b.te0_w, b.te0_b, b.ctx_hidden, crow, TD, D, Act::GeluTanh, st);
     gemm.linear(b.ctx_hidden, b.te2_w, b.te2_b, b.ctx, crow, D, D, Act::None, st);
@@ -295,7 +318,7 @@ void add_block_ops(const OpEnv& env, OpList& l) {
   const double fl_rows = 2.0 * static_cast<double>(rows);
   const double fl_crow = 2.0 * static_cast<double>(crow);
   const double Dd = static_cast<double>(D), Fd = static_cast<double>(F);
-  const auto chunk = [=](int k) { return ModVec{b.mod + k * D, b.e0 + k * D, 6 * D, L}; };
+  const auto chunk = [=](int k) { return block_chunk(g, b, k); };
   bf16* qkv = b.big;
   bf16* q = b.big + rows * 3 * D;
   bf16* k = b.big + rows * 4 * D;
@@ -365,8 +388,7 @@ void add_head_ops(const OpEnv& env, OpList& l) {
   const double Dd = static_cast<double>(D);
   float* head_in = reinterpret_cast<float*>(b.big);
   l.add("head LN + modulate (fp32)", O, false, 0, [=](cudaStream_t st) {
-    const ModVec shift{b.hmod, b.e, D, L}, scale{b.hmod + D, b.e, D, L};
-    layernorm_modulate(b.resid, head_in, rows, D, shift, scale, eps, st);
+    layernorm_modulate(b.resid, head_in, rows, D, head_chunk(g, b, 0), head_chunk(g, b, 1), eps, st);
   });
   l.add("head GEMM (fp32)", G, false, fl_rows * Dd * OP,
         [=, &gemm](cudaStream_t st) { gemm.linear(head_in, b.head_w, b.head_b, b.head_out, rows, D, OP, Act::None, st); });
@@ -465,7 +487,7 @@ IsolatedTimings time_ops_isolated(const DiTConfig& cfg, const DiTShape& shape, i
   cs.B = g.B, cs.Lq = g.L, cs.Lk = g.TL, cs.H = cfg.num_heads, cs.D = 128, cs.v_ld = 2 * g.D;
   const size_t attn_ws = own ? 0 : std::max(attn.workspace_size(ss), attn.workspace_size(cs));
 
-  Buffers b;
+  Buffers b{};
   Slab sl;
   reserve_buffers(g, attn_ws, sl, b);
   size_t free_b = 0, total_b = 0;
@@ -567,10 +589,12 @@ ForwardTiming time_forward(const DiTConfig& cfg, const DiTShape& shape, int warm
     r.create_s = std::chrono::duration<double>(clock::now() - t0).count();
     r.device_used_peak = device_used();
 
-    const std::vector<float> tsteps(static_cast<size_t>(B), 937.0f);  // one timestep for cond and uncond
-    const std::vector<int64_t> lens(static_cast<size_t>(B), TL);      // zero padding costs the same
+    const std::vector<float> tsteps(static_cast<size_t>(B), kBenchTimestep);  // one timestep for cond and uncond
+    const std::vector<float> tfirst(static_cast<size_t>(B), kBenchFirstFrameTimestep);
+    const std::vector<int64_t> lens(static_cast<size_t>(B), TL);  // zero padding costs the same
     DiTInputs in;
     in.x = x, in.t = tsteps.data(), in.context = ctx, in.context_dtype = DType::BF16;
+    if (shape.first_frame_t) in.t_first = tfirst.data();
     in.ctx_rows = TL, in.ctx_lens = lens.data();
 
     t0 = clock::now();

@@ -8,7 +8,8 @@
 // - time_ops_isolated(): the per-op breakdown, replaying the op sequence of one block and of the
 //   non-block parts with the same kernels on buffers of the same shapes (see its declaration).
 // Invariants: every buffer is filled with random values (never zeros: they can run faster); all memory
-// is freed before returning (the breakdown and the model are never resident together).
+// is freed before returning (the breakdown and the model are never resident together). A shape with
+// DiTShape::first_frame_t (TI2V image mode) is timed with its second timestep in both measurements.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -20,6 +21,11 @@
 #include "models/dit/dit_gpu.h"
 
 namespace wan::cuda {
+
+// The timesteps of the timed forwards: every sample at kBenchTimestep (the first step of a 40-step
+// schedule); with DiTShape::first_frame_t latent frame 0's tokens at kBenchFirstFrameTimestep (TI2V image
+// mode: the conditioning frame is clean).
+constexpr float kBenchTimestep = 937.0f, kBenchFirstFrameTimestep = 0.0f;
 
 struct BenchDevice {
   std::string name;

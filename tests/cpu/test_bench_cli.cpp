@@ -1,7 +1,7 @@
 // `wan bench` option checks, run as a user runs them (the binary at WAN_BINARY, a child process per
 // call). Only bad values and --help: they are rejected before any device work, so these run (and must
 // pass) in every build, with or without CUDA or a GPU. Covers --profile-reps (the in-step breakdown),
-// --distinct-latents and `wan bench-attention --input-std`.
+// --distinct-latents, --uniform-t and ti2v-5B's geometry, and `wan bench-attention --input-std`.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/wait.h>
@@ -69,6 +69,22 @@ TEST(BenchCli, BadProfileRepsIsOneClearError) {
   EXPECT_EQ(r.code, 2) << r.err;
   EXPECT_NE(r.err.find("profile-reps"), std::string::npos) << r.err;
   EXPECT_EQ(lines(r.err), 1) << r.err;
+}
+
+// ti2v-5B runs its image mode's per-token timesteps unless --uniform-t; the help says so, and that its
+// default size is its pipeline's 1280x704.
+TEST(BenchCli, HelpListsUniformT) {
+  const Result r = run_wan({"bench", "--help"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("--uniform-t"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("1280x704"), std::string::npos) << r.out;
+}
+
+// ti2v-5B's VAE strides 16, so its sizes are multiples of 32 (1280x720 is not); refused before any device work.
+TEST(BenchCli, Ti2vSizeIsOneClearError) {
+  expect_one_clear_error({"bench", "--task", "ti2v-5B", "--layers", "1", "--size"},
+                         {{"1280x720", "--size 1280x720: width and height must be multiples of 32 for ti2v-5B"}});
+  expect_one_clear_error({"bench", "--task", "ti2v-5B", "--layers"}, {{"31", "--layers '31': expected counts in 1..30"}});
 }
 
 // `wan bench-attention --input-std S`: the spread of the random Q/K/V (the kernels' speed depends on the
