@@ -1,4 +1,4 @@
-// cuDNN convolution plans for the VAE decoder (see vae_gpu_conv.h). Uses cuDNN's convolution API
+// cuDNN convolution plans for the VAE encoder and decoder (see vae_conv.h). Uses cuDNN's convolution API
 // (cudnnConvolutionForward and friends, marked deprecated in cuDNN 9 in favour of the graph API but
 // still shipped and backed by the same engines): a plain forward convolution needs no graph, and the
 // API's Find call times every algorithm on real buffers.
@@ -25,6 +25,7 @@ std::string ConvShape::str() const {
     o << "3d D" << d << " " << h << "x" << w << " C" << c << "->K" << k << " k" << kt << "x" << kh << "x" << kw;
   else
     o << "2d N" << n << " " << h << "x" << w << " C" << c << "->K" << k << " k" << kh << "x" << kw;
+  if (st != 1 || ss != 1) o << " s" << (is3d ? std::to_string(st) + "x" : std::string()) << ss << "x" << ss;
   return o.str();
 }
 
@@ -78,6 +79,7 @@ struct ConvRunner::Impl {
 
   Plan& make(const ConvShape& s) {
     WAN_CHECK(s.c % 8 == 0 && s.k % 8 == 0, "vae conv ", s.str(), ": channels must be multiples of 8");
+    WAN_CHECK(s.st >= 1 && s.ss >= 1 && (s.is3d || s.st == 1), "vae conv ", s.str(), ": bad strides");
     WAN_CHECK(s.out_frames() > 0 && s.out_h() > 0 && s.out_w() > 0, "vae conv ", s.str(), ": empty output");
     const int64_t in_elems = (s.is3d ? s.d : s.n) * s.h * s.w * s.c;
     const int64_t out_elems = s.out_frames() * s.out_h() * s.out_w() * s.k;
@@ -92,10 +94,11 @@ struct ConvRunner::Impl {
     if (s.is3d) {
       const int xd[5] = {1, int(s.c), int(s.d), int(s.h), int(s.w)};
       const int fd[5] = {int(s.k), int(s.c), s.kt, s.kh, s.kw};
-      const int pad[3] = {0, s.ph, s.pw}, one[3] = {1, 1, 1};
+      const int pad[3] = {0, s.ph, s.pw}, stride[3] = {s.st, s.ss, s.ss}, one[3] = {1, 1, 1};
       CUDNN_CHECK(cudnnSetTensorNdDescriptorEx(p.x, CUDNN_TENSOR_NHWC, CUDNN_DATA_BFLOAT16, 5, xd));
       CUDNN_CHECK(cudnnSetFilterNdDescriptor(p.f, CUDNN_DATA_BFLOAT16, CUDNN_TENSOR_NHWC, 5, fd));
-      CUDNN_CHECK(cudnnSetConvolutionNdDescriptor(p.conv, 3, pad, one, one, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+      CUDNN_CHECK(
+          cudnnSetConvolutionNdDescriptor(p.conv, 3, pad, stride, one, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
       int yd[5];
       CUDNN_CHECK(cudnnGetConvolutionNdForwardOutputDim(p.conv, p.x, p.f, 5, yd));
       WAN_ASSERT(yd[0] == 1 && yd[1] == s.k && yd[2] == s.out_frames() && yd[3] == s.out_h() && yd[4] == s.out_w(),
@@ -105,10 +108,11 @@ struct ConvRunner::Impl {
       WAN_ASSERT(s.kt == 1, "2-D conv with a temporal kernel");
       const int xd[4] = {int(s.n), int(s.c), int(s.h), int(s.w)};
       const int fd[4] = {int(s.k), int(s.c), s.kh, s.kw};
-      const int pad[2] = {s.ph, s.pw}, one[2] = {1, 1};
+      const int pad[2] = {s.ph, s.pw}, stride[2] = {s.ss, s.ss}, one[2] = {1, 1};
       CUDNN_CHECK(cudnnSetTensorNdDescriptorEx(p.x, CUDNN_TENSOR_NHWC, CUDNN_DATA_BFLOAT16, 4, xd));
       CUDNN_CHECK(cudnnSetFilterNdDescriptor(p.f, CUDNN_DATA_BFLOAT16, CUDNN_TENSOR_NHWC, 4, fd));
-      CUDNN_CHECK(cudnnSetConvolutionNdDescriptor(p.conv, 2, pad, one, one, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+      CUDNN_CHECK(
+          cudnnSetConvolutionNdDescriptor(p.conv, 2, pad, stride, one, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
       int yd[4];
       CUDNN_CHECK(cudnnGetConvolutionNdForwardOutputDim(p.conv, p.x, p.f, 4, yd));
       WAN_ASSERT(yd[0] == s.n && yd[1] == s.k && yd[2] == s.out_h() && yd[3] == s.out_w(), "vae conv ", s.str(),
@@ -234,7 +238,7 @@ size_t ConvRunner::max_workspace() const {
 #else  // no cuDNN
 
 struct ConvRunner::Impl {};
-ConvRunner::ConvRunner(bool, size_t) { WAN_THROW("the GPU VAE decoder needs cuDNN (not found at build time)"); }
+ConvRunner::ConvRunner(bool, size_t) { WAN_THROW("the GPU VAE needs cuDNN (not found at build time)"); }
 ConvRunner::~ConvRunner() = default;
 size_t ConvRunner::prepare(const ConvShape&) { return 0; }
 void ConvRunner::find(const ConvShape&, const void*, const void*, void*, void*, size_t) {}

@@ -1,5 +1,6 @@
-// cuDNN convolutions of the VAE decoder (internal to vae_gpu.cpp): channels-last bf16 tensors, bf16
-// filters [K, (kt,) kh, kw, C], fp32 compute, stride 1, zero padding, through cuDNN's convolution API.
+// cuDNN convolutions of the VAE encoder and decoder (internal to vae_gpu*.cpp): channels-last bf16
+// tensors, bf16 filters [K, (kt,) kh, kw, C], fp32 compute, symmetric zero padding in space (none in
+// time), strides in time (3-D) and space, through cuDNN's convolution API.
 // One plan (descriptors + algorithm + workspace size) per ConvShape, made on first sight: from cuDNN's
 // heuristic order (first deterministic algorithm within the workspace limit: reproducible) or, in find
 // mode, from timing every algorithm once on real buffers (fastest deterministic one).
@@ -19,10 +20,11 @@ struct ConvShape {
   int64_t n = 1, d = 1;  // 2-D batch / 3-D depth
   int64_t h = 1, w = 1, c = 1, k = 1;
   int kt = 1, kh = 1, kw = 1, ph = 0, pw = 0;  // time padding is always 0 (the caller stages it)
+  int st = 1, ss = 1;                          // strides: time (3-D only), height and width
   bool operator==(const ConvShape&) const = default;
-  int64_t out_frames() const { return is3d ? d - kt + 1 : n; }
-  int64_t out_h() const { return h + 2 * ph - kh + 1; }
-  int64_t out_w() const { return w + 2 * pw - kw + 1; }
+  int64_t out_frames() const { return is3d ? (d - kt) / st + 1 : n; }
+  int64_t out_h() const { return (h + 2 * ph - kh) / ss + 1; }
+  int64_t out_w() const { return (w + 2 * pw - kw) / ss + 1; }
   double flops() const {
     return 2.0 * static_cast<double>(out_frames() * out_h() * out_w()) * static_cast<double>(k) *
            static_cast<double>(c * kt * kh * kw);

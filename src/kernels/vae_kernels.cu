@@ -1,6 +1,6 @@
-// Kernels of the Wan 2.1 VAE decoder (see vae_gpu_kernels.h for layouts and semantics).
+// Kernels of the Wan 2.1 / 2.2 VAE encoder and decoder (see vae_kernels.h for layouts and semantics).
 // Row kernels (fuse) give each position a half-warp: lane l owns the 8-channel chunks l, l + 16, ...
-// (16-byte loads), so rows of 96..512 channels use 75..100 % of the lanes and every warp keeps two rows'
+// (16-byte loads), so rows of 96..1024 channels use 75..100 % of the lanes and every warp keeps two rows'
 // loads in flight; the sum of squares is reduced with fixed xor shuffles (deterministic).
 // Elementwise kernels are flat over 8-channel chunks.
 #include <cmath>
@@ -38,6 +38,30 @@ __device__ __forceinline__ uint4 pack8(const float* v) {
   return u;
 }
 __device__ __forceinline__ void store8(bf16* p, uint4 u) { *reinterpret_cast<uint4*>(p) = u; }
+
+// v = (a + a_bias) + (r + r_bias) for the 8 channels at element `at` (channel c of the biases); r and
+// the biases optional. The residual stream's value, the same fp32 adds wherever it is formed.
+__device__ __forceinline__ void load_pending8(const bf16* a, const float* a_bias, const bf16* r, const float* r_bias,
+                                              int64_t at, int64_t c, float* v) {
+  float t[8];
+  load8(a + at, v);
+  if (a_bias) {
+    load8(a_bias + c, t);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) v[e] = __fadd_rn(v[e], t[e]);
+  }
+  if (r) {
+    float rv[8];
+    load8(r + at, rv);
+    if (r_bias) {
+      load8(r_bias + c, t);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) rv[e] = __fadd_rn(rv[e], t[e]);
+    }
+#pragma unroll
+    for (int e = 0; e < 8; ++e) v[e] = __fadd_rn(v[e], rv[e]);
+  }
+}
 
 int64_t blocks_for(int64_t n, int64_t per_block) { return (n + per_block - 1) / per_block; }
 
@@ -86,25 +110,7 @@ __global__ void __launch_bounds__(kThreads) fuse_kernel(FuseParams q) {
   for (int i = 0; i < NIT; ++i) {
     const int k = l + 16 * i;
     if (live && k < nch) {
-      const int64_t at = pos * q.C + k * 8;
-      float t[8];
-      load8(q.a + at, v[i]);
-      if (q.a_bias) {
-        load8(q.a_bias + k * 8, t);
-#pragma unroll
-        for (int e = 0; e < 8; ++e) v[i][e] = __fadd_rn(v[i][e], t[e]);
-      }
-      if (q.r) {
-        float rv[8];
-        load8(q.r + at, rv);
-        if (q.r_bias) {
-          load8(q.r_bias + k * 8, t);
-#pragma unroll
-          for (int e = 0; e < 8; ++e) rv[e] = __fadd_rn(rv[e], t[e]);
-        }
-#pragma unroll
-        for (int e = 0; e < 8; ++e) v[i][e] = __fadd_rn(v[i][e], rv[e]);
-      }
+      load_pending8(q.a, q.a_bias, q.r, q.r_bias, pos * q.C + k * 8, k * 8, v[i]);
 #pragma unroll
       for (int e = 0; e < 8; ++e) ss = __fadd_rn(ss, __fmul_rn(v[i][e], v[i][e]));
     } else {
@@ -209,40 +215,131 @@ __global__ void folded_get_kernel(const bf16* __restrict__ folded, int64_t s0, i
 
 // ---- decoder input / output ----
 
+template <int Z>
 __global__ void latent_in_kernel(const float* __restrict__ lat, int64_t Tl, int64_t t, int64_t HW,
                                  const float* __restrict__ inv_std, const float* __restrict__ mean,
                                  const float* __restrict__ w, const float* __restrict__ b, StageDst y) {
-  constexpr int Z = 16;
   const int64_t p = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (p >= HW) return;
   float z[Z];
 #pragma unroll
   for (int c = 0; c < Z; ++c) z[c] = __fadd_rn(__fdiv_rn(lat[(c * Tl + t) * HW + p], inv_std[c]), mean[c]);
-  float o[Z];
+  // Eight output channels at a time: each is its own fp32 sum over ci in order.
 #pragma unroll
-  for (int co = 0; co < Z; ++co) {
-    float acc = b[co];
+  for (int c0 = 0; c0 < Z; c0 += 8) {
+    float o[8];
 #pragma unroll
-    for (int ci = 0; ci < Z; ++ci) acc = __fadd_rn(acc, __fmul_rn(w[co * Z + ci], z[ci]));
-    o[co] = acc;
+    for (int e = 0; e < 8; ++e) {
+      const int co = c0 + e;
+      float acc = b[co];
+#pragma unroll
+      for (int ci = 0; ci < Z; ++ci) acc = __fadd_rn(acc, __fmul_rn(w[co * Z + ci], z[ci]));
+      o[e] = acc;
+    }
+    stage_store(y, y.s0, p, HW, Z, c0, pack8(o));
   }
-  stage_store(y, y.s0, p, HW, Z, 0, pack8(o));
-  stage_store(y, y.s0, p, HW, Z, 8, pack8(o + 8));
 }
 
 __global__ void video_out_kernel(const bf16* __restrict__ in, int64_t Cs, const float* __restrict__ bias, int64_t T,
-                                 int64_t HW, float* __restrict__ video, int64_t F, int64_t f0, bool clamp) {
+                                 int64_t H, int64_t W, int patch, float* __restrict__ video, int64_t F, int64_t f0,
+                                 bool clamp) {
+  const int64_t HW = H * W;
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i >= T * HW) return;
-  const int64_t t = i / HW, p = i - t * HW;
-  float v[8];
-  load8(in + i * Cs, v);
-#pragma unroll
-  for (int c = 0; c < 3; ++c) {
-    float x = __fadd_rn(v[c], bias[c]);
-    if (clamp) x = fminf(fmaxf(x, -1.0f), 1.0f);
-    video[(c * F + f0 + t) * HW + p] = x;
+  const int64_t t = i / HW, p = i - t * HW, y = p / W, x = p - y * W;
+  const int pp = patch * patch;
+  const int64_t Wv = W * patch, HWv = HW * pp;
+  for (int oc = 0; oc < 3 * pp; ++oc) {
+    const int c = oc / pp, r = (oc / patch) % patch, q = oc % patch;
+    float v = __fadd_rn(__bfloat162float(in[i * Cs + oc]), bias[oc]);
+    if (clamp) v = fminf(fmaxf(v, -1.0f), 1.0f);
+    video[(c * F + f0 + t) * HWv + (y * patch + q) * Wv + x * patch + r] = v;
   }
+}
+
+__global__ void video_in_kernel(const float* __restrict__ video, int64_t F, int64_t f0, int64_t total, int64_t H,
+                                int64_t W, int patch, int64_t Cs, StageDst y) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= total) return;
+  const int64_t w = W / patch, hw = (H / patch) * w, nch = Cs / 8;
+  const int64_t c8 = i % nch, rest = i / nch;
+  const int64_t p = rest % hw, k = rest / hw, py = p / w, px = p - py * w;
+  const int pp = patch * patch;
+  float v[8];
+#pragma unroll
+  for (int e = 0; e < 8; ++e) {
+    const int oc = static_cast<int>(c8 * 8) + e;
+    v[e] = 0.0f;
+    if (oc < 3 * pp) {
+      const int c = oc / pp, r = (oc / patch) % patch, q = oc % patch;
+      v[e] = video[((c * F + f0 + k) * H + py * patch + q) * W + px * patch + r];
+    }
+  }
+  stage_store(y, y.s0 + k, p, hw, Cs, c8 * 8, pack8(v));
+}
+
+__global__ void latent_out_kernel(const bf16* __restrict__ in, const float* __restrict__ in_bias, int64_t Z,
+                                  const float* __restrict__ w, const float* __restrict__ b,
+                                  const float* __restrict__ mean, const float* __restrict__ inv_std,
+                                  float* __restrict__ lat, int64_t Tl, int64_t t, int64_t HW) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= Z * HW) return;
+  const int64_t co = i / HW, p = i - co * HW, C2 = 2 * Z;
+  const bf16* row = in + p * C2;
+  float acc = b[co];
+  for (int64_t ci = 0; ci < C2; ++ci)
+    acc = __fadd_rn(acc, __fmul_rn(w[co * C2 + ci], __fadd_rn(__bfloat162float(row[ci]), in_bias[ci])));
+  lat[(co * Tl + t) * HW + p] = __fmul_rn(__fsub_rn(acc, mean[co]), inv_std[co]);
+}
+
+// ---- Wan 2.2 stage shortcuts ----
+
+struct ShortcutParams {
+  const bf16* a;
+  const float* a_bias;
+  const bf16* r;
+  const float* r_bias;
+  VaeShortcut sc;
+  bf16* out;
+  int64_t To, Ho, Wo, Cout;
+  int32_t group;  // AvgDown: channels averaged (g); DupUp: copies of an input channel (rep)
+  int32_t pad;    // AvgDown: zero frames in front
+};
+
+__device__ __forceinline__ float shortcut_value(const ShortcutParams& q, int64_t to, int64_t y, int64_t x, int64_t co) {
+  const VaeShortcut& s = q.sc;
+  const int64_t fs = s.fs, ft = s.ft;
+  if (s.kind == VaeShortcut::DupUp) {
+    const int64_t tf = to + s.drop, t = tf / ft, dt = tf - t * ft;
+    const int64_t j = ((co * ft + dt) * fs + y % fs) * fs + x % fs;
+    return __bfloat162float(s.in[((t * s.hi + y / fs) * s.wi + x / fs) * s.Cin + j / q.group]);
+  }
+  const int64_t factor = ft * fs * fs;
+  float sum = 0.0f;
+  for (int64_t j = co * q.group; j < (co + 1) * q.group; ++j) {
+    const int64_t dw = j % fs, dh = (j / fs) % fs, dt = (j / (fs * fs)) % ft, c = j / factor;
+    const int64_t tt = to * ft + dt - q.pad;
+    if (tt < 0) continue;  // time padding: zero
+    sum = __fadd_rn(sum, __bfloat162float(s.in[((tt * s.hi + y * fs + dh) * s.wi + x * fs + dw) * s.Cin + c]));
+  }
+  return __fdiv_rn(sum, static_cast<float>(q.group));
+}
+
+__global__ void shortcut_add_kernel(ShortcutParams q, int64_t total) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= total) return;
+  const int64_t nch = q.Cout / 8;
+  const int64_t c8 = i % nch;
+  int64_t rest = i / nch;
+  const int64_t x = rest % q.Wo;
+  rest /= q.Wo;
+  const int64_t y = rest % q.Ho, to = rest / q.Ho;
+  const int64_t at = i * 8;
+  float v[8];
+  load_pending8(q.a, q.a_bias, q.r, q.r_bias, at, c8 * 8, v);
+#pragma unroll
+  for (int e = 0; e < 8; ++e) v[e] = __fadd_rn(v[e], shortcut_value(q, to, y, x, c8 * 8 + e));
+  store8(q.out + at, pack8(v));
 }
 
 __global__ void bias_to_bf16_kernel(const float* __restrict__ in, const float* __restrict__ bias, bf16* __restrict__ out,
@@ -307,7 +404,7 @@ struct CheckParams {
   const bf16* w;
   const bf16* out;
   int64_t D, H, W, Cin, Cout, Dout, Ho, Wo;
-  int kt, kh, kw, ph, pw;
+  int kt, kh, kw, ph, pw, st, ss;
   uint32_t salt;
   float* stats;
 };
@@ -329,9 +426,9 @@ __global__ void conv_check_kernel(CheckParams q) {
     const int64_t dx = r % q.kw;
     r /= q.kw;
     const int64_t dy = r % q.kh, dt = r / q.kh;
-    const int64_t iy = oy + dy - q.ph, ix = ox + dx - q.pw;
+    const int64_t iy = oy * q.ss + dy - q.ph, ix = ox * q.ss + dx - q.pw;
     if (iy < 0 || iy >= q.H || ix < 0 || ix >= q.W) continue;
-    const float x = __bfloat162float(q.in[(((od + dt) * q.H + iy) * q.W + ix) * q.Cin + ci]);
+    const float x = __bfloat162float(q.in[(((od * q.st + dt) * q.H + iy) * q.W + ix) * q.Cin + ci]);
     const float wv = __bfloat162float(q.w[co * K + k]);
     acc += x * wv;
     mag += fabsf(x * wv);
@@ -353,7 +450,7 @@ __global__ void conv_check_kernel(CheckParams q) {
 
 void vae_fuse(const bf16* a, const float* a_bias, const bf16* r, const float* r_bias, bf16* x_out, StageDst y,
               NormMode mode, const float* gamma, int64_t T, int64_t HW, int64_t C, cudaStream_t stream) {
-  WAN_CHECK(C % 8 == 0 && C >= 8 && C <= 512, "vae_fuse: ", C, " channels (need a multiple of 8, at most 512)");
+  WAN_CHECK(C % 8 == 0 && C >= 8 && C <= 1024, "vae_fuse: ", C, " channels (need a multiple of 8, at most 1024)");
   WAN_CHECK(mode == NormMode::Copy || gamma, "vae_fuse: RMS norm without gamma");
   for (const void* p : {static_cast<const void*>(a), static_cast<const void*>(a_bias), static_cast<const void*>(r),
                         static_cast<const void*>(r_bias), static_cast<const void*>(x_out),
@@ -369,7 +466,11 @@ void vae_fuse(const bf16* a, const float* a_bias, const bf16* r, const float* r_
     case 1: fuse_kernel<1><<<grid, kThreads, 0, stream>>>(q); break;
     case 2: fuse_kernel<2><<<grid, kThreads, 0, stream>>>(q); break;
     case 3: fuse_kernel<3><<<grid, kThreads, 0, stream>>>(q); break;
-    default: fuse_kernel<4><<<grid, kThreads, 0, stream>>>(q); break;
+    case 4: fuse_kernel<4><<<grid, kThreads, 0, stream>>>(q); break;
+    case 5: fuse_kernel<5><<<grid, kThreads, 0, stream>>>(q); break;
+    case 6: fuse_kernel<6><<<grid, kThreads, 0, stream>>>(q); break;
+    case 7: fuse_kernel<7><<<grid, kThreads, 0, stream>>>(q); break;
+    default: fuse_kernel<8><<<grid, kThreads, 0, stream>>>(q); break;
   }
   CUDA_CHECK_LAUNCH();
 }
@@ -415,21 +516,87 @@ void vae_folded_get(const bf16* folded, int64_t s0, int64_t n, bf16* frames, int
 
 void vae_latent_in(const float* latents, int64_t Z, int64_t Tl, int64_t t, int64_t HW, const float* inv_std,
                    const float* mean, const float* w, const float* b, StageDst y, cudaStream_t stream) {
-  WAN_CHECK(Z == 16, "vae_latent_in: ", Z, " latent channels (the Wan 2.1 VAE has 16)");
+  WAN_CHECK(Z == 16 || Z == 48, "vae_latent_in: ", Z, " latent channels (the Wan 2.1 VAE has 16, Wan 2.2 48)");
   WAN_CHECK(t >= 0 && t < Tl, "vae_latent_in: frame ", t, " of ", Tl);
   check_aligned(y.base, "latent_in staging");
-  latent_in_kernel<<<static_cast<unsigned>(blocks_for(HW, kThreads)), kThreads, 0, stream>>>(latents, Tl, t, HW,
-                                                                                              inv_std, mean, w, b, y);
+  const unsigned grid = static_cast<unsigned>(blocks_for(HW, kThreads));
+  if (Z == 16)
+    latent_in_kernel<16><<<grid, kThreads, 0, stream>>>(latents, Tl, t, HW, inv_std, mean, w, b, y);
+  else
+    latent_in_kernel<48><<<grid, kThreads, 0, stream>>>(latents, Tl, t, HW, inv_std, mean, w, b, y);
   CUDA_CHECK_LAUNCH();
 }
 
-void vae_video_out(const bf16* in, int64_t Cs, const float* bias, int64_t T, int64_t HW, float* video, int64_t F,
-                   int64_t f0, bool clamp, cudaStream_t stream) {
-  WAN_CHECK(Cs % 8 == 0 && Cs >= 8 && f0 + T <= F, "vae_video_out: ", Cs, " channels, frames ", f0, "+", T, " of ", F);
+void vae_video_out(const bf16* in, int64_t Cs, const float* bias, int64_t T, int64_t H, int64_t W, int patch,
+                   float* video, int64_t F, int64_t f0, bool clamp, cudaStream_t stream) {
+  WAN_CHECK((patch == 1 || patch == 2) && Cs % 8 == 0 && Cs >= 3 * patch * patch && f0 + T <= F, "vae_video_out: ",
+            Cs, " channels, patch ", patch, ", frames ", f0, "+", T, " of ", F);
   check_aligned(in, "video_out input");
-  if (T * HW == 0) return;
-  video_out_kernel<<<static_cast<unsigned>(blocks_for(T * HW, kThreads)), kThreads, 0, stream>>>(in, Cs, bias, T, HW,
-                                                                                                  video, F, f0, clamp);
+  if (T * H * W == 0) return;
+  video_out_kernel<<<static_cast<unsigned>(blocks_for(T * H * W, kThreads)), kThreads, 0, stream>>>(
+      in, Cs, bias, T, H, W, patch, video, F, f0, clamp);
+  CUDA_CHECK_LAUNCH();
+}
+
+void vae_video_in(const float* video, int64_t F, int64_t f0, int64_t n, int64_t H, int64_t W, int patch, int64_t Cs,
+                  StageDst y, cudaStream_t stream) {
+  WAN_CHECK((patch == 1 || patch == 2) && Cs % 8 == 0 && Cs >= 3 * patch * patch && H % patch == 0 && W % patch == 0,
+            "vae_video_in: ", H, "x", W, ", patch ", patch, ", ", Cs, " channels");
+  WAN_CHECK(f0 >= 0 && n >= 0 && f0 + n <= F, "vae_video_in: frames ", f0, "+", n, " of ", F);
+  check_aligned(y.base, "video_in staging");
+  const int64_t total = n * (H / patch) * (W / patch) * (Cs / 8);
+  if (total == 0) return;
+  video_in_kernel<<<static_cast<unsigned>(blocks_for(total, kThreads)), kThreads, 0, stream>>>(video, F, f0, total, H,
+                                                                                                W, patch, Cs, y);
+  CUDA_CHECK_LAUNCH();
+}
+
+void vae_latent_out(const bf16* in, const float* in_bias, int64_t Z, const float* w, const float* b, const float* mean,
+                    const float* inv_std, float* latents, int64_t Tl, int64_t t, int64_t HW, cudaStream_t stream) {
+  WAN_CHECK(Z >= 1 && t >= 0 && t < Tl, "vae_latent_out: Z ", Z, ", frame ", t, " of ", Tl);
+  if (Z * HW == 0) return;
+  latent_out_kernel<<<static_cast<unsigned>(blocks_for(Z * HW, kThreads)), kThreads, 0, stream>>>(
+      in, in_bias, Z, w, b, mean, inv_std, latents, Tl, t, HW);
+  CUDA_CHECK_LAUNCH();
+}
+
+void vae_shortcut_geometry(const VaeShortcut& sc, int64_t* To, int64_t* Ho, int64_t* Wo) {
+  if (sc.kind == VaeShortcut::DupUp) {
+    *To = sc.Ti * sc.ft - sc.drop;
+    *Ho = sc.hi * sc.fs;
+    *Wo = sc.wi * sc.fs;
+  } else {
+    *To = (sc.Ti + sc.ft - 1) / sc.ft;
+    *Ho = sc.hi / sc.fs;
+    *Wo = sc.wi / sc.fs;
+  }
+}
+
+void vae_shortcut_add(const bf16* a, const float* a_bias, const bf16* r, const float* r_bias, const VaeShortcut& sc,
+                      bf16* out, int64_t Cout, cudaStream_t stream) {
+  const int64_t factor = static_cast<int64_t>(sc.ft) * sc.fs * sc.fs;
+  WAN_CHECK(Cout % 8 == 0 && sc.ft >= 1 && sc.fs >= 1 && sc.Cin >= 1, "vae_shortcut_add: Cout ", Cout, ", ft ", sc.ft,
+            ", fs ", sc.fs);
+  ShortcutParams q{a, a_bias, r, r_bias, sc, out, 0, 0, 0, Cout, 0, 0};
+  vae_shortcut_geometry(sc, &q.To, &q.Ho, &q.Wo);
+  if (sc.kind == VaeShortcut::DupUp) {
+    WAN_CHECK(Cout * factor % sc.Cin == 0 && sc.drop >= 0 && sc.drop < sc.ft, "vae_shortcut_add: DupUp ", sc.Cin,
+              " -> ", Cout, " channels x", factor, ", drop ", sc.drop);
+    q.group = static_cast<int32_t>(Cout * factor / sc.Cin);
+  } else {
+    WAN_CHECK(sc.Cin * factor % Cout == 0 && sc.hi % sc.fs == 0 && sc.wi % sc.fs == 0, "vae_shortcut_add: AvgDown ",
+              sc.Cin, " -> ", Cout, " channels, ", sc.hi, "x", sc.wi, " by ", sc.fs);
+    q.group = static_cast<int32_t>(sc.Cin * factor / Cout);
+    q.pad = static_cast<int32_t>((sc.ft - sc.Ti % sc.ft) % sc.ft);
+  }
+  for (const void* p : {static_cast<const void*>(a), static_cast<const void*>(a_bias), static_cast<const void*>(r),
+                        static_cast<const void*>(r_bias), static_cast<const void*>(out)})
+    check_aligned(p, "a shortcut_add operand");
+  WAN_CHECK(a && out && sc.in && sc.in != out,
+            "vae_shortcut_add: null operand, or the output aliases the shortcut input");
+  const int64_t total = q.To * q.Ho * q.Wo * (Cout / 8);
+  if (total == 0) return;
+  shortcut_add_kernel<<<static_cast<unsigned>(blocks_for(total, kThreads)), kThreads, 0, stream>>>(q, total);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -454,9 +621,10 @@ void vae_softmax_rows(const float* S, bf16* P, int64_t rows, int64_t N, float sc
 
 void vae_conv_check(const bf16* in, const bf16* w, const bf16* out, int64_t D, int64_t H, int64_t W, int64_t Cin,
                     int64_t Cout, int kt, int kh, int kw, int ph, int pw, int points, uint32_t salt, float* stats,
-                    cudaStream_t stream) {
-  CheckParams q{in, w, out, D, H, W, Cin, Cout, D - kt + 1, H + 2 * ph - kh + 1, W + 2 * pw - kw + 1,
-                kt, kh, kw, ph, pw, salt, stats};
+                    cudaStream_t stream, int st, int ss) {
+  WAN_CHECK(st >= 1 && ss >= 1, "vae_conv_check: strides ", st, ", ", ss);
+  CheckParams q{in, w, out, D, H, W, Cin, Cout, (D - kt) / st + 1, (H + 2 * ph - kh) / ss + 1,
+                (W + 2 * pw - kw) / ss + 1, kt, kh, kw, ph, pw, st, ss, salt, stats};
   WAN_CHECK(q.Dout > 0 && q.Ho > 0 && q.Wo > 0, "vae_conv_check: empty output");
   if (points <= 0) return;
   conv_check_kernel<<<static_cast<unsigned>(points), 128, 0, stream>>>(q);

@@ -1,5 +1,6 @@
-// Memory-bound kernels of the Wan 2.1 VAE decoder on the GPU (everything but the convolutions and the
-// attention GEMMs): host launchers on raw device pointers and a stream, no model types.
+// Memory-bound kernels of the Wan 2.1 / 2.2 VAE encoder and decoder on the GPU (everything but the
+// convolutions and the attention GEMMs): host launchers on raw device pointers and a stream, no model
+// types.
 //
 // Invariants: C % 8 == 0 and pointers 16-byte aligned (checked, wan::Error); launchers never
 // synchronise; kernels are deterministic (fixed reduction order). Outputs never alias inputs except
@@ -42,7 +43,7 @@ enum class NormMode : int32_t { Copy = 0, Rms = 1, RmsSilu = 2 };
 // v = (a + a_bias) + (r + r_bias) over [P = T·HW, C] (r, biases optional: null = 0). Writes
 // x_out = bf16(v) when x_out is set (may equal r: each element is read before it is written), and
 // y = mode(v) (Copy: v; Rms / RmsSilu: RMS norm with gamma [C], then SiLU) to the stage destination
-// of frame t = position / HW (stream frame y.s0 + t) when y.base is set. C <= 512.
+// of frame t = position / HW (stream frame y.s0 + t) when y.base is set. C <= 1024.
 void vae_fuse(const bf16* a, const float* a_bias, const bf16* r, const float* r_bias, bf16* x_out, StageDst y,
               NormMode mode, const float* gamma, int64_t T, int64_t HW, int64_t C, cudaStream_t stream);
 
@@ -62,14 +63,51 @@ void vae_folded_get(const bf16* folded, int64_t s0, int64_t n, bf16* frames, int
 
 // The decoder's input for one latent frame t: latents fp32 [Z, Tl, HW] (PyTorch [Z, T, h, w]);
 // z = lat / inv_std + mean, y = b + Σ_ci w[co, ci]·z[ci] (conv2, 1×1×1, fp32, ci ascending), written
-// as bf16 stream frame y.s0 of the stage destination. Z == 16.
+// as bf16 stream frame y.s0 of the stage destination. Z is 16 (Wan 2.1) or 48 (Wan 2.2).
 void vae_latent_in(const float* latents, int64_t Z, int64_t Tl, int64_t t, int64_t HW, const float* inv_std,
                    const float* mean, const float* w, const float* b, StageDst y, cudaStream_t stream);
 
-// The decoder's output: in [T, HW, Cs] bf16 (the head conv, Cs >= 3 padded channels) + bias[0..2] ->
-// video fp32 [3, F, HW] frames f0 .. f0+T-1, clamped to [-1, 1] when clamp. Cs % 8 == 0.
-void vae_video_out(const bf16* in, int64_t Cs, const float* bias, int64_t T, int64_t HW, float* video, int64_t F,
-                   int64_t f0, bool clamp, cudaStream_t stream);
+// The decoder's output: in [T, H·W, Cs] bf16 (the head conv, Cs >= 3·p² padded channels) + bias ->
+// video fp32 [3, F, p·H, p·W] frames f0 .. f0+T-1, clamped to [-1, 1] when clamp. patch p = 1 or 2:
+// the un-patchify, head channel c·p² + r·p + q going to pixel (y·p + q, x·p + r) (spec §6.1). Cs % 8 == 0.
+void vae_video_out(const bf16* in, int64_t Cs, const float* bias, int64_t T, int64_t H, int64_t W, int patch,
+                   float* video, int64_t F, int64_t f0, bool clamp, cudaStream_t stream);
+
+// The encoder's input: frames f0 .. f0+n-1 of video fp32 [3, F, H, W] (PyTorch [C, T, H, W]) patchified
+// (patch p as vae_video_out: channel c·p² + r·p + q holds pixel (y·p + q, x·p + r)), rounded to bf16,
+// channels 3·p² .. Cs-1 zero, written as stream frames y.s0 .. y.s0+n-1 of the stage destination
+// ([n, (H/p)·(W/p), Cs]). Cs % 8 == 0.
+void vae_video_in(const float* video, int64_t F, int64_t f0, int64_t n, int64_t H, int64_t W, int patch, int64_t Cs,
+                  StageDst y, cudaStream_t stream);
+
+// The encoder's output for latent frame t: v = in [HW, C2] bf16 (the head conv) + in_bias [C2];
+// mu[co] = b[co] + Σ_ci w[co, ci]·v[ci] (top-level conv1, 1×1×1, fp32, ci ascending) for co < Z (the
+// mean half, C2 = 2Z); latents fp32 [Z, Tl, HW] at frame t = (mu - mean) · inv_std.
+void vae_latent_out(const bf16* in, const float* in_bias, int64_t Z, const float* w, const float* b, const float* mean,
+                    const float* inv_std, float* latents, int64_t Tl, int64_t t, int64_t HW, cudaStream_t stream);
+
+// The Wan 2.2 parameter-free stage shortcuts (spec §6.2) read from the stage's input `in`
+// [Ti, hi·wi, Cin] bf16:
+//   AvgDown  (encoder) output [ceil(Ti/ft), (hi/fs)·(wi/fs), Cout]: time left-padded with zero frames to a
+//            multiple of ft, channel co averages the expanded channels j in [co·g, (co+1)·g),
+//            j = ((c·ft + dt)·fs + dh)·fs + dw, g = Cin·ft·fs²/Cout (fp32 sum in j order, then / g)
+//   DupUp    (decoder) output [Ti·ft - drop, (hi·fs)·(wi·fs), Cout]: output (t·ft + dt, y·fs + dh,
+//            x·fs + dw, co) = in[t, y, x, j / rep], j = ((co·ft + dt)·fs + dh)·fs + dw,
+//            rep = Cout·ft·fs²/Cin; the first `drop` frames (ft - 1 on the decoder's first chunk) dropped
+struct VaeShortcut {
+  enum Kind : int32_t { AvgDown = 0, DupUp = 1 };
+  Kind kind = AvgDown;
+  const bf16* in = nullptr;
+  int64_t Ti = 0, hi = 0, wi = 0, Cin = 0;
+  int32_t ft = 1, fs = 1, drop = 0;
+};
+// out = bf16(((a + a_bias) + (r + r_bias)) + shortcut) over the shortcut's output geometry [To, Ho·Wo, Cout]
+// (r, biases optional: null = 0). out may equal a or r (each element is read before it is written), never
+// sc.in.
+void vae_shortcut_add(const bf16* a, const float* a_bias, const bf16* r, const float* r_bias, const VaeShortcut& sc,
+                      bf16* out, int64_t Cout, cudaStream_t stream);
+// The output geometry of a shortcut: frames, height, width.
+void vae_shortcut_geometry(const VaeShortcut& sc, int64_t* To, int64_t* Ho, int64_t* Wo);
 
 // out bf16 [rows, C] = bf16(in fp32 [rows, C] + bias [C]).
 void vae_bias_to_bf16(const float* in, const float* bias, bf16* out, int64_t rows, int64_t C, cudaStream_t stream);
@@ -79,11 +117,12 @@ void vae_softmax_rows(const float* S, bf16* P, int64_t rows, int64_t N, float sc
 
 // Self-check of one convolution: a direct fp32 re-computation of `points` pseudo-randomly chosen
 // outputs (seeded by `salt`) of the dense convolution in [D, H, W, Cin] * w [Cout, kt, kh, kw, Cin]
-// -> out [Dout, Ho, Wo, Cout] (stride 1, zero padding (0, ph, pw), Dout = D - kt + 1, Ho = H + 2ph -
-// kh + 1). Error measure per point: |out - ref| / (Σ|x·w| + 1e-20); the maximum over the points is
-// max-reduced into stats[0] (stats[1] counts non-finite outputs). stats are float[2] device memory.
+// -> out [Dout, Ho, Wo, Cout] (strides st in time and ss in space, zero padding (0, ph, pw),
+// Dout = (D - kt) / st + 1, Ho = (H + 2ph - kh) / ss + 1). Error measure per point: |out - ref| /
+// (Σ|x·w| + 1e-20); the maximum over the points is max-reduced into stats[0] (stats[1] counts
+// non-finite outputs). stats are float[2] device memory.
 void vae_conv_check(const bf16* in, const bf16* w, const bf16* out, int64_t D, int64_t H, int64_t W, int64_t Cin,
                     int64_t Cout, int kt, int kh, int kw, int ph, int pw, int points, uint32_t salt, float* stats,
-                    cudaStream_t stream);
+                    cudaStream_t stream, int st = 1, int ss = 1);
 
 }  // namespace wan::cuda

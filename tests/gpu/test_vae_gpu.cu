@@ -1,17 +1,18 @@
-// The GPU Wan 2.1 VAE decoder (src/models/vae/vae_gpu.h) against the CPU fp32 reference vae_decode
-// (src/vae), in both convolution modes (cuDNN 3-D, folded 2-D):
+// The GPU Wan 2.1 and Wan 2.2 VAE decoders (src/models/vae/vae_gpu.h) against the CPU fp32 reference
+// vae_decode (src/models/vae/vae_cpu.h), in both convolution modes (cuDNN 3-D, folded 2-D):
 //   - its kernels on fresh random inputs (fused add + RMS norm + SiLU, up-sampling, folded staging);
-//   - the committed tiny fixture (tests/fixtures/vae/wan21, 3 latent frames: exercises the first
-//     chunk, the "Rep" time_conv and the cached one) and random weights at the real widths (base 96,
-//     latent 8x8, 3 latent frames), with the arena and the output poisoned with NaN bytes;
-//   - determinism (two decodes and two decoder objects give bit-identical video);
-//   - a timing case at the real widths (480p, 720p, 21 latent frames) that prints seconds, the plan and
-//     the peak memory (cudaMemGetInfo), and re-checks sampled outputs of every convolution at full size.
+//   - Wan 2.1: the committed tiny fixture (tests/fixtures/vae/wan21, 3 latent frames: exercises the
+//     first chunk, the "Rep" time_conv and the cached one) and random weights at the real widths
+//     (base 96, latent 8x8, 3 latent frames); Wan 2.2: random weights of "tiny2.2" (latent 5x7) and
+//     of the real widths (dec_dim 256, latent 3x4; DupUp3D shortcuts with the first-chunk frame drop,
+//     un-patchify); all with the arena and the output poisoned with NaN bytes;
+//   - determinism (two decodes and two decoder objects give bit-identical video; a latent prefix decodes
+//     to a video prefix), device_bytes planned from the config = what create() holds (+ the reserve);
+//   - timing cases at the real widths (Wan 2.1 480p, 720p, 21 latent frames; Wan 2.2 TI2V's 1280x704,
+//     31 latent frames) printing seconds, the plan and the peak memory, re-checking sampled conv outputs.
 // Precision rule (issue 4): relative L2 error against the fp32 CPU decode at most twice that of the
-// same decoder computed plainly in bf16 on the CPU (bf16 weights, every op's output rounded to bf16,
-// `decode_bf16_plain` below); the kernels: bf16 outputs within twice the error of rounding the fp32
-// reference to bf16, the data-movement kernels bit-exact.
-// Links wan_vae (the CPU reference), which the GPU tests get through wan_pipeline.
+// same decoder computed plainly in bf16 on the CPU (test_vae_gpu_ref.h); the kernels: bf16 outputs
+// within twice the error of rounding the fp32 reference to bf16, the data-movement kernels bit-exact.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -36,12 +37,12 @@
 #include "formats/safetensors.h"
 #include "models/vae/vae_cpu.h"
 #include "ops/vae_ops.h"
+#include "test_vae_gpu_ref.h"
 
 namespace wan::vae_gpu_test {
 namespace {
 
 using namespace wan::gpu_test;
-using gpu_test::error_vs;  // overloaded below for tensors
 using cuda::VaeConvMode;
 using cuda::VaeDecoderGpu;
 using cuda::VaeGpuOptions;
@@ -53,139 +54,6 @@ cuda::bf16* bfp(DevBuf<uint16_t>& b) { return reinterpret_cast<cuda::bf16*>(b.p)
 // Uploads an fp32 host tensor into a buffer of its size.
 void upload_tensor(DevBuf<float>& b, const Tensor& t) {
   b.upload(std::vector<float>(t.f32(), t.f32() + t.numel()));
-}
-// error_vs over the first min(numel) elements of two fp32 tensors, whose shapes must agree.
-Err error_vs(const Tensor& out, const Tensor& ref) {
-  EXPECT_EQ(out.shape().str(), ref.shape().str());
-  const size_t n = static_cast<size_t>(std::min(out.numel(), ref.numel()));
-  return error_vs(std::vector<float>(out.f32(), out.f32() + n), std::vector<float>(ref.f32(), ref.f32() + n));
-}
-
-// ---------------------------------------------------------------------------------------------
-// The same decoder done plainly in bf16 on the CPU: bf16 parameters, every op's output rounded to bf16
-// (the precision baseline). Mirrors vae.cpp's decoder (its cache helpers are reused).
-
-void round_inplace(Tensor& t) {
-  float* p = t.f32();
-  for (int64_t i = 0; i < t.numel(); ++i) p[i] = rb(p[i]);
-}
-Tensor rt(Tensor t) {
-  round_inplace(t);
-  return t;
-}
-Tensor rounded_copy(const Tensor& t) { return t.defined() ? rt(t.to_f32().clone()) : t; }
-void round_conv(VaeConv& c) {
-  c.weight = rounded_copy(c.weight);
-  c.bias = rounded_copy(c.bias);
-}
-void round_res(VaeResBlock& b) {
-  b.norm1 = rounded_copy(b.norm1);
-  b.norm2 = rounded_copy(b.norm2);
-  round_conv(b.conv1);
-  round_conv(b.conv2);
-  round_conv(b.shortcut);
-}
-VaeWeights rounded_decoder(const VaeWeights& w) {
-  VaeWeights r;
-  r.conv2 = w.conv2;  // the latent conv2 runs in fp32 on the GPU too
-  r.decoder = w.decoder;
-  VaeCoder& d = r.decoder;
-  round_conv(d.conv1);
-  round_res(d.middle0);
-  round_res(d.middle2);
-  d.middle1.norm = rounded_copy(d.middle1.norm);
-  round_conv(d.middle1.to_qkv);
-  round_conv(d.middle1.proj);
-  for (VaeStage& st : d.stages) {
-    for (VaeResBlock& b : st.res) round_res(b);
-    round_conv(st.resample.resample);
-    round_conv(st.resample.time_conv);
-  }
-  d.head_norm = rounded_copy(d.head_norm);
-  round_conv(d.head_conv);
-  return r;
-}
-
-// The reference's per-conv history (vae.cpp keeps its own copy private): the last 2 input frames.
-struct Slot {
-  bool seen = false;  // upsample3d "Rep"
-  Tensor frames;      // [n <= 2, C, H, W]
-};
-struct Caches {
-  std::vector<Slot> slots;
-  size_t i = 0;
-  void start_chunk() { i = 0; }
-  Slot& next() {
-    if (i == slots.size()) slots.emplace_back();
-    return slots[i++];
-  }
-};
-Tensor causal_conv(const Tensor& x, const VaeConv& c, int pad_hw, Slot& s) {
-  const int64_t hist = c.weight.dim(2) - 1, cached = s.frames.defined() ? s.frames.dim(0) : 0;
-  std::vector<const float*> f;
-  for (int64_t i = cached; i < hist; ++i) f.push_back(nullptr);
-  for (int64_t i = 0; i < cached; ++i) f.push_back(vae::frame_ptr(s.frames, i));
-  for (int64_t i = 0; i < x.dim(0); ++i) f.push_back(vae::frame_ptr(x, i));
-  Tensor y = vae::conv3d(f, x.dim(1), x.dim(2), x.dim(3), c.weight, c.bias, vae::ConvGeom::same(pad_hw));
-  const Tensor all = vae::cat_frames(s.frames, x);
-  s.frames = vae::slice_frames(all, std::max<int64_t>(0, all.dim(0) - hist), all.dim(0));
-  return y;
-}
-Tensor pointwise_conv(const Tensor& x, const VaeConv& c) {
-  return vae::conv3d(vae::frame_list(x), x.dim(1), x.dim(2), x.dim(3), c.weight, c.bias, vae::ConvGeom{});
-}
-
-Tensor res_bf16(const VaeResBlock& b, const Tensor& x, Caches& cc) {
-  const Tensor h = b.shortcut.present() ? rt(pointwise_conv(x, b.shortcut)) : x;
-  Tensor a = rt(vae::rms_norm(x, b.norm1, true));
-  a = rt(causal_conv(a, b.conv1, 1, cc.next()));
-  a = rt(vae::rms_norm(a, b.norm2, true));
-  a = rt(causal_conv(a, b.conv2, 1, cc.next()));
-  vae::add_inplace(a, h);
-  return rt(a);
-}
-
-Tensor decode_bf16_plain(const VaeConfig& c, const VaeWeights& w32, const Tensor& latents, bool clamp) {
-  const VaeWeights w = rounded_decoder(w32);
-  const VaeCoder& d = w.decoder;
-  Tensor z = vae::to_frames(latents);
-  const int64_t T = z.dim(0), C = z.dim(1), hw = z.dim(2) * z.dim(3);
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t ch = 0; ch < C; ++ch)
-      for (int64_t i = 0; i < hw; ++i) {
-        float& v = z.f32()[(t * C + ch) * hw + i];
-        v = v / (1.0f / c.latents_std[ch]) + c.latents_mean[ch];
-      }
-  const Tensor x0 = rt(pointwise_conv(z, w.conv2));
-  Caches cc;
-  Tensor video;
-  for (int64_t t = 0; t < T; ++t) {
-    cc.start_chunk();
-    Tensor x = rt(causal_conv(vae::slice_frames(x0, t, t + 1), d.conv1, 1, cc.next()));
-    x = res_bf16(d.middle0, x, cc);
-    x = rt(vae::attention_block(x, d.middle1.norm, d.middle1.to_qkv.weight, d.middle1.to_qkv.bias,
-                                d.middle1.proj.weight, d.middle1.proj.bias));
-    x = res_bf16(d.middle2, x, cc);
-    for (const VaeStage& st : d.stages) {
-      for (const VaeResBlock& b : st.res) x = res_bf16(b, x, cc);
-      const VaeResample& r = st.resample;
-      if (r.mode == VaeResampleMode::Upsample3d) {
-        Slot& s = cc.next();
-        if (!s.seen) {
-          s.seen = true;
-        } else {
-          const int64_t Tx = x.dim(0), Cx = x.dim(1), H = x.dim(2), W = x.dim(3);
-          x = rt(causal_conv(x, r.time_conv, 0, s)).reshape(Shape{2 * Tx, Cx, H, W});
-        }
-      }
-      if (r.mode != VaeResampleMode::None)
-        x = rt(vae::conv2d_frames(vae::upsample_nearest2x(x), r.resample.weight, r.resample.bias, vae::ConvGeom::same(1)));
-    }
-    x = rt(causal_conv(rt(vae::rms_norm(x, d.head_norm, true)), d.head_conv, 1, cc.next()));
-    video = vae::cat_frames(video, x);
-  }
-  if (clamp) vae::clamp_inplace(video, -1.0f, 1.0f);
-  return vae::from_frames(video);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -225,30 +93,6 @@ Model fixture_model() {
   return m;
 }
 
-// Random weights at the configuration's real sizes: conv weights N(0, 1/(3·fan_in)) (PyTorch's default
-// uniform init has that variance), biases N(0, 0.02²), norm gammas 1 + N(0, 0.1²).
-VaeWeights random_weights(const VaeConfig& c, uint64_t seed) {
-  const auto specs = vae_tensor_specs(c);
-  return load_vae_weights(c, [&](const std::string& name) {
-    Shape shape;
-    for (const auto& [n, s] : specs)
-      if (n == name) shape = s;
-    Tensor t = Tensor::f32(shape);
-    uint64_t h = seed;
-    for (char ch : name) h = (h ^ static_cast<uint8_t>(ch)) * 0x100000001B3ull;
-    philox_normal_fill(h, 0, t.f32(), static_cast<size_t>(t.numel()));
-    float scale = 0.02f, offset = 0.0f;
-    if (name.size() > 6 && name.compare(name.size() - 6, 6, "weight") == 0) {
-      scale = 1.0f / std::sqrt(3.0f * static_cast<float>(t.numel() / shape[0]));
-    } else if (name.size() > 5 && name.compare(name.size() - 5, 5, "gamma") == 0) {
-      scale = 0.1f;
-      offset = 1.0f;
-    }
-    for (int64_t i = 0; i < t.numel(); ++i) t.f32()[i] = t.f32()[i] * scale + offset;
-    return t;
-  });
-}
-
 const Model& real_width_model() {
   static const Model m = [] {
     Model r;
@@ -259,15 +103,27 @@ const Model& real_width_model() {
   return m;
 }
 
-Tensor random_latents(int64_t T, int64_t h, int64_t w, uint64_t seed) {
-  Tensor z = Tensor::f32({16, T, h, w});
-  philox_normal_fill(seed, 0, z.f32(), static_cast<size_t>(z.numel()));
-  return z;
+// Wan 2.2 models with random weights: "tiny2.2" (dec_dim 32) and the real widths (dec_dim 256).
+const Model& model22(bool tiny) {
+  static const Model t = [] {
+    Model r;
+    r.config = vae_preset("tiny2.2");
+    r.weights = random_weights(r.config, 2222);
+    return r;
+  }();
+  static const Model real = [] {
+    Model r;
+    r.config = vae_preset("wan2.2");
+    r.weights = random_weights(r.config, 2223);
+    return r;
+  }();
+  return tiny ? t : real;
 }
 
 // GPU decode through the device API into a NaN-poisoned output (every element must be written).
 Tensor gpu_decode(VaeDecoderGpu& dec, const Tensor& latents, bool clamp) {
-  const int64_t T = latents.dim(1), F = dec.frames_out(T), H = 8 * latents.dim(2), W = 8 * latents.dim(3);
+  const int64_t T = latents.dim(1), F = dec.frames_out(T), H = dec.spatial_factor() * latents.dim(2),
+                W = dec.spatial_factor() * latents.dim(3);
   DevBuf<float> z(static_cast<size_t>(latents.numel())), v(static_cast<size_t>(3 * F * H * W));
   upload_tensor(z, latents);
   v.poison();
@@ -443,14 +299,65 @@ TEST(VaeGpuDecode, TinyFixtureMatchesCpu) {
 TEST(VaeGpuDecode, RealWidthsRandomWeightsMatchesCpu) {
   REQUIRE_GPU();
   Model m = real_width_model();
-  m.latents = random_latents(3, 8, 8, 777);  // 9 frames of 64x64
+  m.latents = random_latents(16, 3, 8, 8, 777);  // 9 frames of 64x64
   check_model(m, "real widths 64x64", true);
+}
+
+TEST(VaeGpuDecode22, TinyRandomWeightsMatchesCpu) {
+  REQUIRE_GPU();
+  Model m = model22(true);
+  m.latents = random_latents(48, 3, 5, 7, 781);  // 9 frames of 80x112
+  check_model(m, "tiny2.2 5x7", true);
+}
+
+TEST(VaeGpuDecode22, RealWidthsRandomWeightsMatchesCpu) {
+  REQUIRE_GPU();
+  Model m = model22(false);
+  m.latents = random_latents(48, 3, 3, 4, 782);  // 9 frames of 48x64
+  check_model(m, "wan2.2 real widths 3x4", true);
+}
+
+namespace {
+// Two decodes, two decoder objects, and a latent prefix (2 of 3 frames) decoding to the video's first
+// 5 frames, bit for bit, for a decoder of `m` at latents [z, 3, h, w].
+void expect_deterministic(const Model& m, int64_t h, int64_t w, uint64_t seed) {
+  const int64_t z = m.config.z_dim;
+  const Tensor lat = random_latents(z, 3, h, w, seed);
+  for (VaeConvMode mode : {VaeConvMode::Conv3d, VaeConvMode::Folded2d}) {
+    VaeGpuOptions o;
+    o.conv_mode = mode;
+    auto a = VaeDecoderGpu::create(m.config, m.weights, {h, w}, o);
+    const Tensor x1 = gpu_decode(*a, lat, true);
+    const Tensor x2 = gpu_decode(*a, lat, true);
+    a.reset();
+    auto b = VaeDecoderGpu::create(m.config, m.weights, {h, w}, o);
+    const Tensor x3 = gpu_decode(*b, lat, true);
+    ASSERT_EQ(x1.nbytes(), x3.nbytes());
+    EXPECT_EQ(std::memcmp(x1.f32(), x2.f32(), x1.nbytes()), 0) << mode_name(mode) << ": two decodes differ";
+    EXPECT_EQ(std::memcmp(x1.f32(), x3.f32(), x1.nbytes()), 0) << mode_name(mode) << ": two decoders differ";
+    // Fewer latent frames give the leading frames of the longer decode (causality), bit for bit.
+    Tensor z2 = Tensor::f32({z, 2, h, w});
+    for (int64_t c = 0; c < z; ++c)
+      std::memcpy(z2.f32() + c * 2 * h * w, lat.f32() + c * 3 * h * w, 2 * h * w * sizeof(float));
+    const Tensor y = gpu_decode(*b, z2, true);
+    const int64_t fr = y.dim(1) * y.dim(2) * y.dim(3);
+    for (int64_t ch = 0; ch < 3; ++ch)
+      EXPECT_EQ(std::memcmp(y.f32() + ch * fr, x1.f32() + ch * x1.dim(1) * y.dim(2) * y.dim(3), fr * sizeof(float)), 0)
+          << mode_name(mode) << ": a prefix of the latents does not decode to a prefix of the video";
+  }
+}
+}  // namespace
+
+TEST(VaeGpuDecode22, Deterministic) {
+  REQUIRE_GPU();
+  expect_deterministic(model22(true), 5, 7, 783);
+  expect_deterministic(model22(false), 3, 4, 784);
 }
 
 TEST(VaeGpuDecode, Deterministic) {
   REQUIRE_GPU();
   Model m = real_width_model();
-  m.latents = random_latents(3, 8, 12, 778);
+  m.latents = random_latents(16, 3, 8, 12, 778);
   for (VaeConvMode mode : {VaeConvMode::Conv3d, VaeConvMode::Folded2d}) {
     VaeGpuOptions o;
     o.conv_mode = mode;
@@ -483,10 +390,11 @@ TEST(VaeGpuDecode, DeviceBytesPlannedFromTheConfigMatchCreate) {
   REQUIRE_GPU();
   long long reserve = -1;
   const Model tiny = fixture_model();
-  for (const Model* mp : {&tiny, &real_width_model()})
+  for (const Model* mp : {&tiny, &real_width_model(), &model22(true), &model22(false)})
     for (VaeConvMode mode : {VaeConvMode::Conv3d, VaeConvMode::Folded2d})
       for (cuda::VaeGpuShape shape : {cuda::VaeGpuShape{5, 7}, cuda::VaeGpuShape{8, 12}, cuda::VaeGpuShape{30, 52}}) {
         const Model& m = *mp;
+        SCOPED_TRACE("version " + std::to_string(m.config.version) + " dec_dim " + std::to_string(m.config.dec_dim));
         VaeGpuOptions o;
         o.conv_mode = mode;
         const size_t planned = VaeDecoderGpu::device_bytes(m.config, shape, o);
@@ -499,7 +407,7 @@ TEST(VaeGpuDecode, DeviceBytesPlannedFromTheConfigMatchCreate) {
       }
   EXPECT_GE(reserve, 0);
   EXPECT_LT(reserve, 1ll << 30);
-  VaeConfig v22 = fixture_model().config;
+  VaeConfig v22 = fixture_model().config;  // a Wan 2.2 config with the 2.1 latent layout (z 16, no patch)
   v22.version = 22;
   EXPECT_THROW(VaeDecoderGpu::device_bytes(v22, {5, 7}), Error);
 }
@@ -513,6 +421,10 @@ TEST(VaeGpuDecode, RejectsUnsupportedInputs) {
   auto dec = VaeDecoderGpu::create(m.config, m.weights, {5, 7});
   EXPECT_THROW(dec->decode(Tensor::f32({16, 2, 5, 8})), Error);  // planned for 5x7
   EXPECT_THROW(dec->decode(Tensor::f32({8, 2, 5, 7})), Error);   // channels
+  auto dec22 = VaeDecoderGpu::create(model22(true).config, model22(true).weights, {5, 7});
+  EXPECT_THROW(dec22->decode(Tensor::f32({16, 2, 5, 7})), Error);  // Wan 2.2 latents have 48 channels
+  EXPECT_EQ(dec22->z_dim(), 48);
+  EXPECT_EQ(dec22->spatial_factor(), 16);
   VaeWeights broken = m.weights;
   broken.decoder.middle0.conv2.weight = Tensor::f32({32, 32, 3, 3, 2});
   try {
@@ -543,9 +455,9 @@ Timing time_decode(const Model& m, int64_t h, int64_t w, int64_t T, VaeGpuOption
   CUDA_CHECK(cudaDeviceSynchronize());
   size_t free0 = 0, total = 0;
   CUDA_CHECK(cudaMemGetInfo(&free0, &total));
-  const Tensor z = random_latents(T, h, w, 99);
-  const int64_t F = 1 + 4 * (T - 1);
-  DevBuf<float> dz(static_cast<size_t>(z.numel())), dv(static_cast<size_t>(3 * F * 64 * h * w));
+  const Tensor z = random_latents(m.config.z_dim, T, h, w, 99);
+  const int64_t F = 1 + 4 * (T - 1), sf = vae_spatial_factor(m.config);
+  DevBuf<float> dz(static_cast<size_t>(z.numel())), dv(static_cast<size_t>(3 * F * sf * sf * h * w));
   upload_tensor(dz, z);
   auto t0 = std::chrono::steady_clock::now();
   auto dec = VaeDecoderGpu::create(m.config, m.weights, {h, w}, o);
@@ -574,7 +486,7 @@ Timing time_decode(const Model& m, int64_t h, int64_t w, int64_t T, VaeGpuOption
   std::printf("[ %s ] %s%s: %lldx%lld latents x %lld -> %lld frames %lldx%lld: decode %.3f s (best of %d), plan %.2f s; "
               "weights %.1f MiB, arena %.1f MiB, peak device memory in use %.2f GiB (incl. latents + video %.2f GiB)\n",
               what, mode_name(o.conv_mode), o.find_algorithms ? "+find" : "", (long long)h, (long long)w,
-              (long long)T, (long long)F, (long long)(8 * h), (long long)(8 * w), r.decode_s, reps, r.plan_s,
+              (long long)T, (long long)F, (long long)(sf * h), (long long)(sf * w), r.decode_s, reps, r.plan_s,
               r.weights / 1048576.0, r.arena / 1048576.0, r.peak_used / 1073741824.0,
               (dz.n + dv.n) * 4.0 / 1073741824.0);
   std::fflush(stdout);
@@ -631,6 +543,14 @@ TEST(VaeGpuTiming, RealWidths480pAnd720p) {
       time_decode(m, 90, 160, 21, f, "720p", 1, false);
     }
   }
+}
+
+// TI2V-5B's decode: latents [48, 31, 44, 80] -> 121 frames of 1280x704, Wan 2.2 real widths.
+TEST(VaeGpuTiming, Wan22Ti2v704p) {
+  REQUIRE_GPU();
+  const Timing t = time_decode(model22(false), 44, 80, 31, VaeGpuOptions{}, "wan2.2 704p", 2, true);
+  std::printf("[ summary wan2.2 ] 1280x704 x 121 frames: decode %.3f s, peak %.2f GiB\n", t.decode_s,
+              t.peak_used / 1073741824.0);
 }
 
 }  // namespace wan::vae_gpu_test

@@ -1,6 +1,7 @@
-// The Wan 2.1 VAE decoder on one GPU in bf16 (spec §5), with the reference's chunked causal
-// execution: one latent frame per chunk, a 2-frame cache per temporal-kernel-3 convolution, the
-// skipped first time_conv ("Rep") of each upsample3d, clamp to [-1, 1].
+// The Wan 2.1 and Wan 2.2 VAE decoders on one GPU in bf16 (spec §5, §6), with the reference's chunked
+// causal execution: one latent frame per chunk, a 2-frame cache per temporal-kernel-3 convolution, the
+// skipped first time_conv ("Rep") of each upsample3d, Wan 2.2's DupUp3D stage shortcuts (first-chunk
+// frame drop) and un-patchify, clamp to [-1, 1]. The encoder is in vae_gpu_encoder.h.
 //
 // Memory is planned: create() walks the decoder once on shapes only (the first chunk and a later one),
 // records every buffer role's largest use and every convolution's algorithm and workspace, then makes
@@ -9,7 +10,8 @@
 //
 // Invariants: decode() is deterministic (fixed algorithms from cuDNN's heuristics unless
 // find_algorithms; fixed reduction orders): the same latents give bit-identical video. All work is
-// enqueued on the caller's stream; the object is not thread-safe. Wan 2.1 VAE only (z_dim 16, patch 1).
+// enqueued on the caller's stream; the object is not thread-safe. Released configurations only:
+// Wan 2.1 (z_dim 16, patch 1) and Wan 2.2 (z_dim 48, patch 2), channel widths multiples of 8.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -51,7 +53,8 @@ struct VaeGpuOptions {
   bool profile = false;     // time every op with events (adds a sync per decode; see profile_report)
 };
 
-// Latent frame geometry the arena is planned for.
+// Latent frame geometry the arena is planned for (the encoder's input frames are the VAE's spatial
+// factor, 8 or 16, times it).
 struct VaeGpuShape {
   int64_t height = 0, width = 0;  // latent
 };
@@ -60,12 +63,12 @@ struct VaeGpuShape {
 // fp32 compute, cuBLAS GEMMs with CUBLAS_COMPUTE_32F); biases, norm gammas, RMS norm statistics, SiLU,
 // residual sums and softmax in fp32 with one rounding per stored activation; the latent un-normalise
 // and conv2 (1×1×1) and the output in fp32. Difference to the fp32 reference: that of bf16 activations,
-// measured 1.1e-2 (tiny fixture) and 1.7e-2 (real widths, random weights) relative L2, 0.86 to 1.06 times
-// the error of the same decoder done plainly in bf16 (tests/gpu/test_vae_gpu.cu).
+// measured 1.1e-2 (tiny fixture) and 1.7e-2 (real widths, random weights) relative L2 for Wan 2.1, 0.86
+// to 1.06 times the error of the same decoder done plainly in bf16 (tests/gpu/test_vae_gpu.cu).
 class VaeDecoderGpu {
  public:
-  // Uploads the decoder (and top-level conv2) weights of a Wan 2.1 VAE (any float dtype, converted on
-  // the host) and plans the arena for latents of `shape`. Throws wan::Error on an unsupported
+  // Uploads the decoder (and top-level conv2) weights of a Wan 2.1 or 2.2 VAE (any float dtype,
+  // converted on the host) and plans the arena for latents of `shape`. Throws wan::Error on an unsupported
   // configuration, inconsistent weights, or when the plan does not fit in free device memory.
   static std::unique_ptr<VaeDecoderGpu> create(const VaeConfig& config, const VaeWeights& weights, VaeGpuShape shape,
                                                const VaeGpuOptions& options = {});
@@ -77,14 +80,16 @@ class VaeDecoderGpu {
   VaeDecoderGpu(const VaeDecoderGpu&) = delete;
   VaeDecoderGpu& operator=(const VaeDecoderGpu&) = delete;
 
-  // latents: device fp32 [16, T, h, w] (normalised, PyTorch order) -> video: device fp32 [3, F, 8h, 8w],
-  // F = 1 + 4(T - 1). Enqueued on `stream`; returns without synchronising (except with profile or
-  // self_check, which synchronise at the end).
+  // latents: device fp32 [z, T, h, w] (normalised, PyTorch order) -> video: device fp32
+  // [3, F, sf·h, sf·w] (sf = 8 for Wan 2.1, 16 for Wan 2.2), F = 1 + 4(T - 1). Enqueued on `stream`;
+  // returns without synchronising (except with profile or self_check, which synchronise at the end).
   void decode(const float* latents, int64_t T, float* video, bool clamp, cudaStream_t stream);
-  // Host convenience: latents [16, T, h, w] (any float dtype) -> video [3, F, H, W] float32.
+  // Host convenience: latents [z, T, h, w] (any float dtype) -> video [3, F, H, W] float32.
   Tensor decode(const Tensor& latents, bool clamp = true);
 
-  int64_t frames_out(int64_t T) const { return T < 1 ? 0 : 1 + 4 * (T - 1); }
+  int64_t frames_out(int64_t T) const;
+  int64_t z_dim() const;
+  int spatial_factor() const;  // video pixels per latent pixel (8 or 16)
   size_t weight_bytes() const;
   size_t arena_bytes() const;
   std::string plan_str() const;  // buffers, caches and convolution plans (MiB, algorithms)
