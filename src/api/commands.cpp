@@ -73,23 +73,27 @@ std::vector<Option> generate_options_table() {
   t.push_back(option("prompt", Kind::String, "TEXT", "", "the prompt (or --prompt-embeds FILE)"));
   t.push_back(
       option("negative-prompt", Kind::String, "TEXT", "", "empty or absent: the official default negative prompt"));
-  Option task = option("task", Kind::String, "NAME", "the checkpoint's task",
-                       "t2v-A14B | i2v-A14B | ti2v-5B (only t2v-A14B is implemented so far)");
+  Option task = option("task", Kind::String, "NAME", "the checkpoint's task", "t2v-A14B | i2v-A14B | ti2v-5B");
   task.check = names(task_from_name);
   t.push_back(task);
-  t.push_back(option("size", Kind::Size, "WxH", "1280x720", "e.g. 1280x720 or 1280*720 (multiples of 16)"));
-  Option frames = option("frames", Kind::Int, "N", "81", "4n+1");
+  t.push_back(option("image", Kind::Path, "FILE",
+                     "", "the first frame (PNG, JPEG, WebP, ...): i2v-A14B needs one; ti2v-5B animates it when given"));
+  t.push_back(option("last-image", Kind::Path, "FILE", "", "i2v-A14B: the last frame too"));
+  t.push_back(option("size", Kind::Size, "WxH", "1280x720 (ti2v-5B: 1280x704)",
+                     "e.g. 1280x720 or 1280*720 (multiples of 16; ti2v-5B: 32). i2v-A14B without it: the image's "
+                     "aspect ratio at 1280x720's area; ti2v-5B with an image: the area, the image's aspect ratio"));
+  Option frames = option("frames", Kind::Int, "N", "81 (ti2v-5B: 121)", "4n+1");
   frames.min = 1;
   frames.max = kIntMax;
   frames.check = four_n_plus_one;
   t.push_back(frames);
-  Option steps = option("steps", Kind::Int, "N", "40", "sampling steps");
+  Option steps = option("steps", Kind::Int, "N", "40 (ti2v-5B: 50)", "sampling steps");
   steps.min = 1;
   steps.max = kIntMax;
   t.push_back(steps);
-  t.push_back(option("shift", Kind::Float, "S", "12",
+  t.push_back(option("shift", Kind::Float, "S", "12 (i2v-A14B, ti2v-5B: 5)",
                      "sigma shift (with --schedule diffusers the checkpoint's scheduler flow_shift when it has one)"));
-  Option g = option("guide-scale", Kind::String, "G|GL,GH", "3,4",
+  Option g = option("guide-scale", Kind::String, "G|GL,GH", "3,4 (i2v-A14B: 3.5; ti2v-5B: 5)",
                     "guidance scale, one for both experts or low-noise,high-noise");
   g.check = [](const std::string& s) {
     (void)parse_guide_scale(s);
@@ -318,6 +322,8 @@ GenerateOptions generate_options(const Values& v, ParallelArgs* parallel) {
   o.prompt_embeds_file = v.get_or("prompt-embeds", "");
   o.negative_embeds_file = v.get_or("negative-prompt-embeds", "");
   o.init_latents_file = v.get_or("init-latents", "");
+  o.image_file = v.get_or("image", "");
+  o.last_image_file = v.get_or("last-image", "");
   o.random_weights = v.str("weights") == "random";
   if (v.has("weights-seed")) {
     if (!o.random_weights) throw OptionError("weights-seed", "{} needs --weights random");

@@ -1,8 +1,10 @@
-// The decode stage: load (or draw) the VAE weights, then decode the latents on the GPU or the CPU,
-// timed as the LoadVae and Decode stages and cancellable between latent frames.
+// The VAE stages: load (or draw) the VAE weights, then decode the latents on the GPU or the CPU, timed as
+// the LoadVae and Decode stages and cancellable between latent frames; and the image encode of I2V /
+// TI2V (the EncodeImage stage), whose weights the decode then reuses.
 #include <algorithm>
 #include <functional>
 
+#include "pipeline/conditioning.h"
 #include "pipeline/denoiser.h"
 #include "pipeline/host_memory.h"
 #include "pipeline/models.h"
@@ -49,6 +51,23 @@ Tensor decode_with(const std::function<VaeWeights()>& load, const VaeConfig& vae
   double s = st.end();
   if (timings) timings->vae_decode += s;
   return video;
+}
+
+LatentCondition encode_condition(const GeneratePlan& p, const RunHooks& hooks, VaeWeights* weights, Timings* timings) {
+  WAN_ASSERT(p.image.defined(), "encode_condition without an image");
+  const int gpu = parse_device(p.device);
+  if (!weights->encoder.conv1.present()) {
+    StageTimer st(hooks, Stage::LoadVae);
+    *weights = p.random_weights ? random_vae_weights(p.vae, random_vae_seed(p.weights_seed)) : load_vae(p.ckpt, p.vae);
+    timings->load_vae += st.end();
+  }
+  StageTimer st(hooks, Stage::EncodeImage);
+  const LatentCondition c = build_condition(p.task, p.image, p.last_image, p.frames, [&](const Tensor& video) {
+    if (gpu >= 0) return gpu_vae_encode(p.vae, *weights, video, gpu);
+    return vae_encode(p.vae, *weights, video, [&](int, int) { check_cancel(hooks); });
+  });
+  timings->image_encode += st.end();
+  return c;
 }
 
 }  // namespace pipeline_detail

@@ -30,12 +30,29 @@ class DeviceLoader;  // runtime/load_gpu.h (CUDA builds)
 struct MemoryPlan;   // models/dit/dit_gpu.h (CUDA builds)
 }
 
+// What the DiT sees besides the noisy latent x (spec §1.4), the same for the conditional and the
+// unconditional pass:
+//   y:           I2V [4 + z, T, H, W] (mask, then the VAE latent of the image video), concatenated after
+//                x's channels (in_dim = z + 4 + z).
+//   first_frame: TI2V image mode [z, 1, H, W]: latent frame 0 is held at it (when sampling begins and
+//                after every solver update, as the official loop does) and its tokens run at timestep 0.
+struct LatentCondition {
+  Tensor y, first_frame;
+  bool empty() const { return !y.defined() && !first_frame.defined(); }
+};
+
+// Sets latent frame 0 of x [z, T, H, W] f32 to first [z, 1, H, W] (host memory).
+void hold_first_frame(Tensor& x, const Tensor& first);
+
 class Denoiser {
  public:
   virtual ~Denoiser() = default;
-  // x [z, T, H, W] f32; ctx [batch, rows, text_dim] f32 with lens[b] real rows; out [batch, z, T, H, W].
+  // x [z, T, H, W] f32 (the noisy latent; the condition is added here); ctx [batch, rows, text_dim] f32
+  // with lens[b] real rows; out [batch, z, T, H, W].
   virtual void forward(Expert e, const Tensor& x, int batch, float t, const Tensor& ctx,
                        const std::vector<int64_t>& lens, float* out) = 0;
+  // The run's condition (empty for T2V and TI2V's text mode); set before begin_sampling.
+  virtual void set_condition(const LatentCondition& c) { cond_ = c; }
 
   // Starts a run on x [z, T, H, W] f32 from the state of s: step 0, or a state restored with
   // Sampler::set_state() to resume. s must hold its history (a fresh sampler, or sync_sampling()).
@@ -53,6 +70,7 @@ class Denoiser {
   virtual void warm_up(const std::vector<std::pair<Expert, int>>& uses) { (void)uses; }
 
  protected:
+  LatentCondition cond_;
   // The host path's run state (also the GPU denoiser's with DenoiserSpec::fused_sampler off).
   Tensor host_x_;
   std::vector<float> host_out_, host_v_;
@@ -62,6 +80,7 @@ struct DenoiserSpec {
   std::string device = "cpu";  // "cpu" | "cuda" | "cuda:<i>"
   bool use_high = true, use_low = true;
   Shape latent_shape;          // [z, T, H, W]: the GPU arena is planned for it (batch 2)
+  bool first_frame_t = false;  // TI2V image mode: frame 0's tokens at their own timestep (cuda::DiTShape)
   dist::Layout parallel;       // several GPUs: the DiT's layout (each rank plans its share); one GPU: {}
   bool verbose = false;        // print the GPU memory plan
   // --weights random: every expert drawn from the engine RNG (GPU: DiTWeightSource::random_weights;
@@ -119,5 +138,11 @@ void check_gpu_vae(const VaeConfig& vae, const std::string& device);
 size_t gpu_vae_decoder_bytes(const VaeConfig& vae, const Shape& latent_shape, const std::string& device);
 // latents [z, T, h, w] f32 (host) -> video [3, F, H, W] f32 in [-1, 1] (host).
 Tensor gpu_vae_decode(const VaeConfig& vae, const VaeWeights& w, const Tensor& latents, int device);
+// check_gpu_vae, then the image encoder's device bytes for the frames of `image` [3, H, W]
+// (VaeEncoderGpu::device_bytes: planned on shapes, nothing allocated).
+size_t gpu_vae_encoder_bytes(const VaeConfig& vae, const Tensor& image, const std::string& device);
+// video [3, F, H, W] f32 in [-1, 1] (host) -> normalised posterior mean [z, T, h, w] f32 (host), on the GPU
+// (bf16, wan::cuda::VaeEncoderGpu).
+Tensor gpu_vae_encode(const VaeConfig& vae, const VaeWeights& w, const Tensor& video, int device);
 
 }  // namespace wan

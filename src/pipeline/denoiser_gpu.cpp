@@ -17,6 +17,7 @@
 #include "kernels/rng.h"
 #include "sampler/sampler_gpu.h"
 #include "models/vae/vae_gpu.h"
+#include "models/vae/vae_gpu_encoder.h"
 #include "pipeline/denoiser.h"
 #include "pipeline/dit_step_gpu.h"
 #include "pipeline/pipeline_internal.h"
@@ -27,7 +28,9 @@ namespace {
 
 cuda::DiTShape max_shape(const DenoiserSpec& spec) {
   const Shape& s = spec.latent_shape;
-  return cuda::DiTShape{2, s[1], s[2], s[3]};
+  cuda::DiTShape shape{2, s[1], s[2], s[3]};
+  shape.first_frame_t = spec.first_frame_t;
+  return shape;
 }
 
 // Device bytes of the fused sampler next to the DiT: x, the DiT output (2 samples), and the history
@@ -72,8 +75,13 @@ class GpuDenoiser : public Denoiser {
   }
   void forward(Expert e, const Tensor& x, int batch, float t, const Tensor& ctx, const std::vector<int64_t>& lens,
                float* out) override {
-    dit_forward_host(*dit_, index(e), x, batch, t, ctx, lens, out, nullptr);
+    dit_forward_host(*dit_, index(e), x, batch, t, ctx, lens, cond_, out, nullptr);
     CUDA_CHECK(cudaStreamSynchronize(nullptr));
+  }
+
+  void set_condition(const LatentCondition& c) override {
+    Denoiser::set_condition(c);
+    fused_.set_condition(c);
   }
 
   void begin_sampling(Sampler& s, const Tensor& x) override {
@@ -92,7 +100,9 @@ class GpuDenoiser : public Denoiser {
     const Shape& ls = spec_.latent_shape;
     for (const auto& [e, batch] : uses) {
       const int expert = e == Expert::High ? high_index_ : low_index_;
-      if (expert >= 0) u.push_back({expert, cuda::DiTShape{batch, ls[1], ls[2], ls[3], /*one_latent=*/true}});
+      cuda::DiTShape shape{batch, ls[1], ls[2], ls[3], /*one_latent=*/true};
+      shape.first_frame_t = spec_.first_frame_t;
+      if (expert >= 0) u.push_back({expert, shape});
     }
     CUDA_CHECK(cudaSetDevice(device_));
     dit_->warm_up(u);
@@ -126,8 +136,6 @@ GpuDiTMemory plan_gpu_dit_memory(const CheckpointInfo& ckpt, const DenoiserSpec&
   const int n = cuda::device_count();
   WAN_CHECK(n > 0, "--device ", spec.device, ": no CUDA device is available on this machine");
   WAN_CHECK(device < n, "--device ", spec.device, ": this machine has ", n, " CUDA device(s)");
-  WAN_CHECK(ckpt.dit.model_type != "ti2v", "--device ", spec.device,
-            ": per-token timesteps (TI2V) are not supported on the GPU yet");
   GpuDiTMemory m;
   m.experts = static_cast<int>(expert_roles(ckpt, spec).size());
   auto plan = std::make_shared<cuda::MemoryPlan>(cuda::DiTGpu::plan(ckpt.dit, max_shape(spec), m.experts, 0, spec.parallel));
@@ -172,18 +180,31 @@ void check_gpu_vae(const VaeConfig& vae, const std::string& device) {
   const int n = cuda::device_count();
   WAN_CHECK(n > 0, "--device ", device, ": no CUDA device is available on this machine");
   WAN_CHECK(index < n, "--device ", device, ": this machine has ", n, " CUDA device(s)");
-  WAN_CHECK(vae.version == 21, "--device ", device, ": the GPU VAE decoder supports the Wan 2.1 VAE only (this ",
-            "checkpoint has the Wan ", vae.version / 10, ".", vae.version % 10, " VAE)");
-  // The decoder's narrowest convolution has base_dim / 2 input channels; its kernels need multiples of 8.
+  // The narrowest convolution has base_dim / 2 input channels (Wan 2.1's halving up-samplers); the
+  // kernels need multiples of 8.
   WAN_CHECK(vae.base_dim % 16 == 0 && vae.dec_dim % 16 == 0, "--device ", device,
-            ": the GPU VAE decoder needs channel widths that are multiples of 8 (this VAE's base width is ",
-            vae.dec_dim, "; the released Wan 2.1 VAE has 96)");
+            ": the GPU VAE needs channel widths that are multiples of 16 (this VAE's are ", vae.base_dim, " and ",
+            vae.dec_dim, "; the released VAEs have 96, and 160 / 256)");
 }
 
 size_t gpu_vae_decoder_bytes(const VaeConfig& vae, const Shape& latent_shape, const std::string& device) {
   check_gpu_vae(vae, device);
   CUDA_CHECK(cudaSetDevice(parse_device(device)));
   return cuda::VaeDecoderGpu::device_bytes(vae, cuda::VaeGpuShape{latent_shape[2], latent_shape[3]});
+}
+
+size_t gpu_vae_encoder_bytes(const VaeConfig& vae, const Tensor& image, const std::string& device) {
+  check_gpu_vae(vae, device);
+  CUDA_CHECK(cudaSetDevice(parse_device(device)));
+  const int sf = vae_spatial_factor(vae);
+  return cuda::VaeEncoderGpu::device_bytes(vae, cuda::VaeGpuShape{image.dim(1) / sf, image.dim(2) / sf});
+}
+
+Tensor gpu_vae_encode(const VaeConfig& vae, const VaeWeights& w, const Tensor& video, int device) {
+  CUDA_CHECK(cudaSetDevice(device));
+  const int sf = vae_spatial_factor(vae);
+  auto enc = cuda::VaeEncoderGpu::create(vae, w, cuda::VaeGpuShape{video.dim(2) / sf, video.dim(3) / sf});
+  return enc->encode(video);
 }
 
 Tensor gpu_vae_decode(const VaeConfig& vae, const VaeWeights& w, const Tensor& latents, int device) {

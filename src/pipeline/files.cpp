@@ -273,6 +273,8 @@ void check_generate_outputs(const GenerateOptions& o, const GeneratePlan& p) {
   ins.push_back({"--prompt-embeds", o.prompt_embeds_file});
   ins.push_back({"--negative-prompt-embeds", o.negative_embeds_file});
   ins.push_back({"--init-latents", o.init_latents_file});
+  ins.push_back({"--image", o.image_file});
+  ins.push_back({"--last-image", o.last_image_file});
   ins.push_back({"--resume", o.resume_file});
   check_outputs_distinct(outs, ins);
 }

@@ -66,6 +66,9 @@ std::string plan_fingerprint(const GeneratePlan& p) {
   };
   j["prompt"] = text(p.prompt_embeds, p.prompt);
   j["negative"] = text(p.negative_embeds, p.negative_prompt);
+  auto image = [](const Tensor& t) { return t.defined() ? cat(t.shape().str(), " ", hash_hex(t.data(), t.nbytes())) : "none"; };
+  if (p.image.defined()) j["image"] = image(p.image);
+  if (p.last_image.defined()) j["last_image"] = image(p.last_image);
   return j.dump();
 }
 

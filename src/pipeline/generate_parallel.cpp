@@ -304,8 +304,13 @@ class ParallelDenoiser final : public Denoiser {
   void forward(Expert e, const Tensor& x, int batch, float t, const Tensor& ctx, const std::vector<int64_t>& lens,
                float* out) override {
     WAN_ASSERT(layout_.cfg == 1 || batch == 2, "CFG-parallel forward without guidance");
-    dit_forward_host(*dit_, index(e), x, batch, t, ctx, lens, out, stream_.s);
+    dit_forward_host(*dit_, index(e), x, batch, t, ctx, lens, cond_, out, stream_.s);
     ctx_.sync(stream_.s);
+  }
+
+  void set_condition(const LatentCondition& c) override {
+    Denoiser::set_condition(c);
+    fused_.set_condition(c);
   }
 
   // Local: x and the state are the same on every rank (broadcast from rank 0 before).
@@ -388,8 +393,18 @@ void encode_text_on_rank0(const dist::RankContext& ctx, const GeneratePlan& p, c
 // at random (no --seed) or files read per process (embeddings, initial latents, a resumed state) cannot
 // make the ranks diverge. On ranks > 0 cond, uncond, x and from are made here.
 void share_inputs(const dist::RankContext& ctx, dist::Comm& world, cudaStream_t s, const GeneratePlan& p,
-                  const GenerateResult& r, Tensor& cond, Tensor& uncond, Tensor& x, SamplerState& from) {
+                  const GenerateResult& r, Tensor& cond, Tensor& uncond, Tensor& x, SamplerState& from,
+                  LatentCondition& image) {
   const bool r0 = ctx.rank == 0;
+  // The image's condition (rank 0 encoded it); its shapes follow from the plan every rank holds.
+  if (p.image.defined()) {
+    const Shape& ls = p.latent_shape;
+    Tensor& t = p.task == Task::I2V_A14B ? image.y : image.first_frame;
+    const Shape shape = p.task == Task::I2V_A14B ? Shape{ls[0] + 4, ls[1], ls[2], ls[3]} : Shape{ls[0], 1, ls[2], ls[3]};
+    if (!r0) t = Tensor::empty(DType::F32, shape);
+    WAN_ASSERT(t.shape() == shape, "image condition ", t.shape().str(), ", expected ", shape.str());
+    broadcast_host(ctx, world, s, t.data(), t.nbytes(), 0);
+  }
   const int64_t D = p.ckpt.dit.text_dim;
   int64_t hdr[3] = {0, 0, D};
   if (r0) {
@@ -530,7 +545,7 @@ void rank_main(dist::RankContext& ctx, const GeneratePlan& p, const dist::Layout
 
   // Rank 0 reads the VAE's weights on a host thread while the rest runs (not for a run that pauses).
   std::future<std::pair<VaeWeights, double>> vae_read;
-  if (r0 && decode && p.stop_after_steps == 0)
+  if (r0 && decode && p.stop_after_steps == 0 && !p.image.defined())
     vae_read = std::async(std::launch::async, [&p] {
       const Clock::time_point t0 = Clock::now();
       VaeWeights w = p.random_weights ? random_vae_weights(p.vae, random_vae_seed(p.weights_seed)) : load_vae(p.ckpt, p.vae);
@@ -540,6 +555,15 @@ void rank_main(dist::RankContext& ctx, const GeneratePlan& p, const dist::Layout
   // 1. The text, once, on rank 0 (the other ranks go on to their DiT; resumed: the state's, nothing to encode).
   Tensor cond = p.prompt_embeds, uncond = p.negative_embeds;
   if (r0 && p.needs_text_encoder) encode_text_on_rank0(ctx, p, hooks, check, probe, tm, cond, uncond);
+  // I2V / TI2V: rank 0 encodes the image on its GPU; the decode reuses the VAE weights.
+  LatentCondition image;
+  if (r0 && p.image.defined()) {
+    VaeWeights w;
+    image = pipeline_detail::encode_condition(p, hooks, &w, &tm);
+    probe();
+    if (decode && p.stop_after_steps == 0)
+      vae_read = std::async(std::launch::deferred, [w = std::move(w)]() mutable { return std::make_pair(std::move(w), 0.0); });
+  }
   check();
 
   // 2. The DiT: drawn, or this rank's share streamed and every share broadcast (ends with a barrier:
@@ -555,7 +579,7 @@ void rank_main(dist::RankContext& ctx, const GeneratePlan& p, const dist::Layout
   // 3. The inputs, as rank 0 has them.
   Tensor x;
   SamplerState from;  // step 0: index 0, no history
-  share_inputs(ctx, world, s, p, r, cond, uncond, x, from);
+  share_inputs(ctx, world, s, p, r, cond, uncond, x, from, image);
 
   // 4. Sampling: the pipeline's own loop (pipeline_internal.h) on the collective denoiser; every rank
   // holds the whole DiT output after each step and keeps x. Cancellation and failures elsewhere are
@@ -565,6 +589,7 @@ void rank_main(dist::RankContext& ctx, const GeneratePlan& p, const dist::Layout
       check();
       dist::maybe_fail(ctx, "step");
     });
+    den->set_condition(image);
     RunHooks loop;
     loop.progress = hooks.progress;
     pipeline_detail::denoise(p, *den, cond, uncond, x, from.index > 0 ? &from : nullptr, loop, probe, &r);
@@ -619,8 +644,9 @@ std::unique_ptr<cuda::DiTGpu> make_rank_dit(const dist::RankContext& ctx, const 
   opt.parallel = par;
   opt.planned = std::move(planned);
   const Shape& ls = p.latent_shape;
-  auto dit = std::make_unique<cuda::DiTGpu>(
-      cuda::DiTGpu::create(cfg, sources, cuda::DiTShape{2, ls[1], ls[2], ls[3]}, opt));
+  cuda::DiTShape max_shape{2, ls[1], ls[2], ls[3]};
+  max_shape.first_frame_t = pipeline_detail::denoiser_spec(p).first_frame_t;
+  auto dit = std::make_unique<cuda::DiTGpu>(cuda::DiTGpu::create(cfg, sources, max_shape, opt));
   ctx.check_abort();
 
   if (p.random_weights) {

@@ -33,6 +33,7 @@
 #include "pipeline/models.h"
 #include "pipeline/startup.h"
 #include "pipeline/checkpoint_check.h"
+#include "pipeline/conditioning.h"
 #include "pipeline/pipeline_internal.h"
 #include "runtime/memory_plan.h"
 
@@ -83,6 +84,7 @@ const char* stage_name(Stage s) {
     case Stage::LoadVae: return "load VAE";
     case Stage::Decode: return "VAE decode";
     case Stage::WarmUp: return "warm-up";
+    case Stage::EncodeImage: return "encode image";
   }
   return "?";
 }
@@ -98,6 +100,7 @@ Timings merge_timings(const Timings& a, const Timings& b) {
   t.load_vae = a.load_vae + b.load_vae;
   t.vae_decode = a.vae_decode + b.vae_decode;
   t.warm_up = a.warm_up + b.warm_up;
+  t.image_encode = a.image_encode + b.image_encode;
   // Overlapped loads: each process's wall time, or its parts when it loaded one after the other.
   t.load_wall = a.load_wall > 0 || b.load_wall > 0 ? a.load() + b.load() : 0;
   t.startup = a.startup > 0 ? a.startup : b.startup;  // the whole run's first step
@@ -204,8 +207,6 @@ std::optional<ModelPreset> plan_weights(const GenerateOptions& o, GeneratePlan& 
   }
   p.task = p.ckpt.task;
   p.weights = p.random_weights ? cat("random (seed ", p.weights_seed, ", ", p.ckpt.root, ")") : "checkpoint";
-  WAN_CHECK(p.task == Task::T2V_A14B, "task ", task_name(p.task),
-            ": this pipeline is not implemented yet (only t2v-A14B runs for now)");
   p.fps = task_fps(p.task);
   return sizes;
 }
@@ -265,21 +266,26 @@ void plan_video(const GenerateOptions& o, const std::optional<ModelPreset>& size
   const int sf = vae_spatial_factor(p.vae), tf = vae_temporal_factor(p.vae);
   const int multiple = sf * dit.patch[1];
   if (!o.init_latents_file.empty()) WAN_WITH_CONTEXT("--init-latents", p.init_latents = read_latents(o.init_latents_file));
+  const bool ti2v = p.task == Task::TI2V_5B;
   p.width = o.width.value_or(1280);
-  p.height = o.height.value_or(720);
-  p.frames = o.frames.value_or(81);
+  p.height = o.height.value_or(ti2v ? 704 : 720);
+  p.frames = o.frames.value_or(ti2v ? 121 : 81);
   if (p.init_latents.defined()) {
     if (!o.width) p.width = static_cast<int>(p.init_latents.dim(3)) * sf;
     if (!o.height) p.height = static_cast<int>(p.init_latents.dim(2)) * sf;
     if (!o.frames) p.frames = static_cast<int>(p.init_latents.dim(1) - 1) * tf + 1;
   }
+  const SourceImages images = plan_images(o, p);  // reads --image; I2V / TI2V may take the video size from it
   WAN_CHECK_OPTION("size", p.width > 0 && p.height > 0 && p.width % multiple == 0 && p.height % multiple == 0, "{} ",
                    p.width, "x", p.height, ": width and height must be positive multiples of ", multiple);
   WAN_CHECK_OPTION("frames", p.frames >= 1 && (p.frames - 1) % tf == 0, "{} ", p.frames, ": must be ", tf, "n+1 (1, ",
                    1 + tf, ", ", 1 + 2 * tf, ", ..., 81)");
   p.latent_shape = Shape{p.vae.z_dim, (p.frames - 1) / tf + 1, p.height / sf, p.width / sf};
-  WAN_CHECK(p.vae.z_dim == dit.in_dim && dit.out_dim == dit.in_dim, p.ckpt.root, ": the VAE's z_dim ", p.vae.z_dim,
-            " does not match the DiT's in/out channels ", dit.in_dim, "/", dit.out_dim);
+  // I2V's DiT also reads the condition y (a 4-channel mask and the image's latent) after the latent.
+  const int in_dim = p.task == Task::I2V_A14B ? 2 * p.vae.z_dim + 4 : p.vae.z_dim;
+  WAN_CHECK(dit.in_dim == in_dim && dit.out_dim == p.vae.z_dim, p.ckpt.root, ": the VAE's z_dim ", p.vae.z_dim,
+            " does not match the DiT's in/out channels ", dit.in_dim, "/", dit.out_dim, " (", task_name(p.task),
+            " needs ", in_dim, "/", p.vae.z_dim, ")");
   p.seq_len = p.latent_shape[1] * (p.latent_shape[2] / dit.patch[1]) * (p.latent_shape[3] / dit.patch[2]);
   // The DiT's RoPE covers kDiTRopePositions positions per axis: refused here, not in the first forward.
   const int64_t axis[3] = {p.latent_shape[1] / dit.patch[0], p.latent_shape[2] / dit.patch[1],
@@ -294,6 +300,7 @@ void plan_video(const GenerateOptions& o, const std::optional<ModelPreset>& size
     WAN_CHECK_OPTION("init-latents", p.init_latents.shape() == p.latent_shape, "{} ", o.init_latents_file, ": shape ",
                      p.init_latents.shape().str(), " does not match ", p.latent_shape.str(), " of ", p.width, "x",
                      p.height, ", ", p.frames, " frames");
+  size_images(images, p);  // the images at the video's size, as the task's reference sizes them
 }
 
 void plan_sampling(const GenerateOptions& o, GeneratePlan& p) {
@@ -427,6 +434,9 @@ std::string GeneratePlan::describe() const {
   }
   os << "video    " << width << "x" << height << ", " << frames << " frames at " << fps << " fps; latents "
      << latent_shape.str() << ", " << seq_len << " tokens\n";
+  if (image.defined())
+    os << "image    " << image_file << (last_image.defined() ? cat(" -> ", last_image_file) : "") << ": " << image_sizing
+       << "\n";
   os << "sampler  " << solver_name(sampler.solver) << ", " << sampler.steps << " steps, " << schedule_name(sampler.schedule)
      << " schedule, shift " << sampler.shift << ", timesteps " << schedule.timesteps.front();
   if (schedule.timesteps.size() > 1) os << " .. " << schedule.timesteps.back();
@@ -620,9 +630,14 @@ GenerateResult run_generate(const GeneratePlan& p, const RunHooks& hooks, bool d
   std::unique_ptr<Denoiser> dit_model;
   // Fast start: the VAE's weights are read on a host thread meanwhile (seconds of the read returned).
   std::future<std::pair<VaeWeights, double>> vae_read;
+  // I2V / TI2V: the image is encoded first (VAE weights kept for the decode), before the DiT's memory
+  // is taken; on the CPU after the text encoder is released.
+  VaeWeights vae_weights;
+  LatentCondition condition;
+  if (p.image.defined() && p.fast_start) condition = pipeline_detail::encode_condition(p, hooks, &vae_weights, &tm);
   if (p.fast_start) {
     // 1-3. Text encoder and experts stream in together; encoding and warm-up overlap the load.
-    if (decode && p.stop_after_steps == 0)
+    if (decode && p.stop_after_steps == 0 && !p.image.defined())
       vae_read = std::async(std::launch::async, [&p] {
         const auto t0 = Clock::now();
         VaeWeights w = load_vae(p.ckpt, p.vae);
@@ -645,6 +660,10 @@ GenerateResult run_generate(const GeneratePlan& p, const RunHooks& hooks, bool d
   } else {
     // 1. Text (see run_text_stage).
     if (p.needs_text_encoder) run_text_stage(p, hooks, gpu, probe, cond, uncond, te_gpu, tm);
+    if (p.image.defined()) {
+      condition = pipeline_detail::encode_condition(p, hooks, &vae_weights, &tm);
+      probe();
+    }
     // 3. Experts actually used by the schedule, on the CPU or streamed to the GPU, then (GPU) the warm-up.
     {
       StageTimer st(hooks, Stage::LoadDiT, (spec.use_high ? 1 : 0) + (spec.use_low ? 1 : 0));
@@ -667,6 +686,7 @@ GenerateResult run_generate(const GeneratePlan& p, const RunHooks& hooks, bool d
                                         : seeded_latents(p.latent_shape, p.seed);
 
   // 4. Sampling (the loop every run shares; --resume: from the saved sampler state).
+  dit_model->set_condition(condition);
   pipeline_detail::denoise(p, *dit_model, cond, uncond, x, p.resume ? &p.resume->sampler : nullptr, hooks, probe, &r);
   dit_model.reset();  // frees the experts before the VAE decoder is built
   if (r.state) {  // paused: the state carries the text and the timings so far; no decode
@@ -683,6 +703,7 @@ GenerateResult run_generate(const GeneratePlan& p, const RunHooks& hooks, bool d
         vae_read_s = sec;
         return std::move(w);
       }
+      if (vae_weights.decoder.conv1.present()) return std::move(vae_weights);  // read for the image encode
       return p.random_weights ? random_vae_weights(p.vae, random_vae_seed(p.weights_seed)) : load_vae(p.ckpt, p.vae);
     };
     r.video = decode_with(load, p.vae, r.latents, hooks, &tm, p.device, &r.peak_device_bytes);

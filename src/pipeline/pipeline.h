@@ -67,6 +67,9 @@ struct GenerateOptions {
   std::string prompt_embeds_file;          // "prompt_embeds" file instead of --prompt
   std::string negative_embeds_file;        // same format, instead of --negative-prompt
   std::string init_latents_file;           // "latents" file instead of the seeded noise
+  // The image to animate (I2V-A14B: required; TI2V-5B: optional, text-only without it) and I2V's last
+  // frame (optional). Read and sized while planning (conditioning.h).
+  std::string image_file, last_image_file;
   std::optional<int> width, height, frames;
   std::optional<int> steps;
   std::optional<double> shift;             // default: sample_shift (official) / flow_shift (diffusers)
@@ -123,6 +126,11 @@ struct GeneratePlan {
   bool needs_text_encoder = false;
   T5Config t5;                             // when needs_text_encoder
   Tensor init_latents;                     // latent_shape, when given
+  // The conditioning images [3, H, W] f32 in [-1, 1], already sized as the task does (conditioning.h);
+  // undefined without --image / --last-image. The VAE encodes them before the DiT loads.
+  std::string image_file, last_image_file;
+  Tensor image, last_image;
+  std::string image_sizing;                // how the image became the video size, for describe()
   VaeConfig vae;
   int64_t weights_peak_bytes = 0;          // largest set of f32 weights held at once
   std::string device = "cpu";              // where the DiT runs: "cpu" | "cuda[:i]"
@@ -138,6 +146,7 @@ struct GeneratePlan {
   bool keep_text_encoder = false;          // ... which stays resident next to the DiT
   int64_t t5_device_bytes = 0;             // its device bytes (weights + activation headroom)
   int64_t vae_device_bytes = 0;            // the GPU decoder's (weights + arena + reserve); 0: no decode
+  int64_t vae_encoder_device_bytes = 0;    // the GPU image encoder's (I2V / TI2V); 0: no image
   int64_t host_weights_bytes = 0;          // cuda: host memory for weights at once (VAE + one tensor)
   // cuda, checkpoint weights: the text encoder and both experts stream to the device concurrently
   // through one loader (pipeline/startup.h) when they fit next to each other; else one after the other.
@@ -171,8 +180,8 @@ std::string plan_fingerprint(const GeneratePlan& p);
 std::string fingerprint_differences(const std::string& saved, const std::string& now);
 
 // ---- running ----
-enum class Stage { LoadTextEncoder, EncodeText, LoadDiT, Denoise, LoadVae, Decode, WarmUp };
-const char* stage_name(Stage s);  // "load text encoder", "encode text", ..., "warm-up"
+enum class Stage { LoadTextEncoder, EncodeText, LoadDiT, Denoise, LoadVae, Decode, WarmUp, EncodeImage };
+const char* stage_name(Stage s);  // "load text encoder", "encode text", ..., "warm-up", "encode image"
 
 struct ProgressEvent {
   enum Kind { Begin, Advance, End } kind = Begin;
@@ -199,6 +208,7 @@ struct RunHooks {
 struct Timings {
   double load_text_encoder = 0, text_encode = 0, load_dit = 0, denoise = 0, load_vae = 0, vae_decode = 0;
   double warm_up = 0;    // GPU: plans and CUDA graph capture before the first step
+  double image_encode = 0;  // I2V / TI2V: the VAE encoding of the image (its weights' read is in load_vae)
   double load_wall = 0;  // > 0: the overlapped load's wall time (see above)
   double startup = 0;    // process start to the first denoising step (0: no step run)
   std::vector<double> step_seconds;

@@ -122,4 +122,9 @@ inline void check_cancel(const RunHooks& h) {
 Tensor decode_with(const std::function<VaeWeights()>& load, const VaeConfig& vae, const Tensor& latents,
                    const RunHooks& hooks, Timings* timings, const std::string& device, int64_t* peak_device_bytes);
 
+// The image stage of I2V / TI2V: the VAE weights into *weights unless they are there already (the
+// LoadVae stage), then the image video encoded on the plan's device into the DiT's condition (the
+// EncodeImage stage; conditioning.h build_condition).
+LatentCondition encode_condition(const GeneratePlan& p, const RunHooks& hooks, VaeWeights* weights, Timings* timings);
+
 }  // namespace wan::pipeline_detail

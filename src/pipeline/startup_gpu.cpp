@@ -30,7 +30,7 @@ const double g_libraries_loaded_at = process_age_seconds();
 // planned, `t5_bytes` the text encoder's share of it (0: the text is encoded elsewhere or not at all)
 // and `vae_bytes` the decoder's (0: no decode there).
 RunMemoryPlan run_memory(const GeneratePlan& p, const GpuDiTMemory& m, bool fast, const std::string& dev,
-                         size_t t5_bytes, size_t vae_bytes) {
+                         size_t t5_bytes, size_t vae_bytes, size_t encoder_bytes) {
   RunMemoryPlan run;
   const bool text = t5_bytes > 0;
   const StageSet denoise = stage_bit(RunStage::Denoise);
@@ -50,6 +50,9 @@ RunMemoryPlan run_memory(const GeneratePlan& p, const GpuDiTMemory& m, bool fast
   run.add(dev, "DiT activations", m.arena_bytes, denoise);
   run.add(dev, "sampler state", m.sampler_bytes, denoise);
   run.add(dev, "DiT reserve", m.reserve_bytes, loading | denoise);
+  // I2V / TI2V: the image is encoded before the DiT loads (and after the text encoder is freed).
+  if (encoder_bytes > 0)
+    run.add(dev, "VAE encoder (weights + activations)", encoder_bytes, stage_bit(RunStage::ImageEncode));
   // The decoder is built after the DiT is freed.
   if (vae_bytes > 0) run.add(dev, "VAE decoder (weights + activations)", vae_bytes, stage_bit(RunStage::Decode));
   // What fits: the largest frame count at this size whose denoise stage fits.
@@ -57,8 +60,8 @@ RunMemoryPlan run_memory(const GeneratePlan& p, const GpuDiTMemory& m, bool fast
   const int tf = vae_temporal_factor(p.vae);
   run.what_fits = [m, kept, tf, w = p.width, h = p.height, T = p.latent_shape[1]](const std::string&, RunStage st,
                                                                                    size_t free_bytes) -> std::string {
-    if (st == RunStage::Decode)
-      return cat("the decoder's activations scale with the frame size, not the frame count: a smaller size than ", w,
+    if (st == RunStage::Decode || st == RunStage::ImageEncode)
+      return cat("the VAE's activations scale with the frame size, not the frame count: a smaller size than ", w,
                  "x", h, " fits");
     if (st != RunStage::Denoise) return {};
     const int64_t fit = largest_fitting(T - 1, [&](int64_t t) { return m.bytes_at_frames(t) + kept <= free_bytes; });
@@ -76,17 +79,19 @@ RunMemoryPlan gpu_run_memory(const GeneratePlan& p, const GpuDiTMemory& m, bool 
   *fast_start = false;
   const size_t t5 = p.text_on_gpu ? static_cast<size_t>(p.t5_device_bytes) : 0;
   const size_t vae = decode ? static_cast<size_t>(p.vae_device_bytes) : 0;
-  if (p.random_weights) return run_memory(p, m, false, p.device, t5, vae);  // drawn on the GPU: nothing streams
-  RunMemoryPlan fast = run_memory(p, m, true, p.device, t5, vae);
+  const size_t enc = static_cast<size_t>(p.vae_encoder_device_bytes);
+  if (p.random_weights) return run_memory(p, m, false, p.device, t5, vae, enc);  // drawn on the GPU: nothing streams
+  RunMemoryPlan fast = run_memory(p, m, true, p.device, t5, vae, enc);
   *fast_start = fast.stage_peak(p.device, RunStage::Load) <= m.free_bytes;
-  return *fast_start ? fast : run_memory(p, m, false, p.device, t5, vae);
+  return *fast_start ? fast : run_memory(p, m, false, p.device, t5, vae, enc);
 }
 
 RunMemoryPlan rank_run_memory(const GeneratePlan& p, const GpuDiTMemory& m, const std::string& device,
                               const dist::Layout& layout, bool rank0, bool decode) {
   const size_t t5 = rank0 && p.needs_text_encoder ? gpu_text_encoder_bytes(p.t5) : 0;
   const size_t vae = rank0 && decode ? gpu_vae_decoder_bytes(p.vae, p.latent_shape, device) : 0;
-  RunMemoryPlan run = run_memory(p, m, false, device, t5, vae);
+  const size_t enc = rank0 && p.image.defined() ? gpu_vae_encoder_bytes(p.vae, p.image, device) : 0;
+  RunMemoryPlan run = run_memory(p, m, false, device, t5, vae, enc);
   run.request += cat(", ", "this rank's share of ", dist::describe(layout));
   return run;
 }
@@ -101,6 +106,8 @@ void plan_gpu_run(bool parallel, bool decode, bool keep_text_encoder, GeneratePl
     const GpuDiTMemory m = plan_gpu_dit_memory(p.ckpt, pipeline_detail::denoiser_spec(p));
     if (p.text_on_gpu) p.t5_device_bytes = static_cast<int64_t>(gpu_text_encoder_bytes(p.t5));
     if (decode) p.vae_device_bytes = static_cast<int64_t>(gpu_vae_decoder_bytes(p.vae, p.latent_shape, p.device));
+    if (p.image.defined())
+      p.vae_encoder_device_bytes = static_cast<int64_t>(gpu_vae_encoder_bytes(p.vae, p.image, p.device));
     auto run = std::make_shared<RunMemoryPlan>(gpu_run_memory(p, m, decode, &p.fast_start));
     run->check(p.device, m.free_bytes);
     p.memory = std::move(run);

@@ -16,6 +16,7 @@ const char* run_stage_name(RunStage s) {
   switch (s) {
     case RunStage::Load: return "load";
     case RunStage::TextEncode: return "text encode";
+    case RunStage::ImageEncode: return "image encode";
     case RunStage::Denoise: return "denoise";
     case RunStage::Decode: return "decode";
   }

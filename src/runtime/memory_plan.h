@@ -16,9 +16,9 @@
 
 namespace wan {
 
-enum class RunStage : uint8_t { Load, TextEncode, Denoise, Decode };
-constexpr int kRunStages = 4;
-const char* run_stage_name(RunStage s);  // "load", "text encode", "denoise", "decode"
+enum class RunStage : uint8_t { Load, TextEncode, ImageEncode, Denoise, Decode };
+constexpr int kRunStages = 5;
+const char* run_stage_name(RunStage s);  // "load", "text encode", "image encode", "denoise", "decode"
 
 // A set of stages, one bit per RunStage.
 using StageSet = unsigned;

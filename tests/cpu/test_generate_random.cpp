@@ -170,7 +170,7 @@ TEST(GenerateRandom, PlanRefusesBadInputBeforeHeavyWork) {
          o.config = "";
          o.task = Task::I2V_A14B;
        },
-       "only t2v-A14B runs"},
+       "missing --image FILE: i2v-A14B animates an image"},
       // Real-size experts with 1000 blocks: 2 x 1.4 TB of f32 weights.
       {[](GenerateOptions& o) {
          o.config = "t2v-A14B";
