@@ -1,14 +1,18 @@
-// `wan bench-vae`: decode time and peak device memory of the GPU Wan 2.1 VAE decoder (src/models/vae/vae_gpu.h,
-// bf16, causal chunk cache) at the real widths with random weights, for the same-run comparison with the
-// official fp32 decode (bench/run_vae_bench.sh runs bench/baselines/diffusers_vae.py next).
-// What is measured (say it, so numbers are never mistaken for something else):
-// - weights: the Wan 2.1 VAE preset drawn exactly as `wan make-checkpoint` draws its VAE, in memory;
-// - input: one latent [16, T, H/8, W/8] f32 ~ N(0, 1) (Philox, --seed + 1) on the device, T = (F - 1)/4 + 1;
-// - time: VaeDecoderGpu::decode of the whole latent into a device video [3, F, H, W] f32, bracketed by
-//   CUDA events on one stream; median (and min) of --reps after --warmup untimed decodes; the plan
-//   (create) is timed separately and not in the median;
-// - memory: cudaMemGetInfo's used bytes, peak minus the sample before the bench (run_vae_bench);
-// - the video is downloaded once at the end and checked finite and within [-1, 1] (the clamp).
+// `wan bench-vae`: time and peak device memory of the GPU VAE (src/models/vae/vae_gpu.h decoder,
+// vae_gpu_encoder.h encoder; bf16, causal chunk cache) of Wan 2.1 or Wan 2.2 at the real widths with random
+// weights, for the same-run comparison with the official fp32 VAE (bench/run_vae_bench.sh runs
+// bench/baselines/diffusers_vae.py next). What is measured (say it, so numbers are never mistaken):
+// - weights: the --vae preset drawn exactly as `wan make-checkpoint` draws its VAE, in memory;
+// - decode input: a latent [z, T, H/sf, W/sf] f32 ~ N(0, 1) (Philox, --seed + 1), T = (F - 1)/4 + 1,
+//   sf = 8 (Wan 2.1) or 16 (Wan 2.2); encode input: a video [3, F, H, W] whose frame 0 is an image
+//   uniform in [-1, 1) (Philox, --seed + 1) and whose other frames are zero (the I2V conditioning video;
+//   F = 1 is TI2V's single image);
+// - time: one decode (or encode) of the whole input between device buffers, bracketed by CUDA events
+//   on one stream; median (and min) of --reps after --warmup untimed runs; create is timed apart;
+// - memory: cudaMemGetInfo's used bytes, peak minus the sample before the bench (run_vae_bench), next to
+//   the plan (weights + arena) and the planner's own figure (device_bytes);
+// - the output is downloaded once at the end: a video checked finite and within [-1, 1] (the clamp),
+//   latents checked finite.
 // In a build without CUDA the command parses its options and then fails with one clear error.
 #include <algorithm>
 #include <chrono>
@@ -17,6 +21,7 @@
 #include <cstdlib>
 #include <ctime>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <unordered_map>
@@ -37,6 +42,7 @@
 #include "bench/dit_bench_gpu.h"
 #include "kernels/rng.h"
 #include "models/vae/vae_gpu.h"
+#include "models/vae/vae_gpu_encoder.h"
 #endif
 
 namespace wan::cli {
@@ -44,19 +50,29 @@ namespace {
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
-// The command line, read and checked before any device work.
+// The command line, read and checked before any device work. Size and frames default per VAE and
+// direction: the sizes the released models run (Wan 2.1 720p, 81 frames; Wan 2.2 1280x704, 121 frames
+// decoded, one frame encoded: TI2V's image).
 struct VaeSettings {
-  std::string size, mode, json_path;
+  std::string vae, size, mode, json_path;
+  bool encode = false;
   long long width = 0, height = 0, frames = 0, reps = 0, warmup = 0, seed = 0, device = 0;
   bool verbose = false;
 };
 
 VaeSettings parse_settings(const api::Values& args) {
   VaeSettings s;
-  s.size = args.str("size");
-  const auto [w_arg, h_arg] = args.size("size");
-  s.width = w_arg, s.height = h_arg;
-  s.frames = args.get_int("frames", 81), s.reps = args.get_int("reps", 3);
+  s.vae = args.str("vae");
+  s.encode = args.flag("encode");
+  const bool v22 = s.vae == "wan2.2";
+  s.size = args.get_or("size", v22 ? "1280x704" : "1280x720");
+  const api::Size z = api::parse_size(s.size, "size");
+  s.width = z.width, s.height = z.height;
+  const int sf = v22 ? 16 : 8;
+  WAN_CHECK_OPTION("size", s.width % sf == 0 && s.height % sf == 0, "{} ", s.size,
+                   ": width and height must be multiples of ", sf, " for ", s.vae);
+  s.frames = args.get_int("frames", v22 ? (s.encode ? 1 : 121) : 81);
+  s.reps = args.get_int("reps", 3);
   s.warmup = args.get_int("warmup", 1), s.seed = args.get_int("seed", 0);
   s.device = args.device("device");
   s.mode = args.str("conv-mode");
@@ -76,8 +92,7 @@ size_t device_used() {
 }
 
 // The VAE make-checkpoint writes for --seed (same names, shapes and values), as f32 tensors in memory:
-// base 96, z 16, dim_mult 1 2 4 4, vae_weight_table + fill_init, component "vae" of --seed
-// (PyTorch-default-like U(±1/√fan_in)).
+// vae_weight_table + fill_init, component "vae" of --seed (PyTorch-default-like U(±1/√fan_in)).
 VaeWeights make_checkpoint_vae(const VaeConfig& c, uint64_t seed) {
   const WeightTable ps = vae_weight_table(c);
   std::unordered_map<std::string, const WeightSpec*> by_name;
@@ -92,36 +107,49 @@ VaeWeights make_checkpoint_vae(const VaeConfig& c, uint64_t seed) {
   });
 }
 
-// The latent and video geometry: latent [16, T, h, w], video [3, F, height, width].
+// The latent and video geometry: latent [z, T, h, w], video [3, F, height, width].
 struct VaeShape {
-  int64_t T = 0, h = 0, w = 0, F = 0;
+  int64_t z = 0, T = 0, h = 0, w = 0, F = 0;
+  int sf = 8;
   size_t z_n = 0, v_n = 0;
 };
 
-VaeShape vae_shape(const VaeSettings& s) {
+VaeShape vae_shape(const VaeSettings& s, const VaeConfig& c) {
   VaeShape g;
-  g.T = (s.frames - 1) / 4 + 1, g.h = s.height / 8, g.w = s.width / 8, g.F = 1 + 4 * (g.T - 1);
-  g.z_n = static_cast<size_t>(16 * g.T * g.h * g.w), g.v_n = static_cast<size_t>(3 * g.F * s.height * s.width);
+  g.z = c.z_dim, g.sf = 8 * c.patch;
+  g.T = (s.frames - 1) / 4 + 1, g.h = s.height / g.sf, g.w = s.width / g.sf, g.F = 1 + 4 * (g.T - 1);
+  g.z_n = static_cast<size_t>(g.z * g.T * g.h * g.w), g.v_n = static_cast<size_t>(3 * g.F * s.height * s.width);
   return g;
 }
 
+std::string vae_title(const VaeSettings& s) { return s.vae == "wan2.2" ? "Wan 2.2" : "Wan 2.1"; }
+const char* op_name(const VaeSettings& s) { return s.encode ? "encode" : "decode"; }
+
+std::string latent_str(const VaeShape& g) { return cat("[", g.z, ", ", g.T, ", ", g.h, ", ", g.w, "]"); }
+
 void print_intro(const VaeSettings& s, const VaeShape& g, int dev, const cuda::BenchDevice& bd) {
-  printf("wan bench-vae: Wan 2.1 VAE decode (bf16, %s), %lldx%lld, %lld frames <- latent [16, %lld, %lld, %lld], "
-         "random weights (make-checkpoint seed %lld)\n",
-         s.mode.c_str(), s.width, s.height, (long long)g.F, (long long)g.T, (long long)g.h, (long long)g.w, s.seed);
+  if (s.encode)
+    printf("wan bench-vae: %s VAE encode (bf16, %s), %lldx%lld, %lld frames (frame 0 a random image, %lld zero) "
+           "-> latent %s, random weights (make-checkpoint seed %lld)\n",
+           vae_title(s).c_str(), s.mode.c_str(), s.width, s.height, (long long)g.F, (long long)g.F - 1,
+           latent_str(g).c_str(), s.seed);
+  else
+    printf("wan bench-vae: %s VAE decode (bf16, %s), %lldx%lld, %lld frames <- latent %s, random weights "
+           "(make-checkpoint seed %lld)\n",
+           vae_title(s).c_str(), s.mode.c_str(), s.width, s.height, (long long)g.F, latent_str(g).c_str(), s.seed);
   printf("device %d: %s, %d SMs, %.1f GiB; driver %d, runtime %d, cuDNN %d\n", dev, bd.name.c_str(), bd.sm_count,
          bd.total_bytes / kGiB, bd.driver_version, bd.runtime_version, bd.cudnn_version);
   fflush(stdout);
 }
 
-// What one run measured: times, the memory samples and the video check.
+// What one run measured: times, the memory samples and the output check.
 struct VaeResult {
   double weights_s = 0, plan_s = 0, warmup_s = 0;
-  std::vector<double> ms;  // per timed decode
+  std::vector<double> ms;  // per timed run
   double median_ms = 0, min_ms = 0;
   size_t used0 = 0, used_after_create = 0, peak = 0;  // cudaMemGetInfo used bytes
-  size_t weight_bytes = 0, arena_bytes = 0;
-  size_t bad = 0;  // video elements non-finite or outside [-1, 1]
+  size_t weight_bytes = 0, arena_bytes = 0, planned_bytes = 0;
+  size_t bad = 0;  // output elements non-finite (or, for a video, outside [-1, 1])
   double rms = 0;
 };
 
@@ -129,8 +157,8 @@ double elapsed_s(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-// --warmup untimed decodes, then --reps decodes bracketed by CUDA events; the used memory sampled after each.
-void time_decodes(VaeDecoderGpu& dec, const VaeSettings& s, int64_t T, const float* dz, float* dv, VaeResult& r) {
+// --warmup untimed runs, then --reps runs bracketed by CUDA events; the used memory sampled after each.
+void time_runs(const VaeSettings& s, const std::function<void(cudaStream_t)>& run, VaeResult& r) {
   cudaStream_t st;
   CUDA_CHECK(cudaStreamCreate(&st));
   cudaEvent_t ea, eb;
@@ -138,21 +166,21 @@ void time_decodes(VaeDecoderGpu& dec, const VaeSettings& s, int64_t T, const flo
   CUDA_CHECK(cudaEventCreate(&eb));
   const auto t0 = std::chrono::steady_clock::now();
   for (long long i = 0; i < s.warmup; ++i) {
-    dec.decode(dz, T, dv, true, st);
+    run(st);
     CUDA_CHECK(cudaStreamSynchronize(st));
     r.peak = std::max(r.peak, device_used());
   }
   r.warmup_s = elapsed_s(t0);
   for (long long i = 0; i < s.reps; ++i) {
     CUDA_CHECK(cudaEventRecord(ea, st));
-    dec.decode(dz, T, dv, true, st);
+    run(st);
     CUDA_CHECK(cudaEventRecord(eb, st));
     CUDA_CHECK(cudaEventSynchronize(eb));
     float m = 0;
     CUDA_CHECK(cudaEventElapsedTime(&m, ea, eb));
     r.ms.push_back(m);
     r.peak = std::max(r.peak, device_used());
-    printf("decode %lld: %.3f s\n", i + 1, m / 1e3);
+    printf("%s %lld: %.3f s\n", op_name(s), i + 1, m / 1e3);
     fflush(stdout);
   }
   CUDA_CHECK(cudaEventDestroy(ea));
@@ -162,65 +190,97 @@ void time_decodes(VaeDecoderGpu& dec, const VaeSettings& s, int64_t T, const flo
   r.min_ms = *std::min_element(r.ms.begin(), r.ms.end());
 }
 
-// The video: every element finite and clamped.
-void check_video(const float* dv, size_t v_n, VaeResult& r) {
-  std::vector<float> v(v_n);
-  CUDA_CHECK(cudaMemcpy(v.data(), dv, v_n * sizeof(float), cudaMemcpyDeviceToHost));
+// The output: every element finite, and a video clamped to [-1, 1].
+void check_output(const float* d, size_t n, bool clamped, VaeResult& r) {
+  std::vector<float> v(n);
+  CUDA_CHECK(cudaMemcpy(v.data(), d, n * sizeof(float), cudaMemcpyDeviceToHost));
   double sq = 0;
   for (float x : v) {
-    if (!std::isfinite(x) || std::fabs(x) > 1.0f) ++r.bad;
+    if (!std::isfinite(x) || (clamped && std::fabs(x) > 1.0f)) ++r.bad;
     else sq += static_cast<double>(x) * x;
   }
-  r.rms = std::sqrt(sq / static_cast<double>(v_n));
+  r.rms = std::sqrt(sq / static_cast<double>(n));
 }
 
-// Draws the weights and the latent, plans the decoder, times its decodes and checks the last video. The
-// used memory is sampled before anything of the bench exists, after create and after every decode
+// Plans the decoder or encoder (Model), times `run` on it and asks the planner for its own figure. The
+// planner's query comes after the timed runs so anything it creates is not in the peak.
+template <class Model, class Run>
+void plan_and_time(const VaeSettings& s, const VaeConfig& cfg, const VaeWeights& weights, const VaeShape& g, Run run,
+                   VaeResult& r) {
+  VaeGpuOptions o;
+  o.conv_mode = s.mode == "conv3d" ? VaeConvMode::Conv3d : VaeConvMode::Folded2d;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto m = Model::create(cfg, weights, {g.h, g.w}, o);
+  CUDA_CHECK(cudaDeviceSynchronize());
+  r.plan_s = elapsed_s(t0);
+  r.used_after_create = device_used();
+  r.peak = std::max(r.peak, r.used_after_create);
+  if (s.verbose) printf("%s", m->plan_str().c_str());
+  r.weight_bytes = m->weight_bytes(), r.arena_bytes = m->arena_bytes();
+  time_runs(s, [&](cudaStream_t st) { run(*m, st); }, r);
+  r.planned_bytes = Model::device_bytes(cfg, {g.h, g.w}, o);
+}
+
+// The encoder's input: frame 0 uniform in [-1, 1), the other frames zero.
+std::vector<float> conditioning_video(const VaeSettings& s, const VaeShape& g) {
+  std::vector<float> v(g.v_n, 0.0f);
+  const size_t hw = static_cast<size_t>(s.height * s.width), frame_stride = static_cast<size_t>(g.F) * hw;
+  for (size_t c = 0; c < 3; ++c)
+    for (size_t i = 0; i < hw; ++i)
+      v[c * frame_stride + i] = 2.0f * philox_uniform(static_cast<uint64_t>(s.seed) + 1, c * hw + i) - 1.0f;
+  return v;
+}
+
+// Draws the weights and the input, plans the decoder (or encoder), times it and checks the last output.
+// The used memory is sampled before anything of the bench exists, after create and after every run
 // (nothing is freed in between, so the largest sample is the peak: the CUDA libraries' handles and
 // workspaces, lazily loaded kernels, the weights, the arena, and the latent and video buffers).
-VaeResult run_vae_bench(const VaeSettings& s, const VaeShape& g) {
-  const VaeConfig cfg = vae_preset("wan2.1");
+VaeResult run_vae_bench(const VaeSettings& s, const VaeConfig& cfg, const VaeShape& g) {
   VaeResult r;
-  auto t0 = std::chrono::steady_clock::now();
+  const auto t0 = std::chrono::steady_clock::now();
   const VaeWeights weights = make_checkpoint_vae(cfg, static_cast<uint64_t>(s.seed));
   r.weights_s = elapsed_s(t0);
-  std::vector<float> z(g.z_n);
-  philox_normal_fill(static_cast<uint64_t>(s.seed) + 1, 0, z.data(), g.z_n);
+  std::vector<float> in;
+  if (s.encode) {
+    in = conditioning_video(s, g);
+  } else {
+    in.resize(g.z_n);
+    philox_normal_fill(static_cast<uint64_t>(s.seed) + 1, 0, in.data(), g.z_n);
+  }
 
   CUDA_CHECK(cudaDeviceSynchronize());
   r.used0 = device_used();
   r.peak = r.used0;
   DevMem<float> dz(g.z_n), dv(g.v_n);
-  CUDA_CHECK(cudaMemcpy(dz.p, z.data(), g.z_n * sizeof(float), cudaMemcpyHostToDevice));
-
-  VaeGpuOptions o;
-  o.conv_mode = s.mode == "conv3d" ? VaeConvMode::Conv3d : VaeConvMode::Folded2d;
-  t0 = std::chrono::steady_clock::now();
-  auto dec = VaeDecoderGpu::create(cfg, weights, {g.h, g.w}, o);
-  CUDA_CHECK(cudaDeviceSynchronize());
-  r.plan_s = elapsed_s(t0);
-  r.used_after_create = device_used();
-  r.peak = std::max(r.peak, r.used_after_create);
-  if (s.verbose) printf("%s", dec->plan_str().c_str());
-  r.weight_bytes = dec->weight_bytes(), r.arena_bytes = dec->arena_bytes();
-
-  time_decodes(*dec, s, g.T, dz.p, dv.p, r);
-  check_video(dv.p, g.v_n, r);
+  CUDA_CHECK(cudaMemcpy(s.encode ? dv.p : dz.p, in.data(), in.size() * sizeof(float), cudaMemcpyHostToDevice));
+  if (s.encode) {
+    plan_and_time<VaeEncoderGpu>(
+        s, cfg, weights, g, [&](VaeEncoderGpu& e, cudaStream_t st) { e.encode(dv.p, g.F, dz.p, st); }, r);
+    check_output(dz.p, g.z_n, false, r);
+  } else {
+    plan_and_time<VaeDecoderGpu>(
+        s, cfg, weights, g, [&](VaeDecoderGpu& d, cudaStream_t st) { d.decode(dz.p, g.T, dv.p, true, st); }, r);
+    check_output(dv.p, g.v_n, true, r);
+  }
   return r;
 }
 
 void print_summary(const VaeSettings& s, const VaeShape& g, const VaeResult& r) {
   const size_t peak_bench = r.peak - r.used0, io = (g.z_n + g.v_n) * sizeof(float);
   const size_t plan = r.weight_bytes + r.arena_bytes;
-  printf("decode: median %.3f s, min %.3f s (%lld timed after %lld warm-up; CUDA events); plan %.2f s, warm-up %.2f s, "
+  printf("%s: median %.3f s, min %.3f s (%lld timed after %lld warm-up; CUDA events); plan %.2f s, warm-up %.2f s, "
          "weights drawn in %.2f s\n",
-         r.median_ms / 1e3, r.min_ms / 1e3, s.reps, s.warmup, r.plan_s, r.warmup_s, r.weights_s);
+         op_name(s), r.median_ms / 1e3, r.min_ms / 1e3, s.reps, s.warmup, r.plan_s, r.warmup_s, r.weights_s);
   printf("memory: peak device memory in use %.2f GiB above the %.2f GiB before the bench (cudaMemGetInfo; "
-         "plan %.2f GiB = weights %.1f MiB + arena %.2f GiB; latent + video %.2f GiB; rest: CUDA libraries, kernels)\n",
+         "plan %.2f GiB = weights %.1f MiB + arena %.2f GiB, planner's device_bytes %.2f GiB; latent + video "
+         "%.2f GiB; rest: CUDA libraries, kernels)\n",
          peak_bench / kGiB, r.used0 / kGiB, plan / kGiB, r.weight_bytes / 1048576.0, r.arena_bytes / kGiB,
-         io / kGiB);
-  printf("video [3, %lld, %lld, %lld]: rms %.4f, %zu non-finite or outside [-1, 1]\n", (long long)g.F, s.height,
-         s.width, r.rms, r.bad);
+         r.planned_bytes / kGiB, io / kGiB);
+  if (s.encode)
+    printf("latent %s: rms %.4f, %zu non-finite\n", latent_str(g).c_str(), r.rms, r.bad);
+  else
+    printf("video [3, %lld, %lld, %lld]: rms %.4f, %zu non-finite or outside [-1, 1]\n", (long long)g.F, s.height,
+           s.width, r.rms, r.bad);
   fflush(stdout);
 }
 
@@ -228,30 +288,38 @@ nlohmann::json result_json(const VaeSettings& s, const VaeShape& g, const cuda::
   nlohmann::json J;
   put_tool_header(J, "wan bench-vae");
   J["device"] = bench_device_json(bd);
-  J["vae"] = "wan2.1";
-  J["dtype"] = "bf16 (fp32 accumulation; see src/models/vae/vae_gpu.h)";
+  J["vae"] = s.vae;
+  J["op"] = op_name(s);
+  J["dtype"] = "bf16 (fp32 accumulation; see src/models/vae/vae_gpu.h, vae_gpu_encoder.h)";
   J["conv_mode"] = s.mode;
   J["size"] = {s.width, s.height};
   J["frames"] = g.F;
-  J["latent"] = {16, g.T, g.h, g.w};
+  J["latent"] = {g.z, g.T, g.h, g.w};
+  J["video"] = {3, g.F, s.height, s.width};
+  J["input"] = s.encode ? "video: frame 0 uniform in [-1, 1) (Philox, seed + 1), the other frames zero; output: the "
+                          "normalised posterior mean"
+                        : "latent ~ N(0, 1) (Philox, seed + 1); output: the clamped video";
   J["weights"] = "random, as `wan make-checkpoint --seed " + std::to_string(s.seed) + "` draws the VAE";
-  J["decode_ms"] = r.ms;
+  J[std::string(op_name(s)) + "_ms"] = r.ms;
   J["median_s"] = r.median_ms / 1e3;
   J["min_s"] = r.min_ms / 1e3;
   J["warmup"] = s.warmup;
   J["reps"] = s.reps;
   J["plan_s"] = r.plan_s;
-  J["method"] = "CUDA events around VaeDecoderGpu::decode (whole latent, clamp) on one stream, median of reps after "
-                "warm-up; memory: cudaMemGetInfo used bytes sampled after create and every decode, minus the "
-                "sample before the bench allocated anything";
+  J["weights_s"] = r.weights_s;
+  J["method"] = std::string("CUDA events around ") + (s.encode ? "VaeEncoderGpu::encode" : "VaeDecoderGpu::decode") +
+                " (whole input, device buffers) on one stream, median of reps after warm-up; memory: "
+                "cudaMemGetInfo used bytes sampled after create and every run, minus the sample before the bench "
+                "allocated anything";
   J["memory"] = {{"device_used_before_bytes", r.used0},
                  {"device_used_after_create_bytes", r.used_after_create},
                  {"peak_bytes", r.peak - r.used0},
                  {"plan_bytes", r.weight_bytes + r.arena_bytes},
+                 {"planned_device_bytes", r.planned_bytes},
                  {"weight_bytes", r.weight_bytes},
                  {"arena_bytes", r.arena_bytes},
                  {"latent_video_bytes", (g.z_n + g.v_n) * sizeof(float)}};
-  J["video_check"] = {{"bad", r.bad}, {"rms", r.rms}};
+  J[s.encode ? "latent_check" : "video_check"] = {{"bad", r.bad}, {"rms", r.rms}};
   return J;
 }
 #endif  // WAN_HAVE_CUDA
@@ -264,16 +332,22 @@ const api::CommandSpec& bench_vae_spec() {
     using api::Option;
     api::CommandSpec c;
     c.name = "bench-vae";
-    c.summary = "time the GPU VAE decode with random weights (s, peak memory)";
+    c.summary = "time the GPU VAE decode or encode with random weights (s, peak memory)";
     c.usage = {"bench-vae [options]"};
-    c.about = "Times the GPU VAE decode (Wan 2.1, bf16, causal chunk cache) with random weights at the real widths.";
-    api::Option size = api::option("size", Kind::Size, "", "1280x720", "pixel size (multiples of 8)");
+    c.about = "Times the GPU VAE decode (or, with --encode, encode) of Wan 2.1 or Wan 2.2 (bf16, causal chunk "
+              "cache) with random weights at the real widths.";
+    api::Option vae =
+        api::option("vae", Kind::Enum, "V", "wan2.1", "wan2.1 (z 16, stride 8) | wan2.2 (z 48, stride 16)");
+    vae.choices = {"wan2.1", "wan2.2"};
+    api::Option size = api::option("size", Kind::Size, "", "1280x720, wan2.2 1280x704",
+                                   "pixel size (multiples of 8, wan2.2 16)");
     size.check = [](const std::string& t) {
       const api::Size z = api::parse_size(t);
       return z.width % 8 == 0 && z.height % 8 == 0 ? std::string()
                                                    : cat("{} ", t, ": width and height must be multiples of 8");
     };
-    Option frames = bench_int_option("frames", "81", 1, 1e6, "pixel frames, 4n+1");
+    Option frames = bench_int_option("frames", "81, wan2.2 121 (--encode: 1)", 1, 1e6,
+                                     "pixel frames, 4n+1 (encode: frame 0 a random image, the rest zero)");
     frames.check = [](const std::string& f) {
       return (std::stoll(f) - 1) % 4 == 0 ? std::string() : cat("{} ", f, ": must be 4n+1");
     };
@@ -281,15 +355,17 @@ const api::CommandSpec& bench_vae_spec() {
         api::option("conv-mode", Kind::Enum, "M", "folded2d", "folded2d | conv3d (see src/models/vae/vae_gpu.h)");
     mode.choices = {"folded2d", "conv3d"};
     c.options = {
+        vae,
+        api::option("encode", Kind::Flag, "", "", "time the encoder (video -> posterior mean) instead of the decoder"),
         size,
         frames,
-        bench_int_option("reps", "3", 1, 1000, "timed decodes (median and min)"),
-        bench_int_option("warmup", "1", 0, 100, "untimed decodes first"),
-        bench_int_option("seed", "0", 0, 9.2e18, "weight seed as `wan make-checkpoint --seed`; latents use seed + 1"),
+        bench_int_option("reps", "3", 1, 1000, "timed runs (median and min)"),
+        bench_int_option("warmup", "1", 0, 100, "untimed runs first"),
+        bench_int_option("seed", "0", 0, 9.2e18, "weight seed as `wan make-checkpoint --seed`; inputs use seed + 1"),
         mode,
         bench_device_option(),
         bench_json_option(),
-        api::option("verbose", Kind::Flag, "", "", "print the decoder's memory and convolution plan"),
+        api::option("verbose", Kind::Flag, "", "", "print the decoder's (encoder's) memory and convolution plan"),
     };
     return c;
   }();
@@ -307,12 +383,14 @@ int cmd_bench_vae(int argc, char** argv) {
   // The context exists before the first memory sample.
   const int dev = select_bench_device(s.device, "wan bench-vae: no CUDA device is visible");
   const cuda::BenchDevice bd = cuda::bench_device(dev);
-  const VaeShape g = vae_shape(s);
+  const VaeConfig cfg = vae_preset(s.vae);
+  const VaeShape g = vae_shape(s, cfg);
   print_intro(s, g, dev, bd);
-  const VaeResult r = run_vae_bench(s, g);
+  const VaeResult r = run_vae_bench(s, cfg, g);
   print_summary(s, g, r);
   if (!s.json_path.empty()) write_json_file(s.json_path, result_json(s, g, bd, r));
-  WAN_ASSERT(r.bad == 0, "bench-vae: ", r.bad, " video elements are non-finite or outside [-1, 1]");
+  WAN_ASSERT(r.bad == 0, "bench-vae: ", r.bad, s.encode ? " latent elements are non-finite"
+                                                        : " video elements are non-finite or outside [-1, 1]");
   return 0;
 #endif
 }

@@ -1,7 +1,8 @@
 // `wan bench` option checks, run as a user runs them (the binary at WAN_BINARY, a child process per
 // call). Only bad values and --help: they are rejected before any device work, so these run (and must
 // pass) in every build, with or without CUDA or a GPU. Covers --profile-reps (the in-step breakdown),
-// --distinct-latents, --uniform-t and ti2v-5B's geometry, and `wan bench-attention --input-std`.
+// --distinct-latents, --uniform-t and ti2v-5B's geometry, `wan bench-attention --input-std`, and
+// `wan bench-vae --vae / --encode` with Wan 2.2's stride 16.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/wait.h>
@@ -102,6 +103,23 @@ TEST(BenchAttentionCli, BadInputStdIsOneClearError) {
                           {"-1", "--input-std -1: expected a value in (0, 64]"},
                           {"65", "--input-std 65: expected a value in (0, 64]"},
                           {"nan", "option --input-std: 'nan' must be a finite number"}});
+}
+
+// `wan bench-vae --vae wan2.2 [--encode]`: Wan 2.2's VAE strides 16, so its sizes are multiples of 16;
+// refused before any device work, as are unknown VAEs.
+TEST(BenchVaeCli, HelpListsVaeAndEncode) {
+  const Result r = run_wan({"bench-vae", "--help"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("--vae V"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("--encode"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("1280x704"), std::string::npos) << r.out;
+}
+
+TEST(BenchVaeCli, BadVaeOrSizeIsOneClearError) {
+  expect_one_clear_error({"bench-vae", "--vae"}, {{"wan2.3", "unknown --vae 'wan2.3' (valid: wan2.1, wan2.2)"}});
+  expect_one_clear_error({"bench-vae", "--vae", "wan2.2", "--encode", "--size"},
+                         {{"1280x712", "--size 1280x712: width and height must be multiples of 16 for wan2.2"}});
+  expect_one_clear_error({"bench-vae", "--frames"}, {{"4", "--frames 4: must be 4n+1"}});
 }
 
 }  // namespace
