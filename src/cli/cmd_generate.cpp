@@ -75,6 +75,7 @@ std::string timings_document(const RunReport& rep, const GeneratePlan& plan, con
   nlohmann::ordered_json w;
   w["load_text_encoder_s"] = whole.load_text_encoder;
   w["text_encode_s"] = whole.text_encode;
+  w["image_encode_s"] = whole.image_encode;
   w["load_dit_s"] = whole.load_dit;
   w["load_vae_s"] = whole.load_vae;
   w["warm_up_s"] = whole.warm_up;

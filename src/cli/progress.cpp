@@ -147,6 +147,7 @@ std::string format_summary(const RunReport& r) {
   line("load", t.load(), parts);
   line("warm-up", t.warm_up, t.load_wall > 0 ? "  (plans and CUDA graphs, during the load)" : "");
   line("text encoding", t.text_encode, t.load_wall > 0 ? "  (during the load)" : "");
+  if (t.image_encode > 0) line("image encoding", t.image_encode);
   if (t.startup > 0) line("to first step", t.startup, "  (from the start of the process)");
   char per[64];
   snprintf(per, sizeof per, "  (%zu steps, %.3f s/step)", t.step_seconds.size(), t.mean_step());
@@ -187,6 +188,7 @@ std::string format_timings_json(const RunReport& r) {
   tj["load_overlapped"] = t.load_wall > 0;
   tj["warm_up_s"] = t.warm_up;
   tj["text_encode_s"] = t.text_encode;
+  tj["image_encode_s"] = t.image_encode;
   tj["startup_to_first_step_s"] = t.startup;
   tj["denoise_s"] = t.denoise;
   tj["steps"] = t.step_seconds.size();

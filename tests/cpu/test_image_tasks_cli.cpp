@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "core/error.h"
 #include "formats/safetensors.h"
 #include "run_util.h"
@@ -77,10 +79,12 @@ void write(const std::string& path, const std::string& bytes) { std::ofstream(pa
 }  // namespace
 
 TEST(ImageTasksCli, I2vGoldenRunMatchesDiffusersAndRerunsByteIdentical) {
-  TempDir t;
-  Result r = run_wan(i2v_args(t));
+  TempDir t, j;
+  Result r = run_wan(plus(i2v_args(t), {"--json", j / "run.json"}));
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.err.find("encode image"), std::string::npos) << r.err;
+  const auto js = nlohmann::json::parse(wan::test::slurp(j / "run.json"));
+  EXPECT_GT(js.at("timings").at("image_encode_s").get<double>(), 0.0) << js.dump();
   const double rel = max_rel(load(t / "lat.safetensors", "latents"), load(kI2v + "/expected.safetensors", "latents"));
   printf("  CLI i2v final latents max rel err vs diffusers %.2e\n", rel);
   EXPECT_LE(rel, 1e-4);
