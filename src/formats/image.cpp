@@ -34,6 +34,8 @@ extern "C" {
 #include <libavutil/pixdesc.h>
 #include <libswscale/swscale.h>
 }
+
+#include "formats/libav.h"
 #endif
 
 namespace wan {
@@ -318,23 +320,17 @@ bool is_binary_pnm(const uint8_t* d, size_t n) { return n >= 3 && d[0] == 'P' &&
 #if defined(WAN_HAVE_FFMPEG) && WAN_HAVE_FFMPEG
 // ---- FFmpeg --------------------------------------------------------------------------------------------
 
-std::string av_err(int code) {
-  char buf[AV_ERROR_MAX_STRING_SIZE] = {};
-  av_strerror(code, buf, sizeof(buf));
-  return buf;
-}
+using libav::av_err;
+using libav::CodecCloser;
+using libav::FrameCloser;
+using libav::PacketCloser;
+using libav::quiet_libav_once;
+using libav::SwsCloser;
 
 // FFmpeg's own log lines (corrupt-data messages and the like) show only at our debug level: per decoder
 // through its log_level_offset; the demuxer probe has no such option, so its warnings are held back by
 // the same process-wide level the MP4 writer sets (errors only, unless debugging).
 int log_offset() { return log_level() >= LogLevel::Debug ? 0 : AV_LOG_DEBUG - AV_LOG_ERROR; }
-
-void quiet_libav_once() {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    if (log_level() < LogLevel::Debug) av_log_set_level(AV_LOG_ERROR);
-  });
-}
 
 struct MemoryInput {
   const uint8_t* data;
@@ -379,18 +375,6 @@ struct IoCloser {
 };
 struct FormatCloser {
   void operator()(AVFormatContext* f) const { avformat_close_input(&f); }
-};
-struct CodecCloser {
-  void operator()(AVCodecContext* c) const { avcodec_free_context(&c); }
-};
-struct FrameCloser {
-  void operator()(AVFrame* f) const { av_frame_free(&f); }
-};
-struct PacketCloser {
-  void operator()(AVPacket* p) const { av_packet_free(&p); }
-};
-struct SwsCloser {
-  void operator()(SwsContext* s) const { sws_freeContext(s); }
 };
 
 // Refuses frame buffers over the limits: the decoder asks for pixel memory only here.

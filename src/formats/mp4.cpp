@@ -32,6 +32,8 @@ extern "C" {
 #include <memory>
 #include <mutex>
 #include <vector>
+
+#include "formats/libav.h"
 #endif
 
 namespace wan::video_detail {
@@ -48,11 +50,12 @@ constexpr double kFallbackBitsPerPixel = 0.5;
 // the bytes must not depend on the machine. x264 uses fewer for short frames on its own (by the height).
 constexpr int kX264Threads = 8;
 
-std::string av_err(int code) {
-  char buf[AV_ERROR_MAX_STRING_SIZE] = {};
-  av_strerror(code, buf, sizeof(buf));
-  return buf;
-}
+using libav::av_err;
+using libav::CodecCloser;
+using libav::FrameCloser;
+using libav::PacketCloser;
+using libav::quiet_libav_once;
+using libav::SwsCloser;
 
 struct FormatCloser {
   void operator()(AVFormatContext* f) const {
@@ -60,26 +63,7 @@ struct FormatCloser {
     avformat_free_context(f);
   }
 };
-struct CodecCloser {
-  void operator()(AVCodecContext* c) const { avcodec_free_context(&c); }
-};
-struct FrameCloser {
-  void operator()(AVFrame* f) const { av_frame_free(&f); }
-};
-struct PacketCloser {
-  void operator()(AVPacket* p) const { av_packet_free(&p); }
-};
-struct SwsCloser {
-  void operator()(SwsContext* s) const { sws_freeContext(s); }
-};
 
-// libav* prints encoder banners and statistics at INFO; keep stderr to our own log unless debugging.
-void quiet_libav_once() {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    if (log_level() < LogLevel::Debug) av_log_set_level(AV_LOG_ERROR);
-  });
-}
 
 // x264-params that make libx264's bytes a function of its input: its own CPU detection without AVX-512
 // ("asm=<flags>", see the file comment). Where this process's libx264 does not export its detection (it
