@@ -22,11 +22,15 @@
 #include "core/error.h"
 #include "formats/safetensors.h"
 #include "run_util.h"
+#include "tensor_compare.h"
 
 namespace fs = std::filesystem;
 using wan::cat;
 
 namespace {
+
+using wan::test::load_tensor;
+using wan::test::max_rel;
 
 const std::string kFix = std::string(WAN_FIXTURES) + "/pipeline";
 const std::string kModel = kFix + "/model";
@@ -50,22 +54,6 @@ using Result = wan::test::RunResult;
 
 // Runs `wan args...` with stdout / stderr captured in files.
 Result run_wan(const std::vector<std::string>& args) { return wan::test::run_captured(WAN_BINARY, args); }
-
-wan::Tensor load(const std::string& file, const std::string& name) {
-  auto f = wan::SafetensorsFile::open(file);
-  return f->get(name).to_f32().clone();
-}
-
-double max_rel(const wan::Tensor& a, const wan::Tensor& ref) {
-  EXPECT_EQ(a.shape(), ref.shape());
-  if (!(a.shape() == ref.shape())) return INFINITY;
-  double d = 0, m = 0;
-  for (int64_t i = 0; i < a.numel(); ++i) {
-    d = std::max(d, static_cast<double>(std::fabs(a.f32()[i] - ref.f32()[i])));
-    m = std::max(m, static_cast<double>(std::fabs(ref.f32()[i])));
-  }
-  return d / m;
-}
 
 std::string fixture_prompt() {
   auto f = wan::SafetensorsFile::open(kFix + "/expected.safetensors");
@@ -133,7 +121,7 @@ TEST(GenerateCli, GoldenRunMatchesDiffusersAndWritesY4m) {
   TempDir t;
   Result r = run_wan(with(golden_args(t), "--save-latents", t / "lat.safetensors"));
   ASSERT_EQ(r.code, 0) << r.err;
-  const double rel = max_rel(load(t / "lat.safetensors", "latents"), load(kFix + "/expected.safetensors", "latents"));
+  const double rel = max_rel(load_tensor(t / "lat.safetensors", "latents"), load_tensor(kFix + "/expected.safetensors", "latents"));
   printf("  CLI final latents max rel err vs diffusers %.2e\n", rel);
   EXPECT_LE(rel, 1e-4);
   Y4m y = parse_y4m(t / "out.y4m");
@@ -157,17 +145,17 @@ TEST(GenerateCli, EncodePromptThenGenerateFromTheFiles) {
   r = run_wan({"encode-prompt", "--model", kModel, "--default-negative", "--output", t / "n.safetensors", "--quiet"});
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_TRUE(r.out.empty() && r.err.empty()) << r.out << r.err;
-  EXPECT_LE(max_rel(load(t / "p.safetensors", "prompt_embeds"), load(kFix + "/prompt_embeds.safetensors", "prompt_embeds")),
+  EXPECT_LE(max_rel(load_tensor(t / "p.safetensors", "prompt_embeds"), load_tensor(kFix + "/prompt_embeds.safetensors", "prompt_embeds")),
             1e-4);
-  EXPECT_LE(max_rel(load(t / "n.safetensors", "prompt_embeds"),
-                    load(kFix + "/negative_prompt_embeds.safetensors", "prompt_embeds")),
+  EXPECT_LE(max_rel(load_tensor(t / "n.safetensors", "prompt_embeds"),
+                    load_tensor(kFix + "/negative_prompt_embeds.safetensors", "prompt_embeds")),
             1e-4);
   auto args = with(golden_args(t), "--prompt-embeds", t / "p.safetensors");
   args = with(args, "--negative-prompt-embeds", t / "n.safetensors");
   r = run_wan(with(with(args, "--save-latents", t / "lat.safetensors"), "--quiet", ""));
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_TRUE(r.out.empty() && r.err.empty()) << r.out << r.err;
-  EXPECT_LE(max_rel(load(t / "lat.safetensors", "latents"), load(kFix + "/expected.safetensors", "latents")), 1e-4);
+  EXPECT_LE(max_rel(load_tensor(t / "lat.safetensors", "latents"), load_tensor(kFix + "/expected.safetensors", "latents")), 1e-4);
 }
 
 TEST(GenerateCli, SameSeedGivesIdenticalFilesAndDecodeReproducesTheVideo) {

@@ -15,32 +15,19 @@
 #include "pipeline/conditioning.h"
 #include "pipeline/models.h"
 #include "pipeline/pipeline.h"
+#include "tensor_compare.h"
 #include "models/vae/vae_cpu.h"
 
 using namespace wan;
 
 namespace {
 
+using wan::test::load_tensor;
+using wan::test::max_rel;
+
 constexpr double kTol = 1e-4;
 const std::string kI2v = std::string(WAN_FIXTURES) + "/i2v";
 const std::string kTi2v = std::string(WAN_FIXTURES) + "/ti2v";
-
-Tensor load(const std::string& file, const std::string& name) {
-  auto f = SafetensorsFile::open(file);
-  return f->get(name).to_f32().clone();
-}
-
-// max |a - ref| / max |ref|
-double max_rel(const Tensor& a, const Tensor& ref) {
-  EXPECT_EQ(a.shape(), ref.shape());
-  if (!(a.shape() == ref.shape())) return INFINITY;
-  double d = 0, m = 0;
-  for (int64_t i = 0; i < a.numel(); ++i) {
-    d = std::max(d, static_cast<double>(std::fabs(a.f32()[i] - ref.f32()[i])));
-    m = std::max(m, static_cast<double>(std::fabs(ref.f32()[i])));
-  }
-  return d / m;
-}
 
 GenerateOptions common(const std::string& fix) {
   GenerateOptions o;
@@ -84,8 +71,8 @@ GenerateOptions ti2v_options(bool image) {
 void check_run(const GenerateOptions& o, const std::string& expected_file, const char* what) {
   const GeneratePlan plan = plan_generate(o);
   const GenerateResult r = run_generate(plan, RunHooks{});
-  const double lat = max_rel(r.latents, load(expected_file, "latents"));
-  const double vid = max_rel(r.video, load(expected_file, "video"));
+  const double lat = max_rel(r.latents, load_tensor(expected_file, "latents"));
+  const double vid = max_rel(r.video, load_tensor(expected_file, "video"));
   printf("  %s: final latents max rel err %.2e, video %.2e\n", what, lat, vid);
   EXPECT_LE(lat, kTol) << what;
   EXPECT_LE(vid, kTol) << what;
@@ -134,7 +121,7 @@ TEST(ImageTasks, I2vConditionMatchesDiffusers) {
     const VaeWeights w = load_vae(p.ckpt, p.vae);
     const LatentCondition c = build_condition(p.task, p.image, p.last_image, p.frames,
                                               [&](const Tensor& v) { return vae_encode(p.vae, w, v); });
-    const double rel = max_rel(c.y, load(kI2v + (last ? "/expected_last.safetensors" : "/expected.safetensors"), "y"));
+    const double rel = max_rel(c.y, load_tensor(kI2v + (last ? "/expected_last.safetensors" : "/expected.safetensors"), "y"));
     printf("  y%s max rel err %.2e\n", last ? " (with the last image)" : "", rel);
     EXPECT_LE(rel, kTol);
   }
@@ -181,7 +168,7 @@ TEST(ImageTasks, Ti2vImageLatentMatchesTheOracle) {
   const VaeWeights w = load_vae(p.ckpt, p.vae);
   const LatentCondition c = build_condition(p.task, p.image, Tensor(), p.frames,
                                             [&](const Tensor& v) { return vae_encode(p.vae, w, v); });
-  const double rel = max_rel(c.first_frame, load(kTi2v + "/expected_i2v.safetensors", "z"));
+  const double rel = max_rel(c.first_frame, load_tensor(kTi2v + "/expected_i2v.safetensors", "z"));
   printf("  z max rel err %.2e\n", rel);
   EXPECT_LE(rel, kTol);
 }

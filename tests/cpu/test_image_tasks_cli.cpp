@@ -15,6 +15,7 @@
 #include "core/error.h"
 #include "formats/safetensors.h"
 #include "run_util.h"
+#include "tensor_compare.h"
 
 namespace fs = std::filesystem;
 using wan::cat;
@@ -22,27 +23,14 @@ using wan::test::TempDir;
 
 namespace {
 
+using wan::test::load_tensor;
+using wan::test::max_rel;
+
 const std::string kI2v = std::string(WAN_FIXTURES) + "/i2v";
 const std::string kTi2v = std::string(WAN_FIXTURES) + "/ti2v";
 using Result = wan::test::RunResult;
 
 Result run_wan(const std::vector<std::string>& args) { return wan::test::run_captured(WAN_BINARY, args); }
-
-wan::Tensor load(const std::string& file, const std::string& name) {
-  auto f = wan::SafetensorsFile::open(file);
-  return f->get(name).to_f32().clone();
-}
-
-double max_rel(const wan::Tensor& a, const wan::Tensor& ref) {
-  EXPECT_EQ(a.shape(), ref.shape());
-  if (!(a.shape() == ref.shape())) return INFINITY;
-  double d = 0, m = 0;
-  for (int64_t i = 0; i < a.numel(); ++i) {
-    d = std::max(d, static_cast<double>(std::fabs(a.f32()[i] - ref.f32()[i])));
-    m = std::max(m, static_cast<double>(std::fabs(ref.f32()[i])));
-  }
-  return d / m;
-}
 
 // tests/fixtures/i2v/README.md's run.
 std::vector<std::string> i2v_args(const TempDir& t) {
@@ -85,7 +73,7 @@ TEST(ImageTasksCli, I2vGoldenRunMatchesDiffusersAndRerunsByteIdentical) {
   EXPECT_NE(r.err.find("encode image"), std::string::npos) << r.err;
   const auto js = nlohmann::json::parse(wan::test::slurp(j / "run.json"));
   EXPECT_GT(js.at("timings").at("image_encode_s").get<double>(), 0.0) << js.dump();
-  const double rel = max_rel(load(t / "lat.safetensors", "latents"), load(kI2v + "/expected.safetensors", "latents"));
+  const double rel = max_rel(load_tensor(t / "lat.safetensors", "latents"), load_tensor(kI2v + "/expected.safetensors", "latents"));
   printf("  CLI i2v final latents max rel err vs diffusers %.2e\n", rel);
   EXPECT_LE(rel, 1e-4);
   const std::string first = wan::test::slurp(t / "out.y4m"), lat = wan::test::slurp(t / "lat.safetensors");
@@ -172,7 +160,7 @@ TEST(ImageTasksCli, Ti2vRunsTextOnlyAndWithAnImage) {
     const Result r = run_wan(a);
     ASSERT_EQ(r.code, 0) << r.err;
     const std::string file = kTi2v + (image ? "/expected_i2v.safetensors" : "/expected_t2v.safetensors");
-    const double rel = max_rel(load(t / cat("lat", image, ".safetensors"), "latents"), load(file, "latents"));
+    const double rel = max_rel(load_tensor(t / cat("lat", image, ".safetensors"), "latents"), load_tensor(file, "latents"));
     printf("  CLI ti2v %s final latents max rel err %.2e\n", image ? "image" : "text", rel);
     EXPECT_LE(rel, 1e-4);
     fs::remove(t / "out.y4m");

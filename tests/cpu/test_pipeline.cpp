@@ -21,11 +21,15 @@
 #include "pipeline/pipeline.h"
 #include "formats/safetensors.h"
 #include "test_util.h"
+#include "tensor_compare.h"
 
 namespace fs = std::filesystem;
 using namespace wan;
 
 namespace {
+
+using wan::test::max_rel;
+using wan::test::max_abs;
 
 const std::string kFix = std::string(WAN_FIXTURES) + "/pipeline";
 const std::string kModel = kFix + "/model";
@@ -41,26 +45,6 @@ Tensor expected(const std::string& name) {
 nlohmann::json expected_settings() {
   auto f = SafetensorsFile::open(kFix + "/expected.safetensors");
   return nlohmann::json::parse(f->metadata().at("settings"));
-}
-
-// max |a - ref| / max |ref|
-double max_rel(const Tensor& a, const Tensor& ref) {
-  EXPECT_EQ(a.shape(), ref.shape());
-  if (!(a.shape() == ref.shape())) return INFINITY;
-  double d = 0, m = 0;
-  for (int64_t i = 0; i < a.numel(); ++i) {
-    d = std::max(d, static_cast<double>(std::fabs(a.f32()[i] - ref.f32()[i])));
-    m = std::max(m, static_cast<double>(std::fabs(ref.f32()[i])));
-  }
-  return d / m;
-}
-
-double max_abs(const Tensor& a, const Tensor& ref) {
-  EXPECT_EQ(a.shape(), ref.shape());
-  if (!(a.shape() == ref.shape())) return INFINITY;
-  double d = 0;
-  for (int64_t i = 0; i < a.numel(); ++i) d = std::max(d, static_cast<double>(std::fabs(a.f32()[i] - ref.f32()[i])));
-  return d;
 }
 
 // The fixture's run: 4 UniPC steps on the diffusers grid (flow_shift from the scheduler config),
