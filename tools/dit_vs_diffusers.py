@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The diffusers side of tests/gpu/test_dit_vs_diffusers.cu (issue 4 item 12): loads a DiT written by
+"""The diffusers side of tests/gpu/test_dit_vs_diffusers.cu (issue 4 item 12, issue 23): loads a DiT written by
 `wan make-checkpoint --layout diffusers` (the transformer/ folder) with diffusers' WanTransformer3DModel,
 draws fixed random inputs, runs one forward and writes inputs and outputs to one safetensors file for the
 engine's forward to be compared against.
@@ -10,13 +10,15 @@ missing, unexpected or mismatched tensors): bf16 parameters except the model's _
 same stored weights also run in fp32 (matmul TF32 off), as a measure of how far either bf16 forward is
 from exact maths.
 
-Inputs (batch 2, two CFG-like samples that differ in everything): x [2, 16, T, H, W] ~ N(0, 1) rounded to
-bf16 (so both sides see the same values), timesteps [--t0, --t1], context [2, 512, text_dim] bf16 ~ 0.2
+Inputs (batch 2, two CFG-like samples that differ in everything): x [2, in_channels, T, H, W] ~ N(0, 1)
+rounded to bf16 (so both sides see the same values; in_channels from the model's config: 16 T2V, 36 I2V
+with the condition channels, 48 TI2V), timesteps [--t0, --t1], or with --t-first0/--t-first1 per token
+[2, seq_len]: latent frame 0's tokens (the first (H/2)(W/2)) at --t-firstB, the others at --tB; context [2, 512, text_dim] bf16 ~ 0.2
 N(0, 1) with rows >= context_lens[b] zero (the official padding to text_len = 512 that diffusers'
 pipeline does too), context_lens [--len0, --len1] (the default 512 and 37: one full, one padded prompt).
 Drawn with torch.Generator(--seed) on the CPU.
 
-Output file (--out): x f32, t f32 [2], context bf16 [2, 512, D], context_lens i64 [2], out_bf16 f32 (the
+Output file (--out): x f32, t f32 [2] (t_first f32 [2] with per-token timesteps), context bf16 [2, 512, D], context_lens i64 [2], out_bf16 f32 (the
 bf16 forward, as produced: bf16 values), out_fp32 f32 (with --fp32-reference); metadata: versions,
 device, attention backend.
 Exit status 0 on success; 2 when torch/diffusers cannot run here (the test turns that into a skip), 1 on
@@ -42,6 +44,8 @@ def main():
     ap.add_argument("--width", type=int, default=52, help="latent width (multiple of 2)")
     ap.add_argument("--t0", type=float, default=937.0)
     ap.add_argument("--t1", type=float, default=413.0)
+    ap.add_argument("--t-first0", type=float, help="per-token timesteps: sample 0's latent frame 0 at this")
+    ap.add_argument("--t-first1", type=float, help="per-token timesteps: sample 1's latent frame 0 at this")
     ap.add_argument("--len0", type=int, default=512)
     ap.add_argument("--len1", type=int, default=37)
     ap.add_argument("--seed", type=int, default=1234)
@@ -67,6 +71,9 @@ def main():
         return 0
     if not args.model or not args.out:
         ap.error("--model and --out are required")
+    per_token = args.t_first0 is not None
+    if per_token != (args.t_first1 is not None):
+        ap.error("--t-first0 and --t-first1 go together")
 
     TEXT_LEN = 512
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -93,6 +100,17 @@ def main():
     g = torch.Generator().manual_seed(args.seed)
     x = torch.randn(B, C, T, H, W, generator=g).to(torch.bfloat16)
     t = torch.tensor([args.t0, args.t1], dtype=torch.float32)
+    timestep = t
+    if per_token:  # [B, seq_len]: the first patch frame's tokens (latent frame 0 at patch_t 1) at t_first
+        p_t, p_h, p_w = cfg.patch_size
+        if T % p_t or H % p_h or W % p_w:
+            log(f"latent {T} x {H} x {W} is not a multiple of the patch {cfg.patch_size}")
+            return 1
+        seq_len, first = (T // p_t) * (H // p_h) * (W // p_w), (H // p_h) * (W // p_w)
+        t_first = torch.tensor([args.t_first0, args.t_first1], dtype=torch.float32)
+        timestep = t[:, None].repeat(1, seq_len)
+        timestep[:, :first] = t_first[:, None]
+        log(f"per-token timesteps [{B}, {seq_len}]: first {first} tokens at {t_first.tolist()}, rest at {t.tolist()}")
     ctx = torch.zeros(B, TEXT_LEN, cfg.text_dim)
     for b, n in enumerate(lens):
         ctx[b, :n] = 0.2 * torch.randn(n, cfg.text_dim, generator=g)
@@ -100,7 +118,7 @@ def main():
 
     def forward(m, dtype):
         with torch.no_grad():
-            return m(hidden_states=x.to(dev, dtype), timestep=t.to(dev), encoder_hidden_states=ctx.to(dev, dtype),
+            return m(hidden_states=x.to(dev, dtype), timestep=timestep.to(dev), encoder_hidden_states=ctx.to(dev, dtype),
                      return_dict=False)[0]
 
     t0 = time.time()
@@ -114,6 +132,8 @@ def main():
         "context_lens": torch.tensor(lens, dtype=torch.int64),
         "out_bf16": out_bf16.contiguous(),
     }
+    if per_token:
+        tensors["t_first"] = t_first.contiguous()
     finite = bool(torch.isfinite(out_bf16).all())
     if args.fp32_reference:
         model = model.float()
