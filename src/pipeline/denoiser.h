@@ -117,7 +117,7 @@ struct GpuDiTMemory {
   size_t weight_bytes = 0;   // one expert
   size_t arena_bytes = 0;    // activations + workspaces (cuDNN's attention workspace excluded: known at creation)
   size_t reserve_bytes = 0;  // kept free for handles, kernels and graphs
-  size_t sampler_bytes = 0;  // the fused sampler's device state
+  size_t sampler_bytes = 0;  // the fused sampler's device state (with I2V's DiT input and TI2V's held frame)
   size_t staging_bytes = 0;  // the fast start's loader staging (DeviceLoader::device_bytes)
   size_t free_bytes = 0;     // free on the device now
   // weights + arena + reserve + sampler at `latent_frames` latent frames of the spec's size (what fits).

@@ -34,9 +34,14 @@ cuda::DiTShape max_shape(const DenoiserSpec& spec) {
 }
 
 // Device bytes of the fused sampler next to the DiT: x, the DiT output (2 samples), and the history
-// (m_last, m_prev, last_sample at most).
-size_t sampler_bytes(const DenoiserSpec& spec) {
-  return spec.fused_sampler ? static_cast<size_t>(spec.latent_shape.numel()) * 4 * 6 : 0;
+// (m_last, m_prev, last_sample at most); with a condition (FusedDiTStep) I2V's DiT input [x, y] of in_dim
+// channels and TI2V's held first frame.
+size_t sampler_bytes(const DenoiserSpec& spec, int in_dim) {
+  if (!spec.fused_sampler) return 0;
+  const Shape& s = spec.latent_shape;
+  const size_t n = static_cast<size_t>(s.numel()), frame = static_cast<size_t>(s[0] * s[2] * s[3]);
+  const size_t input = in_dim != s[0] ? n / static_cast<size_t>(s[0]) * static_cast<size_t>(in_dim) : 0;
+  return (n * 6 + input + (spec.first_frame_t ? frame : 0)) * 4;
 }
 
 std::vector<Role> expert_roles(const CheckpointInfo& ckpt, const DenoiserSpec& spec) {
@@ -147,13 +152,13 @@ GpuDiTMemory plan_gpu_dit_memory(const CheckpointInfo& ckpt, const DenoiserSpec&
   m.weight_bytes = plan->weight_bytes;
   m.arena_bytes = plan->arena_bytes;
   m.reserve_bytes = plan->reserve_bytes;
-  m.sampler_bytes = sampler_bytes(spec);
+  m.sampler_bytes = sampler_bytes(spec, ckpt.dit.in_dim);
   m.staging_bytes = cuda::DeviceLoader::device_bytes(cuda::LoadOptions::tuned(device));
   m.plan = std::move(plan);
   m.bytes_at_frames = [cfg = ckpt.dit, spec, experts = m.experts](int64_t frames) {
     DenoiserSpec s = spec;
     s.latent_shape = Shape{spec.latent_shape[0], frames, spec.latent_shape[2], spec.latent_shape[3]};
-    return cuda::DiTGpu::plan(cfg, max_shape(s), experts, 0, s.parallel).total_bytes() + sampler_bytes(s);
+    return cuda::DiTGpu::plan(cfg, max_shape(s), experts, 0, s.parallel).total_bytes() + sampler_bytes(s, cfg.in_dim);
   };
   return m;
 }
