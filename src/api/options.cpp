@@ -266,6 +266,14 @@ std::vector<std::string> Values::list(const std::string& name) const {
   return out;
 }
 
+std::vector<std::string> Values::all(const std::string& name) const {
+  (void)row(name);
+  auto it = repeated_.find(name);
+  if (it != repeated_.end()) return it->second;
+  auto g = given_.find(name);
+  return g == given_.end() ? std::vector<std::string>{} : std::vector<std::string>{g->second};
+}
+
 // ---- parsing ----
 
 Values parse_argv(const CommandSpec& spec, int argc, char** argv) {
@@ -307,7 +315,8 @@ Values parse_argv(const CommandSpec& spec, int argc, char** argv) {
       value = argv[++i];
     }
     validate(*o, value);
-    v.set(o->name, value);
+    if (o->repeatable) v.append(o->name, value);
+    else v.set(o->name, value);
   }
   if (!v.help())
     for (const Option& o : spec.options)
@@ -327,9 +336,18 @@ Values parse_json(const CommandSpec& spec, const nlohmann::json& j) {
         if (val.get<bool>()) v.set(o->name, "");
         continue;
       }
+      if (o->repeatable && val.is_array()) {
+        for (const auto& item : val) {
+          if (!item.is_string()) throw OptionError(o->name, cat("{}: expected strings, got ", item.dump()));
+          validate(*o, item.get<std::string>());
+          v.append(o->name, item.get<std::string>());
+        }
+        continue;
+      }
       const std::string text = json_text(*o, val);
       validate(*o, text);
-      v.set(o->name, text);
+      if (o->repeatable) v.append(o->name, text);
+      else v.set(o->name, text);
     }
     for (const Option& o : spec.options)
       if (o.required && !v.has(o.name)) throw OptionError(o.name, "missing required param {}");

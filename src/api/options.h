@@ -35,6 +35,9 @@ struct Option {
   std::function<std::string(const std::string&)> check;
   std::vector<std::string> aliases;  // older spellings that still parse (never in the help)
   bool required = false;
+  // May be given several times; every value is kept in order (Values::all). On the command line each
+  // occurrence is one value; in JSON an array of strings (or one string).
+  bool repeatable = false;
   bool hidden = false;     // parsed but not listed (documented in another row)
   bool gpu_index = false;  // Device: a bare index N means cuda:N (bench commands)
   std::string synopsis;    // the help's left column when not "--name META"
@@ -71,9 +74,15 @@ class Values {
   std::pair<int, int> size(const std::string& name) const;  // width, height (given or default)
   int device(const std::string& name) const;                // -1: cpu, else the CUDA index
   std::vector<std::string> list(const std::string& name) const;
+  // Every value of a repeatable option, in the order given (empty when absent).
+  std::vector<std::string> all(const std::string& name) const;
   const std::vector<std::string>& positional() const { return positional_; }
 
   void set(const std::string& name, std::string text) { given_[name] = std::move(text); }
+  void append(const std::string& name, std::string text) {
+    given_[name] = text;
+    repeated_[name].push_back(std::move(text));
+  }
   void set_help() { help_ = true; }
   void add_positional(std::string a) { positional_.push_back(std::move(a)); }
 
@@ -81,6 +90,7 @@ class Values {
   const Option& row(const std::string& name) const;
   const CommandSpec* spec_;
   std::map<std::string, std::string> given_;
+  std::map<std::string, std::vector<std::string>> repeated_;
   std::vector<std::string> positional_;
   bool help_ = false;
 };

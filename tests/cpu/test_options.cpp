@@ -38,7 +38,11 @@ const CommandSpec& demo() {
     output.aliases = {"out"};
     Option secret = option("secret", Kind::String, "X", "", "never listed");
     secret.hidden = true;
+    Option tag = option("tag", Kind::String, "T", "", "repeatable");
+    tag.repeatable = true;
+    tag.check = [](const std::string& t) { return t.empty() ? std::string("{}: empty") : std::string(); };
     c.options = {name,
+                 tag,
                  frames,
                  option("scale", Kind::Float, "S", "1.5", "a number"),
                  option("size", Kind::Size, "WxH", "64x32", "a size"),
@@ -158,6 +162,17 @@ TEST(Options, AliasParsesAsTheName) {
   EXPECT_EQ(argv_of({"--name", "n", "--out=b.txt"}).get("output"), "b.txt");
   EXPECT_EQ(parse_json(demo(), {{"name", "n"}, {"out", "c.txt"}}).get("output"), "c.txt");
   EXPECT_EQ(argv_error({"--name", "n", "--out"}), "option --output needs a value");
+}
+
+TEST(Options, RepeatableKeepsEveryValueInOrder) {
+  const Values a = argv_of({"--name", "n", "--tag", "x:1", "--tag=y", "--tag", "x:1"});
+  EXPECT_EQ(a.all("tag"), (std::vector<std::string>{"x:1", "y", "x:1"}));
+  EXPECT_EQ(argv_of({"--name", "n"}).all("tag"), std::vector<std::string>{});
+  EXPECT_EQ(argv_of({"--name", "n", "--frames", "5", "--frames", "9"}).get_int("frames", 0), 9);  // not repeatable
+  EXPECT_EQ(argv_error({"--name", "n", "--tag", "a", "--tag="}), "--tag: empty");
+  EXPECT_EQ(parse_json(demo(), {{"name", "n"}, {"tag", {"p", "q"}}}).all("tag"), (std::vector<std::string>{"p", "q"}));
+  EXPECT_EQ(parse_json(demo(), {{"name", "n"}, {"tag", "p"}}).all("tag"), std::vector<std::string>{"p"});
+  EXPECT_EQ(json_error({{"name", "n"}, {"tag", {"p", 3}}}), "'tag': expected strings, got 3");
 }
 
 TEST(Options, JsonUsesTheSameTableAndChecks) {
