@@ -65,10 +65,10 @@ const DeviceEntry& DeviceTable::at(const std::string& name) const {
 }
 
 void upload_weights(const DeviceTable& table, void* dev, const WeightGetter& get, const char* what,
-                    const WeightSpanFn& span, DeviceLoader* loader, int group) {
+                    const WeightSpanFn& span, DeviceLoader* loader, int group, const WeightMergeFn& merge) {
   WAN_CHECK(static_cast<bool>(get), what, " GPU weights: no weight callback");
-  if (span || loader) {  // streaming (load_gpu.h)
-    std::vector<LoadTarget> targets = weight_targets(table, dev, get, what, span, group);
+  if (span || loader || merge) {  // streaming (load_gpu.h)
+    std::vector<LoadTarget> targets = weight_targets(table, dev, get, what, span, group, merge);
     if (loader) {
       for (LoadTarget& t : targets) loader->add(std::move(t));
       return;
@@ -109,7 +109,7 @@ void upload_weights(const DeviceTable& table, void* dev, const WeightGetter& get
 }
 
 std::vector<LoadTarget> weight_targets(const DeviceTable& table, void* dev, const WeightGetter& get, const char* what,
-                                       const WeightSpanFn& span, int group) {
+                                       const WeightSpanFn& span, int group, const WeightMergeFn& merge) {
   std::vector<LoadTarget> targets;
   targets.reserve(table.entries.size());
   for (const DeviceEntry& e : table.entries) {
@@ -121,6 +121,7 @@ std::vector<LoadTarget> weight_targets(const DeviceTable& table, void* dev, cons
     t.dtype = e.dtype;
     t.shape = e.shape;
     t.group = group;
+    if (merge) t.merge = merge(e.name);
     targets.push_back(std::move(t));
   }
   return targets;
@@ -163,6 +164,25 @@ Tensor download_weight(const DeviceTable& table, const void* dev, const std::str
     convert_to_f32(DType::BF16, h.data(), out.f32(), h.size());
   }
   return out;
+}
+
+int apply_weight_merges(const DeviceTable& table, void* dev, const WeightMergeFn& merge, cudaStream_t stream) {
+  if (!merge) return 0;
+  int merged = 0;
+  for (const DeviceEntry& e : table.entries) {
+    const WeightMerge m = merge(e.name);
+    if (!m) continue;
+    const int64_t n = e.shape.numel();
+    char* dst = static_cast<char*>(dev) + e.offset;
+    void* work = nullptr;
+    CUDA_CHECK(cudaMallocAsync(&work, static_cast<size_t>(n) * 4, stream));
+    convert_weights(dst, e.dtype, false, 1.0f, work, DType::F32, n, stream);
+    m(static_cast<float*>(work), stream);
+    convert_weights(work, DType::F32, false, 1.0f, dst, e.dtype, n, stream);
+    CUDA_CHECK(cudaFreeAsync(work, stream));
+    ++merged;
+  }
+  return merged;
 }
 
 }  // namespace dit_gpu_detail

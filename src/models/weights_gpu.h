@@ -31,6 +31,10 @@ namespace wan::cuda {
 // and, for streaming, the byte range of that tensor in its file (none: the getter is used).
 using WeightGetter = std::function<Tensor(const std::string& official_name)>;
 using WeightSpanFn = std::function<std::optional<RawSpan>(const std::string& official_name)>;
+// A change to a tensor's fp32 values before they are rounded to the device dtype (the LoRA merge):
+// for an official name, the hook LoadTarget::merge runs, or an empty function when the tensor is kept.
+using WeightMerge = std::function<void(float* work, cudaStream_t stream)>;
+using WeightMergeFn = std::function<WeightMerge(const std::string& official_name)>;
 
 namespace dit_gpu_detail {
 
@@ -65,12 +69,19 @@ DeviceTable place_weights(const WeightTable& rows);
 // current device); tensors without a byte range go through the callback. With `loader` (not started):
 // only adds the tensors to it as completion group `group`; the caller starts it and waits for it.
 // Errors name the tensor ("<what> weight <name>").
+// With `merge`, every tensor it gives a hook for is merged in fp32 before its one rounding (load_gpu.h
+// LoadTarget::merge), on either path.
 void upload_weights(const DeviceTable& table, void* dev, const WeightGetter& get, const char* what = "DiT",
-                    const WeightSpanFn& span = {}, DeviceLoader* loader = nullptr, int group = 0);
+                    const WeightSpanFn& span = {}, DeviceLoader* loader = nullptr, int group = 0,
+                    const WeightMergeFn& merge = {});
 // The streaming upload's targets of a table (what upload_weights hands the loader): one per tensor, its
 // span when `span` gives one, else the getter as the fallback.
 std::vector<LoadTarget> weight_targets(const DeviceTable& table, void* dev, const WeightGetter& get, const char* what,
-                                       const WeightSpanFn& span, int group = 0);
+                                       const WeightSpanFn& span, int group = 0, const WeightMergeFn& merge = {});
+// Merges the tensors `merge` gives hooks for into weights already on the device (after a random draw):
+// each is widened to fp32, merged and rounded back (for bf16 tensors a second rounding after the
+// draw's). Enqueued on `stream`, work buffers stream-ordered. Returns the number of tensors merged.
+int apply_weight_merges(const DeviceTable& table, void* dev, const WeightMergeFn& merge, cudaStream_t stream);
 // Draws every tensor on the GPU (random_weight_key of the row name, normal_draw of its rule); scratch holds at least max_small_floats()
 // floats (staging of the bf16 tensors that have an offset).
 void draw_random_weights(const DeviceTable& table, void* dev, uint64_t seed, float* scratch, size_t scratch_floats,

@@ -38,7 +38,7 @@ namespace {
 size_t round64(size_t b) { return std::max<size_t>(64, b / 64 * 64); }
 
 bool needs_conversion(const LoadTarget& t) {
-  return t.span && (t.span->dtype != t.dtype || t.span->scaled);
+  return t.span && (t.span->dtype != t.dtype || t.span->scaled || t.merge);
 }
 
 // What the load thread allocates; the destructor quiesces both streams first, never throws.
@@ -158,6 +158,7 @@ struct DeviceLoader::Impl {
   void run();
   void load(Resources& r);
   void upload_fallbacks(Resources& r);
+  void upload_merged_fallback(Resources& r, const LoadTarget& t, const Tensor& src);
 
   // One load's streaming part on the load thread: the plan of streamed tensors and the staging
   // buffers in flight. grow() runs on the StreamLoader's grow thread, sink() and reclaim() under its
@@ -178,6 +179,10 @@ struct DeviceLoader::Impl {
     };
     std::deque<Pending> pending;  // in enqueue order
     uint64_t converted = 0;
+    // Merged tensors (LoadTarget::merge), per plan tensor: the fp32 work buffer (allocated at its first
+    // chunk) and the chunks still to come.
+    std::vector<float*> work;
+    std::vector<int64_t> chunks_left;
 
     StreamJob(Impl& l, Resources& res, size_t buffer_bytes) : impl(l), r(res), buf(buffer_bytes), dev(l.opt.device) {}
     bool plan_targets();
@@ -243,12 +248,29 @@ void DeviceLoader::Impl::upload_fallbacks(Resources& r) {
     WAN_CHECK(src.defined(), t.name, ": missing");
     WAN_CHECK(src.shape() == t.shape, t.name, ": shape ", src.shape().str(), ", expected ", t.shape.str());
     WAN_CHECK(dtype_is_float(src.dtype()), t.name, ": dtype ", dtype_name(src.dtype()), " is not a float type");
-    const std::vector<uint8_t> bytes = host_bytes(t, src);
-    CUDA_CHECK(cudaMemcpyAsync(t.dst, bytes.data(), bytes.size(), cudaMemcpyHostToDevice, r.copy));
-    CUDA_CHECK(cudaStreamSynchronize(r.copy));
+    if (t.merge) {
+      upload_merged_fallback(r, t, src);
+    } else {
+      const std::vector<uint8_t> bytes = host_bytes(t, src);
+      CUDA_CHECK(cudaMemcpyAsync(t.dst, bytes.data(), bytes.size(), cudaMemcpyHostToDevice, r.copy));
+      CUDA_CHECK(cudaStreamSynchronize(r.copy));
+    }
     ++stats.fallback_tensors;
-    stats.fallback_bytes += bytes.size();
+    stats.fallback_bytes += static_cast<uint64_t>(t.shape.numel()) * dtype_size(t.dtype);
   }
+}
+
+// A fallback tensor with a merge: f32 on the device, merged, rounded once into dst.
+void DeviceLoader::Impl::upload_merged_fallback(Resources& r, const LoadTarget& t, const Tensor& src) {
+  const Tensor f = (src.dtype() == DType::F32 && src.view().is_contiguous()) ? src : src.to_f32();
+  const int64_t n = t.shape.numel();
+  void* work = nullptr;
+  CUDA_CHECK(cudaMallocAsync(&work, static_cast<size_t>(n) * 4, r.copy));
+  CUDA_CHECK(cudaMemcpyAsync(work, f.data(), static_cast<size_t>(n) * 4, cudaMemcpyHostToDevice, r.copy));
+  t.merge(static_cast<float*>(work), r.copy);
+  convert_weights(work, DType::F32, false, 1.0f, t.dst, t.dtype, n, r.copy);
+  CUDA_CHECK(cudaFreeAsync(work, r.copy));
+  CUDA_CHECK(cudaStreamSynchronize(r.copy));
 }
 
 // The streamed tensors, read group by group in the order groups were added. Returns false when
@@ -261,7 +283,10 @@ bool DeviceLoader::Impl::StreamJob::plan_targets() {
     const int gi = impl.group_index.at(t.group);
     plan.add(t.name, *t.span, gi);
     target_of.push_back(i);
-    remaining[static_cast<size_t>(gi)] += static_cast<int64_t>((t.span->length + buf - 1) / buf);
+    const int64_t chunks = static_cast<int64_t>((t.span->length + buf - 1) / buf);
+    remaining[static_cast<size_t>(gi)] += chunks;
+    work.push_back(nullptr);
+    chunks_left.push_back(chunks);
     convert |= needs_conversion(t);
   }
   impl.stats.tensors = static_cast<int>(plan.tensors.size());
@@ -363,7 +388,20 @@ void DeviceLoader::Impl::StreamJob::issue(const Chunk& c, const void* host) {
     CUDA_CHECK(cudaMemcpyAsync(slot, host, c.length, cudaMemcpyHostToDevice, r.copy));
     CUDA_CHECK(cudaEventRecord(r.copy_events[b], r.copy));
     CUDA_CHECK(cudaStreamWaitEvent(r.conv, r.copy_events[b], 0));
-    convert_weights(slot, s.dtype, s.scaled, s.scale, dst, t.dtype, n, r.conv);
+    if (t.merge) {
+      float*& w = work[c.tensor];
+      const int64_t numel = t.shape.numel();
+      if (!w) CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&w), static_cast<size_t>(numel) * 4, r.conv));
+      convert_weights(slot, s.dtype, s.scaled, s.scale, w + first, DType::F32, n, r.conv);
+      if (--chunks_left[c.tensor] == 0) {  // the whole tensor is in (chunks may come in any order)
+        t.merge(w, r.conv);
+        convert_weights(w, DType::F32, false, 1.0f, t.dst, t.dtype, numel, r.conv);
+        CUDA_CHECK(cudaFreeAsync(w, r.conv));
+        w = nullptr;
+      }
+    } else {
+      convert_weights(slot, s.dtype, s.scaled, s.scale, dst, t.dtype, n, r.conv);
+    }
     CUDA_CHECK(cudaEventRecord(r.slot_events[b], r.conv));
     ++converted;
   }
@@ -387,7 +425,10 @@ void DeviceLoader::Impl::StreamJob::run(Clock::time_point t0) {
     stats.stream = loader.run(plan, {}, buf, on_chunk);
   } catch (...) {
     // The readers are joined; leases still pending refer to buffers whose copies may be in flight:
-    // let them finish before the buffers are freed (Resources), then drop the leases.
+    // let them finish before the buffers are freed (Resources), then drop the leases. Work buffers of
+    // tensors cut short go back stream-ordered (no device synchronisation).
+    for (float*& w : work)
+      if (w) cudaFreeAsync(w, r.conv), w = nullptr;
     r.sync();
     pending.clear();
     throw;

@@ -76,6 +76,13 @@ struct LoadTarget {
   DType dtype = DType::BF16;         // BF16 or F32
   Shape shape;                       // the source's shape must equal it
   int group = 0;                     // completion group (one per component)
+  // Optional: a change to the tensor's fp32 values before they are rounded to `dtype` (the LoRA merge,
+  // lora/lora_gpu.h). The tensor is then assembled in fp32 in a device work buffer of its own
+  // (shape.numel() floats, allocated and freed stream-ordered on the conversion stream: no device
+  // synchronisation): every chunk is converted into it, and once the last one is in, merge(work,
+  // stream) enqueues its work on `stream` and the result is rounded once into dst. merge is called on
+  // the load thread, serialised with the other sink calls; it must only enqueue on `stream`.
+  std::function<void(float* work, cudaStream_t stream)> merge;
 };
 
 // Tuning (measured on the H100 machine, bench/results/load-*.json): the ring must hold the buffers

@@ -575,10 +575,11 @@ DiTGpu DiTGpu::create(const DiTConfig& cfg, const std::vector<DiTWeightSource>& 
       WAN_ASSERT(dit_gpu_detail::max_small_floats(im->table) <= scratch, "random weight scratch");
       dit_gpu_detail::draw_random_weights(im->table, w, experts[i].seed, reinterpret_cast<float*>(im->big), scratch,
                                           im->stream);
+      dit_gpu_detail::apply_weight_merges(im->table, w, experts[i].merge, im->stream);
     } else {
       const DiTWeightSource& src = experts[i];
       WAN_WITH_CONTEXT(cat("DiT expert ", i), dit_gpu_detail::upload_weights(im->table, w, src.get, "DiT", src.span,
-                                                                             src.loader, src.group));
+                                                                             src.loader, src.group, src.merge));
     }
     im->ptrs.push_back(resolve(im->table, w, cfg.num_layers));
   }
@@ -744,12 +745,13 @@ std::vector<std::pair<size_t, size_t>> DiTGpu::weight_ranges(const DiTConfig& cf
 }
 
 int DiTGpu::add_weight_loads(int expert, size_t begin, size_t end, const DiTWeightGetter& get,
-                             const DiTWeightSpan& span, DeviceLoader& loader, int group) const {
+                             const DiTWeightSpan& span, DeviceLoader& loader, int group,
+                             const WeightMergeFn& merge) const {
   size_t bytes = 0;
   char* base = static_cast<char*>(weight_allocation(expert, &bytes));
   const std::string what = cat("DiT expert ", expert);
   int added = 0;
-  for (LoadTarget& t : dit_gpu_detail::weight_targets(impl_->table, base, get, what.c_str(), span, group)) {
+  for (LoadTarget& t : dit_gpu_detail::weight_targets(impl_->table, base, get, what.c_str(), span, group, merge)) {
     const size_t off = static_cast<size_t>(static_cast<char*>(t.dst) - base);
     if (off < begin || off >= end) continue;
     loader.add(std::move(t));

@@ -113,6 +113,8 @@ struct DiTWeightSource {
   // adds them to that loader (not started; completion group `group`): the caller starts it and waits
   // for it before the first forward.
   DiTWeightSpan span;
+  // Optional, either source: the LoRA merge hooks by official name (weights_gpu.h WeightMergeFn).
+  WeightMergeFn merge;
   DeviceLoader* loader = nullptr;
   int group = 0;
   // Issue 5 (sharded load, pipeline/generate_parallel.h): create() allocates the expert but leaves it
@@ -299,7 +301,7 @@ class DiTGpu {
   // their stored bytes, else read through `get` (errors name "DiT expert <expert> weight <name>").
   // Returns how many were added. The caller starts the loader and waits for it before any forward.
   int add_weight_loads(int expert, size_t begin, size_t end, const DiTWeightGetter& get, const DiTWeightSpan& span,
-                       DeviceLoader& loader, int group) const;
+                       DeviceLoader& loader, int group, const WeightMergeFn& merge = {}) const;
 
   struct Impl;
 
