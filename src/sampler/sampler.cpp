@@ -1,6 +1,6 @@
 // The solvers (spec §7.3, §7.4, §7.6): flow UniPC (bh2, order 2, predict-x0, UniC corrector at every
 // step but the first, lower order at the last step), flow DPM++ (2M midpoint, first order at the
-// first and last steps) and Euler.
+// first and last steps), Euler and LightX2V's step-distill update.
 // Invariants: scalar coefficients are computed in float32 with the reference's operations and
 // grouping (each Python sub-expression on 0-dim float32 tensors becomes one rounded float op) by
 // plan_step(); elementwise updates (step_element, sampler_step.h) follow the reference's evaluation
@@ -71,13 +71,20 @@ BhCoeffs bh2_coeffs(float sigma_t, float sigma_s0) {
 
 }  // namespace
 
-Sampler::Sampler(const SamplerConfig& c) : Sampler(c.solver, make_schedule(c)) {}
+Sampler::Sampler(const SamplerConfig& c) : Sampler(c.solver, make_schedule(c), c.bf16_latents) {}
 
-Sampler::Sampler(SolverKind solver, SigmaSchedule schedule) : solver_(solver), sched_(std::move(schedule)) {
+Sampler::Sampler(SolverKind solver, SigmaSchedule schedule, bool bf16_latents)
+    : solver_(solver), sched_(std::move(schedule)), bf16_latents_(bf16_latents) {
   const auto& s = sched_.sigmas;
   WAN_CHECK(!sched_.timesteps.empty() && s.size() == sched_.timesteps.size() + 1,
             "sampler: a schedule needs steps >= 1 timesteps and steps + 1 sigmas (got ",
             sched_.timesteps.size(), " timesteps, ", s.size(), " sigmas)");
+  if (sched_.model_t.empty())
+    for (int64_t t : sched_.timesteps) sched_.model_t.push_back(static_cast<float>(t));
+  WAN_CHECK(sched_.model_t.size() == sched_.timesteps.size(), "sampler: ", sched_.model_t.size(),
+            " model timesteps for ", sched_.timesteps.size(), " steps");
+  WAN_CHECK(!bf16_latents_ || solver_ == SolverKind::StepDistill,
+            "sampler: bf16 latents are a step-distill option (solver is ", solver_name(solver_), ")");
   for (size_t i = 0; i < s.size(); ++i) {
     WAN_CHECK(std::isfinite(s[i]) && s[i] >= 0.0f && s[i] <= 1.0f, "sampler: sigma[", i, "] = ", s[i],
               " is outside [0, 1]");
@@ -92,6 +99,11 @@ Sampler::Sampler(SolverKind solver, SigmaSchedule schedule) : solver_(solver), s
 int64_t Sampler::timestep() const {
   WAN_CHECK(!done(), "sampler: all ", steps(), " steps are done");
   return sched_.timesteps[static_cast<size_t>(index_)];
+}
+
+float Sampler::model_timestep() const {
+  WAN_CHECK(!done(), "sampler: all ", steps(), " steps are done");
+  return sched_.model_t[static_cast<size_t>(index_)];
 }
 
 void Sampler::reset() {
@@ -122,6 +134,14 @@ StepCoeffs Sampler::plan_step() const {
   switch (solver_) {
     case SolverKind::Euler: {
       c.dt = sig(i + 1) - sig(i);
+      break;
+    }
+    case SolverKind::StepDistill: {
+      // LightX2V step_post: sigma and sigma_next are .item() of float32 tensors, used as float32.
+      c.sigma = sig(i);
+      c.renoise = sig(i + 1);
+      c.pred_order = i < N - 1 ? 1 : 0;  // its last step keeps the data prediction (sigma_N = 0)
+      c.round_bf16 = bf16_latents_ ? 1 : 0;
       break;
     }
     case SolverKind::UniPC: {
@@ -212,7 +232,7 @@ void Sampler::step(const float* v, float* x, size_t n) {
   WAN_CHECK(!history_external_, "sampler: step() after take_step(): the history is not on the host (set_state first)");
   if (index_ == 0) {
     n_ = n;
-    if (solver_ != SolverKind::Euler) {
+    if (solver_has_history(solver_)) {
       m_prev_.assign(n, 0.0f);
       m_last_.assign(n, 0.0f);
     }
@@ -223,6 +243,7 @@ void Sampler::step(const float* v, float* x, size_t n) {
   float unused = 0.0f;
   switch (solver_) {
     case SolverKind::Euler:
+    case SolverKind::StepDistill:
       for (size_t j = 0; j < n; ++j) step_element(c, v[j], x[j], 0.0f, 0.0f, 0.0f, &x[j], &unused, &unused);
       break;
     case SolverKind::DpmPP: {
@@ -267,7 +288,7 @@ void Sampler::set_state(SamplerState st) {
     return;
   }
   WAN_CHECK(st.n > 0, "sampler state: step ", st.index, " needs the element count");
-  const bool multistep = solver_ != SolverKind::Euler;
+  const bool multistep = solver_has_history(solver_);
   const size_t want_m = multistep ? st.n : 0, want_s = solver_ == SolverKind::UniPC ? st.n : 0;
   WAN_CHECK(st.m_last.size() == want_m && st.m_prev.size() == want_m && st.last_sample.size() == want_s,
             "sampler state: ", solver_name(solver_), " at step ", st.index, " needs ", want_m, " + ", want_m, " + ",

@@ -1,11 +1,13 @@
-// Flow-matching sampling of Wan 2.2 (spec §7): sigma/timestep schedules, the solvers (flow UniPC
-// bh2 order 2 with the UniC corrector, flow DPM++ 2M midpoint, Euler), classifier-free guidance and
-// the two-expert (high-noise / low-noise) schedule.
+// Flow-matching sampling of Wan 2.2 (spec §7): sigma/timestep schedules (the task grids, the
+// Wan2.2-Lightning grid, explicit LightX2V timestep lists), the solvers (flow UniPC bh2 order 2 with
+// the UniC corrector, flow DPM++ 2M midpoint, Euler, LightX2V's step-distill update), classifier-free
+// guidance and the two-expert (high-noise / low-noise) schedule.
 //
 // Invariants (in full below the namespace line): the arithmetic is the reference schedulers' op by op
-// in float32 (bit-identical to the PyTorch schedulers on the CPU); schedules are computed in float64 as
-// the reference and stored as float32 sigmas; one Sampler carries its history across the expert
-// switch; a step is plan_step()'s coefficients applied by step_element(), on the host or the GPU.
+// in float32 (bit-identical to the PyTorch schedulers on the CPU); schedules are computed as the
+// reference does (float64 numpy or float32 torch) and stored as float32 sigmas; one Sampler carries
+// its history across the expert switch; a step is plan_step()'s coefficients applied by
+// step_element(), on the host or the GPU.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -22,8 +24,10 @@ namespace wan {
 //    fused or reassociated (the build uses -ffp-contract=off). On the same inputs the results equal
 //    the PyTorch schedulers run on the CPU bit for bit; tests/cpu/test_sampler.cpp checks this against
 //    fixtures from diffusers (tools/make_sampler_fixtures.py).
-//  - Schedules are computed in float64 exactly as the reference (numpy linspace, shift, int64
-//    truncation of sigma*1000) and stored as float32 sigmas (steps + 1 entries, the last one 0).
+//  - Schedules are computed exactly as the reference: the task grids in float64 (numpy linspace,
+//    shift, int64 truncation of sigma*1000), the distill grids in float32 torch ops (see
+//    make_schedule_from_timesteps); stored as float32 sigmas (steps + 1 entries, the last one 0) with
+//    the DiT's float timestep per step (SigmaSchedule::model_t).
 //  - One Sampler object serves a whole run: its multistep history (the last two data predictions
 //    and the sample that entered the last predictor) is carried across the expert switch.
 //  - The sample passed to step() is the one the model saw; the caller may edit the latent between
@@ -36,11 +40,14 @@ namespace wan {
 // Official: the Wan repository's schedulers (UniPC and Euler on the FlowUniPCMultistepScheduler
 // grid from float32(0.999), DPM++ on get_sampling_sigmas' grid from 1). Diffusers: the grid of
 // diffusers' UniPCMultistepScheduler with use_flow_sigmas (what the converted Wan 2.2 repositories
-// ship), used for every solver so the end-to-end test can follow WanPipeline.
-enum class ScheduleKind { Official, Diffusers };
+// ship), used for every solver so the end-to-end test can follow WanPipeline. Lightning: the grid of
+// Wan2.2-Lightning's EulerScheduler (wan/utils/fm_solvers_euler.py): t = float32(linspace(T, 0,
+// N+1)), sigma = t / T, shifted, all in float32; the DiT sees the float t = sigma * T (1000, 937.5,
+// 833.333, 625 for 4 steps at shift 5).
+enum class ScheduleKind { Official, Diffusers, Lightning };
 
 SolverKind solver_from_name(const std::string& s);   // throws wan::Error listing the valid names
-const char* schedule_name(ScheduleKind k);           // "official", "diffusers"
+const char* schedule_name(ScheduleKind k);           // "official", "diffusers", "lightning"
 ScheduleKind schedule_from_name(const std::string& s);
 
 struct SamplerConfig {
@@ -49,25 +56,57 @@ struct SamplerConfig {
   double shift = 12.0;  // official: sample_shift; diffusers: the scheduler config's flow_shift
   int num_train_timesteps = 1000;
   ScheduleKind schedule = ScheduleKind::Official;
+  // An explicit timestep list (--timesteps, LightX2V's denoising_step_list): when not empty it
+  // replaces the grid (make_schedule_from_timesteps; `schedule` is then unused) and `steps` must
+  // equal its size.
+  std::vector<int64_t> timesteps = {};
+  // StepDistill only: keep the latent in bf16 between steps, as LightX2V does under its default
+  // DTYPE=BF16 / SENSITIVE_LAYER_DTYPE=None (BaseScheduler.step_pre casts it, step_post writes back).
+  bool bf16_latents = false;
 };
 
 struct SigmaSchedule {
   std::vector<float> sigmas;       // [steps + 1], strictly decreasing in [0, 1], last entry 0
-  std::vector<int64_t> timesteps;  // [steps], trunc(sigma_f64 * num_train_timesteps): the DiT's t
+  // [steps] integer timesteps: the task grids' DiT t (trunc(sigma_f64 * T)); for the distill grids
+  // trunc(model_t) (progress lines, ExpertSchedule on integers).
+  std::vector<int64_t> timesteps = {};
+  // [steps] the timestep the DiT is given, as the reference's float32 tensor: float(timesteps[i])
+  // for the task grids, sigma_f32 * T in float32 for the distill grids (937.5, 833.3333). Sampler
+  // fills it from `timesteps` when a custom schedule leaves it empty.
+  std::vector<float> model_t = {};
 };
 
 // Official UniPC/Euler: sigma_i = linspace(float32(0.999), 0, N+1)[i]; official DPM++:
 // linspace(1, 0, N+1)[i]; diffusers: linspace(1, 1/T, N+1)[i] (T = num_train_timesteps); each then
 // shifted s*x/(1+(s-1)x) in float64; diffusers lowers a shifted sigma_0 within 1e-6 of 1 by 1e-6.
+// Lightning: see ScheduleKind. A non-empty c.timesteps: make_schedule_from_timesteps.
 // Throws wan::Error on steps < 1, shift <= 0 or num_train_timesteps < 1.
 SigmaSchedule make_schedule(const SamplerConfig& c);
+
+// An explicit timestep list as LightX2V's WanStepDistillScheduler.set_denoising_timesteps
+// (lightx2v/models/schedulers/wan/step_distill/scheduler.py): the listed values are UNshifted
+// indices into its 1000-entry float32 grid g = shift(torch.linspace(1, 0, T + 1)[:-1]), i.e.
+// sigma_i = g[T - t_i] (torch's CPU linspace: fmaf(step, k, 1) below k = (T+1)/2, fmaf(-step,
+// T - k, 0) from there; shift s*x / (1 + (s-1)*x) in float32); the DiT sees the float32
+// model_t_i = sigma_i * T (not the listed value, not an integer); the final sigma is 0 (the last
+// step lands on the data prediction). [1000, 750, 500, 250] at shift 5 gives sigmas 1, 0.9375,
+// 0.8333333, 0.625, 0 and t = 1000, 937.5, 833.3333, 625: the same grid as Lightning's 4 steps.
+// Throws wan::Error (BadInput, one line) unless 1 <= steps, every t_i is in [1, T] (t = 0 has no
+// grid entry: sigma 0 is the end point) and the list decreases strictly; or on shift <= 0.
+SigmaSchedule make_schedule_from_timesteps(const std::vector<int64_t>& timesteps, double shift,
+                                           int num_train_timesteps = 1000);
+
+// "1000,750,500,250" -> {1000, 750, 500, 250} (spaces allowed around entries); throws wan::Error
+// naming the bad entry. Range and order are checked by make_schedule_from_timesteps.
+std::vector<int64_t> parse_timesteps(const std::string& list);
 
 class Sampler {
  public:
   explicit Sampler(const SamplerConfig& c);
   // A custom schedule (validated: decreasing sigmas in [0, 1] ending at 0, one timestep per step;
   // UniPC needs sigma_0 < 1 because its second-order corrector cannot use lambda = -inf).
-  Sampler(SolverKind solver, SigmaSchedule schedule);
+  // bf16_latents: StepDistill only (SamplerConfig::bf16_latents).
+  Sampler(SolverKind solver, SigmaSchedule schedule, bool bf16_latents = false);
 
   SolverKind solver() const { return solver_; }
   int steps() const { return static_cast<int>(sched_.timesteps.size()); }
@@ -76,6 +115,9 @@ class Sampler {
   int index() const { return index_; }  // the step the next step() call performs
   bool done() const { return index_ >= steps(); }
   int64_t timestep() const;             // timesteps()[index()]; throws when done()
+  float model_timestep() const;         // model_t[index()]: the t to give the DiT; throws when done()
+  const std::vector<float>& model_timesteps() const { return sched_.model_t; }
+  bool bf16_latents() const { return bf16_latents_; }
 
   // One solver step: v is the (guided) model output at (x, timestep()), x [n] is replaced by the
   // sample at the next sigma. n must be the same on every call. Throws wan::Error when done().
@@ -100,6 +142,7 @@ class Sampler {
  private:
   SolverKind solver_;
   SigmaSchedule sched_;
+  bool bf16_latents_ = false;
   int index_ = 0;
   size_t n_ = 0;
   bool history_external_ = false;   // take_step() was used: the history lives with the caller
@@ -126,6 +169,13 @@ struct ExpertSchedule {
   // boundary <= 0: single model. Throws wan::Error on boundary > 1.
   static ExpertSchedule make(const std::vector<int64_t>& timesteps, double boundary, float guide_low,
                              float guide_high, int num_train_timesteps = 1000);
+  // The same on the DiT's float timesteps (schedule.model_t), compared in double as the references
+  // do (t.item() >= boundary * T). Equal to the integer form whenever boundary * T is an integer.
+  // For [1000, 750, 500, 250] at shift 5 (t = 1000, 937.5, 833.3, 625) both Lightning's boundaries
+  // (0.875 T2V, 0.9 I2V) put steps 0-1 on the high-noise expert, as LightX2V's
+  // boundary_step_index 2 (MultiDistillModelStruct: step_index < 2 -> high) does.
+  static ExpertSchedule make(const SigmaSchedule& schedule, double boundary, float guide_low, float guide_high,
+                             int num_train_timesteps = 1000);
   int num_high() const;
 };
 

@@ -41,7 +41,7 @@ __global__ void __launch_bounds__(kThreads) fused_step_kernel(const Args a) {
   c.solver = K;  // a compile-time constant: the other solvers' branches fold away
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   const int64_t tid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  constexpr bool kHist = K != SolverKind::Euler;
+  constexpr bool kHist = solver_has_history(K);
   constexpr bool kUni = K == SolverKind::UniPC;
   int64_t tail = 0;
   if constexpr (kVec) {
@@ -105,7 +105,7 @@ SamplerGpu::SamplerGpu(SolverKind solver, size_t n, int device) : solver_(solver
   try {
     CUDA_CHECK(cudaMalloc(&x_, n_ * 4));
     CUDA_CHECK(cudaMemset(x_, 0, n_ * 4));
-    if (solver_ != SolverKind::Euler) {
+    if (solver_has_history(solver_)) {
       CUDA_CHECK(cudaMalloc(&m_last_, n_ * 4));
       CUDA_CHECK(cudaMalloc(&m_prev_, n_ * 4));
     }
@@ -185,9 +185,10 @@ void SamplerGpu::step(const StepCoeffs& c, const float* cond, const float* uncon
     case SolverKind::UniPC: launch<SolverKind::UniPC>(a, cfg, vec, stream); break;
     case SolverKind::DpmPP: launch<SolverKind::DpmPP>(a, cfg, vec, stream); break;
     case SolverKind::Euler: launch<SolverKind::Euler>(a, cfg, vec, stream); break;
+    case SolverKind::StepDistill: launch<SolverKind::StepDistill>(a, cfg, vec, stream); break;
   }
   CUDA_CHECK(cudaGetLastError());
-  if (solver_ != SolverKind::Euler) std::swap(m_last_, m_prev_);  // M = [M[-1], m]
+  if (solver_has_history(solver_)) std::swap(m_last_, m_prev_);  // M = [M[-1], m]
   ++index_;
 }
 
@@ -201,7 +202,7 @@ SamplerState SamplerGpu::download_state(cudaStream_t stream) const {
     v.resize(n_);
     CUDA_CHECK(cudaMemcpyAsync(v.data(), p, n_ * 4, cudaMemcpyDeviceToHost, stream));
   };
-  if (solver_ != SolverKind::Euler) {
+  if (solver_has_history(solver_)) {
     get(st.m_last, m_last_);
     get(st.m_prev, m_prev_);
   }
@@ -219,7 +220,7 @@ void SamplerGpu::upload_state(const SamplerState& st, cudaStream_t stream) {
     for (float* p : {m_last_, m_prev_, xs_})
       if (p) CUDA_CHECK(cudaMemsetAsync(p, 0, n_ * 4, stream));
   } else {
-    const size_t want_m = solver_ != SolverKind::Euler ? n_ : 0, want_s = solver_ == SolverKind::UniPC ? n_ : 0;
+    const size_t want_m = solver_has_history(solver_) ? n_ : 0, want_s = solver_ == SolverKind::UniPC ? n_ : 0;
     WAN_CHECK(st.n == n_, "sampler GPU state: ", st.n, " elements, this sampler has ", n_);
     WAN_CHECK(st.m_last.size() == want_m && st.m_prev.size() == want_m && st.last_sample.size() == want_s,
               "sampler GPU state: ", solver_name(solver_), " at step ", st.index, " needs ", want_m, " + ", want_m,

@@ -1,8 +1,8 @@
 // The sampler's state on the GPU and its fused step: classifier-free guidance and the solver update
-// (flow UniPC bh2 + UniC, flow DPM++ 2M, Euler) as ONE elementwise fp32 kernel per step, reading the
-// DiT's output where it lies in device memory. The scalar coefficients come from the host
-// (wan::Sampler::take_step(): schedule and index only); the per-element arithmetic is the CPU's own
-// step_element() (sampler/sampler_step.h) compiled for the device.
+// (flow UniPC bh2 + UniC, flow DPM++ 2M, Euler, step-distill) as ONE elementwise fp32 kernel per
+// step, reading the DiT's output where it lies in device memory. The scalar coefficients come from
+// the host (wan::Sampler::take_step(): schedule and index only); the per-element arithmetic is the
+// CPU's own step_element() (sampler/sampler_step.h) compiled for the device.
 #pragma once
 #include <cuda_runtime.h>
 

@@ -28,16 +28,25 @@ namespace wan {
 //   xs      UniPC only: the (corrected) sample that entered the last predictor (in), this step's (out)
 // Before the first step the history is all zeros (none of it is read then).
 
-enum class SolverKind { UniPC, DpmPP, Euler };
+// StepDistill: LightX2V's WanStepDistillScheduler.step_post (few-step distilled models): the data
+// prediction m = x - v * sigma, re-noised to the next sigma as m + v * sigma_next (m itself on the
+// last step). Same limit as Euler, different float32 rounding. No history.
+enum class SolverKind { UniPC, DpmPP, Euler, StepDistill };
 
-// "unipc", "dpm++", "euler" (the CLI's --sampler names; solver_from_name in sampler.h reads them).
+// "unipc", "dpm++", "euler", "step-distill" (the CLI's --sampler names; solver_from_name reads them).
 inline const char* solver_name(SolverKind k) {
   switch (k) {
     case SolverKind::UniPC: return "unipc";
     case SolverKind::DpmPP: return "dpm++";
     case SolverKind::Euler: return "euler";
+    case SolverKind::StepDistill: return "step-distill";
   }
   return "?";
+}
+
+// Whether the solver keeps the multistep history m_last / m_prev (UniPC also last_sample).
+WAN_SAMPLER_HD constexpr bool solver_has_history(SolverKind k) {
+  return k == SolverKind::UniPC || k == SolverKind::DpmPP;
 }
 
 // The scalars of one step. Orders: 0 = none (corrector) / land on the data prediction (update onto
@@ -47,6 +56,10 @@ struct StepCoeffs {
   int32_t index = 0;  // the step these coefficients perform
   float sigma = 0;    // data prediction m = x - sigma * v (UniPC, DPM++)
   float dt = 0;       // Euler: x + dt * v
+  // StepDistill: x = m + v * renoise (sigma_{i+1}) with pred_order 1, x = m with pred_order 0 (last
+  // step); round_bf16: the latent is rounded to bf16 on the way in and out (LightX2V's DTYPE=BF16).
+  float renoise = 0;
+  int32_t round_bf16 = 0;
   // UniPC corrector (UniC) of the sample the last predictor produced.
   int32_t corr_order = 0;
   float cc_x = 0, cc_m = 0, cc_res = 0;  // c_x * xs - c_m * m_last, minus c_res * residual
@@ -61,7 +74,7 @@ struct StepCoeffs {
 
 // The resumable state of a run: the step index and the multistep history (host copies, roles as
 // above). At index 0 every vector is empty; after it, UniPC has all three (each n floats), DPM++
-// m_last and m_prev, Euler none. Sampler::state() / set_state() and cuda::SamplerGpu's
+// m_last and m_prev, Euler and StepDistill none. Sampler::state() / set_state() and cuda::SamplerGpu's
 // download_state() / upload_state() use this one layout, so either can resume the other's run.
 struct SamplerState {
   int index = 0;
@@ -101,6 +114,29 @@ WAN_SAMPLER_HD float div(float a, float b) {
 #endif
 }
 
+// float32 -> bfloat16 -> float32, rounding to nearest even (torch's .to(torch.bfloat16); NaN stays NaN).
+WAN_SAMPLER_HD float round_bf16(float a) {
+#if defined(__CUDA_ARCH__)
+  uint32_t u = __float_as_uint(a);
+#else
+  uint32_t u;
+  __builtin_memcpy(&u, &a, 4);
+#endif
+  if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x007fffffu) != 0) {
+    u = 0x7fc00000u;
+  } else {
+    u += 0x7fffu + ((u >> 16) & 1u);
+    u &= 0xffff0000u;
+  }
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(u);
+#else
+  float r;
+  __builtin_memcpy(&r, &u, 4);
+  return r;
+#endif
+}
+
 }  // namespace sampler_math
 
 // Classifier-free guidance of one element, exactly as wan::cfg_combine: u + g * (c - u).
@@ -110,12 +146,19 @@ WAN_SAMPLER_HD float cfg_element(float cond, float uncond, float guide) {
 }
 
 // One element of a step (see the header comment for the roles). Inputs are taken by value, so the
-// outputs may alias them. Euler reads and writes x only.
+// outputs may alias them. Euler and StepDistill read and write x only.
 WAN_SAMPLER_HD void step_element(const StepCoeffs& c, float v, float x, float m_last, float m_prev, float xs,
                                  float* x_out, float* m_out, float* xs_out) {
   using namespace sampler_math;
   if (c.solver == SolverKind::Euler) {
     *x_out = add(x, mul(c.dt, v));
+    return;
+  }
+  if (c.solver == SolverKind::StepDistill) {
+    const float xin = c.round_bf16 ? round_bf16(x) : x;
+    const float m = sub(xin, mul(v, c.sigma));
+    const float out = c.pred_order == 0 ? m : add(m, mul(v, c.renoise));
+    *x_out = c.round_bf16 ? round_bf16(out) : out;
     return;
   }
   const float m = sub(x, mul(c.sigma, v));  // this step's data prediction x0_hat

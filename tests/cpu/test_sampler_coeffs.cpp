@@ -82,6 +82,7 @@ class Sampler {
       case SolverKind::UniPC: step_unipc(v, x); break;
       case SolverKind::DpmPP: step_dpmpp(v, x); break;
       case SolverKind::Euler: step_euler(v, x); break;
+      case SolverKind::StepDistill: break;  // replayed against its references in test_presets.cpp
     }
     ++index_;
   }
