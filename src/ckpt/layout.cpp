@@ -3,6 +3,7 @@
 // tensor data is read); open_weights() maps every source tensor name to the internal (official)
 // name once, up front, so a store either serves a tensor under its official name or lists the
 // source name in unexpected().
+// ComfyUI component files: detection in ckpt/components.cpp, their stores here (open_comfy_file).
 // Invariants: every failure is a wan::Error with one line naming the path (and the tensor); a store
 // never serves two source tensors under one internal name; fp8_scaled companions (scale_weight,
 // scale_input, the scaled_fp8 marker) are consumed, never reported as unexpected.
@@ -121,7 +122,9 @@ Task task_for_model_type(const DiTConfig& c) {
   return Task::T2V_A14B;
 }
 
-std::string config_diff(const DiTConfig& a, const DiTConfig& b) {
+}  // namespace
+
+std::string dit_config_diff(const DiTConfig& a, const DiTConfig& b) {
   std::string s;
   auto f = [&](const char* k, auto x, auto y) {
     if (x != y) s += cat(s.empty() ? "" : ", ", k, " ", x, " vs ", y);
@@ -139,6 +142,8 @@ std::string config_diff(const DiTConfig& a, const DiTConfig& b) {
   f("model_type", a.model_type, b.model_type);
   return s;
 }
+
+namespace {
 
 // ---------------------------------------------------------------------------------------------
 // DiT config of one DiT location (folder or file), from config.json or from the tensor shapes.
@@ -213,7 +218,7 @@ CheckpointInfo detect_official_a14b(const fs::path& dir) {
   DiTConfig high = dit_config_at(dir / "high_noise_model", Layout::Official, &f1);
   DiTConfig low = dit_config_at(dir / "low_noise_model", Layout::Official, &f2);
   WAN_CHECK(high == low, dir.string(), ": high_noise_model and low_noise_model configs differ (",
-            config_diff(high, low), ")");
+            dit_config_diff(high, low), ")");
   WAN_CHECK(high.model_type != "ti2v", dir.string(),
             ": two experts with in_dim 48 (ti2v); only the A14B models (t2v, i2v) have two experts");
   info.dit = high;
@@ -282,7 +287,7 @@ CheckpointInfo detect_diffusers(const fs::path& dir) {
   if (two) {
     DiTConfig low = dit_config_at(dir / "transformer_2", Layout::Diffusers, &from2);
     WAN_CHECK(info.dit == low, dir.string(), ": transformer and transformer_2 configs differ (",
-              config_diff(info.dit, low), ")");
+              dit_config_diff(info.dit, low), ")");
   }
   info.dit_config_from_file = from1 && from2;
   auto flag = [&](const char* k) {
@@ -542,8 +547,12 @@ class MappedStore final : public WeightStore {
 
 std::unique_ptr<WeightStore> open_dit(const CheckpointInfo& info, const Component& c) {
   std::string label = cat(role_name(c.role), " (", c.path, ")");
-  auto store = std::make_unique<MappedStore>(SafetensorsSet::open(c.path), nullptr, label);
-  const std::string& prefix = info.layout == Layout::ComfyUI ? info.dit_prefix : std::string();
+  SafetensorsSet set = SafetensorsSet::open(c.path);
+  // ComfyUI component files: each expert file has its own prefix (one may come from a full checkpoint).
+  std::string prefix = info.layout == Layout::ComfyUI ? info.dit_prefix : std::string();
+  if (info.layout == Layout::ComfyUI && !set.contains(prefix + "head.modulation"))
+    prefix = set.contains(std::string(kComfyPrefix) + "head.modulation") ? kComfyPrefix : "";
+  auto store = std::make_unique<MappedStore>(std::move(set), nullptr, label);
   std::vector<std::string> src = store->source_names();
   std::set<std::string> all(src.begin(), src.end());
   for (const std::string& n : src) {
@@ -566,6 +575,40 @@ std::unique_ptr<WeightStore> open_dit(const CheckpointInfo& info, const Componen
     std::string scale;
     if (info.fp8_scaled && ends_with(o, ".weight")) {
       std::string sw = prefix + o.substr(0, o.size() - 7) + ".scale_weight";
+      if (all.count(sw)) scale = sw;
+    }
+    store->add(o, n, scale);
+  }
+  store->finish();
+  return store;
+}
+
+// A ComfyUI text-encoder or VAE file (CheckpointInfo::FileNaming): prefix stripped, official or HF /
+// diffusers names, fp8_scaled weights paired with their "<layer>.scale_weight". The companions, the
+// scaled_fp8 marker and ComfyUI's embedded tokenizer ("spiece_model") are consumed, never unexpected.
+std::unique_ptr<WeightStore> open_comfy_file(const Component& c, const CheckpointInfo::FileNaming& f, bool t5,
+                                             int vae_version) {
+  std::string label = cat(role_name(c.role), " (", c.path, ")");
+  auto store = std::make_unique<MappedStore>(SafetensorsSet::open(c.path), nullptr, label);
+  std::vector<std::string> src = store->source_names();
+  std::set<std::string> all(src.begin(), src.end());
+  for (const std::string& n : src) {
+    if (!starts_with(n, f.prefix)) {
+      store->add_unexpected(n);
+      continue;
+    }
+    const std::string s = n.substr(f.prefix.size());
+    if (is_scale_companion(s) || (t5 && s == "spiece_model")) continue;
+    std::string o;
+    if (f.official) o = (t5 ? t5_official_to_hf(s) : vae_official_to_diffusers(s, vae_version)).empty() ? "" : s;
+    else o = t5 ? t5_hf_to_official(s) : vae_diffusers_to_official(s, vae_version);
+    if (o.empty()) {
+      store->add_unexpected(n);
+      continue;
+    }
+    std::string scale;
+    if (f.fp8_scaled && ends_with(s, ".weight")) {
+      std::string sw = f.prefix + s.substr(0, s.size() - 7) + ".scale_weight";
       if (all.count(sw)) scale = sw;
     }
     store->add(o, n, scale);
@@ -601,8 +644,12 @@ std::unique_ptr<WeightStore> open_weights(const CheckpointInfo& info, Role role)
     case Role::DiT:
     case Role::DiTHigh:
     case Role::DiTLow: return open_dit(info, *c);
-    case Role::TextEncoder: return open_mapped(*c, true, 0);
-    case Role::Vae: return open_mapped(*c, false, info.vae_version);
+    case Role::TextEncoder:
+      if (info.layout == Layout::ComfyUI) return open_comfy_file(*c, info.t5_naming, true, 0);
+      return open_mapped(*c, true, 0);
+    case Role::Vae:
+      if (info.layout == Layout::ComfyUI) return open_comfy_file(*c, info.vae_naming, false, info.vae_version);
+      return open_mapped(*c, false, info.vae_version);
     case Role::Tokenizer: break;
   }
   WAN_THROW(c->path, ": the tokenizer has no tensors");

@@ -4,7 +4,8 @@
 // models_t5_umt5-xxl-enc-bf16.pth, Wan2.1_VAE.pth | Wan2.2_VAE.pth, google/umt5-xxl/), diffusers
 // folder (model_index.json, transformer/, transformer_2/, text_encoder/, vae/, tokenizer/), and a
 // ComfyUI single DiT file (official names, optional "model.diffusion_model." prefix, fp16/bf16 or
-// fp8_scaled with "<layer>.scale_weight").
+// fp8_scaled with "<layer>.scale_weight"), and ComfyUI component files named one by one
+// (detect_components: DiT expert(s), UMT5 text encoder, VAE, tokenizer; ckpt/components.cpp).
 #pragma once
 #include <map>
 #include <memory>
@@ -40,13 +41,40 @@ struct CheckpointInfo {
   std::string dit_prefix;     // ComfyUI: key prefix of the DiT tensors ("" or "model.diffusion_model.")
   bool fp8_scaled = false;    // ComfyUI fp8_scaled: fp8 weights with "<layer>.scale_weight" companions
   int vae_version = 21;       // 21 (Wan2.1_VAE, A14B) or 22 (Wan2.2_VAE, TI2V-5B)
+  // Layout::ComfyUI component files (detect_components): how the text encoder's and the VAE's
+  // safetensors name their tensors. Unused by the folder layouts.
+  struct FileNaming {
+    std::string prefix;       // key prefix stripped before mapping ("" in the Comfy-Org files)
+    bool official = false;    // official names (ComfyUI's VAE) instead of HF / diffusers names
+    bool fp8_scaled = false;  // fp8 weights with "<layer>.scale_weight" companions
+  };
+  FileNaming t5_naming, vae_naming;
   std::vector<std::string> notes;  // human-readable remarks (why the task is uncertain, ...)
   const Component* find(Role r) const;
   bool has(Role r) const { return find(r) != nullptr; }
 };
 
+// "dim 5120 vs 3072, in_dim 16 vs 36" ("" when a == b).
+std::string dit_config_diff(const DiTConfig& a, const DiTConfig& b);
+
 // Throws wan::Error with one clear line when the path is missing or no layout matches.
 CheckpointInfo detect_checkpoint(const std::string& path);
+
+// Separate ComfyUI model files, as ComfyUI's models/ folders keep them. Empty = not given.
+struct ComponentFiles {
+  std::string dit;           // TI2V-5B, or one A14B expert run alone (--dit)
+  std::string dit_high;      // A14B high-noise expert (--dit-high); needs dit_low
+  std::string dit_low;       // A14B low-noise expert (--dit-low); needs dit_high
+  std::string text_encoder;  // umt5_xxl_fp16 / umt5_xxl_fp8_e4m3fn_scaled .safetensors (--text-encoder)
+  std::string vae;           // wan_2.1_vae / wan2.2_vae .safetensors (--vae)
+  std::string tokenizer;     // folder with spiece.model, or the .model file (--tokenizer); needed with a text encoder
+};
+// Layout::ComfyUI checkpoint of the given files, from their safetensors headers only: each file's
+// role is checked against its tensors, the DiT config inferred from shapes (experts must agree), the
+// task from in_dim (16 t2v, 36 i2v, 48 ti2v; task_hint must agree), the VAE version from its tensors
+// (2.1 for A14B, 2.2 for TI2V-5B), the encoder's width against the DiT's text_dim. root is the
+// (high-noise) DiT file. Every problem is one wan::Error naming the option, the file and the problem.
+CheckpointInfo detect_components(const ComponentFiles& files, std::optional<Task> task_hint = std::nullopt);
 
 // Where the stored bytes of one tensor lie in its file, for streaming loaders that read the file
 // themselves (ckpt/stream.h) instead of going through get(). The bytes are the tensor as stored

@@ -5,6 +5,9 @@
 //             all:  models_t5_umt5-xxl-enc-bf16.pth, Wan2.1_VAE.pth | Wan2.2_VAE.pth, google/umt5-xxl/
 //   diffusers model_index.json, transformer/ (+ transformer_2/ for A14B, the low-noise expert),
 //             text_encoder/, tokenizer/, vae/, scheduler/
+//   comfyui   diffusion_models/wan2.2_{t2v,i2v}_{high,low}_noise_14B_<dt>.safetensors | wan2.2_ti2v_5B_<dt>,
+//             text_encoders/umt5_xxl_fp16 | umt5_xxl_fp8_e4m3fn_scaled, vae/wan_2.1_vae | wan2.2_vae,
+//             tokenizer/ (ComfyUI ships none): official DiT and VAE names, HF UMT5 names ("shared.weight")
 #include "testing/make_checkpoint.h"
 
 #include <stdlib.h>
@@ -149,6 +152,108 @@ void write_all(const fs::path& root, const ModelPreset& plan, const MakeCheckpoi
   }
 }
 
+// ---- ComfyUI component files --------------------------------------------------------------------
+
+// fp8_scaled stores the GEMM weights of the blocks as fp8 (ComfyUI's scaled_fp8_ops quantise Linear
+// layers only); embeddings, norms, modulations and convolutions keep the file's dtype.
+bool fp8_quantised(const WeightSpec& w) {
+  return w.cls == WeightClass::GemmWeight && w.shape.ndim == 2 && w.name.rfind("blocks.", 0) == 0;
+}
+// A per-tensor scale from the init rule's bound (no second pass over the values): |w| <= bound maps into
+// fp8 e4m3's +-448. ComfyUI's converters use the tensor's amax; any positive f32 scale is valid.
+float fp8_scale_for(const InitRule& r) {
+  const float bound = r.kind == InitKind::Uniform ? r.scale
+                      : r.kind == InitKind::Normal ? 3.47f * r.scale
+                                                   : 1.0f + 3.47f * r.scale;
+  return bound > 0.f ? bound / 448.0f : 1.0f;
+}
+
+// One file of a weight table under ComfyUI names (map: official -> file name; null = official).
+// fp8: quantised rows as F8E4M3 + "<layer>.scale_weight" (f32 scalar), and the "scaled_fp8" marker.
+void write_comfy_file(const fs::path& file, const WeightTable& ps, uint64_t seed, DType dtype, bool fp8,
+                      const NameMap& map) {
+  enum Kind { Value, Quant, Scale, Marker };
+  struct Item {
+    size_t row;
+    Kind kind;
+  };
+  std::vector<TensorSpec> specs;
+  std::unordered_map<std::string, Item> items;
+  auto add = [&](TensorSpec spec, size_t row, Kind kind) {
+    WAN_ASSERT(items.emplace(spec.name, Item{row, kind}).second, "two tensors named ", spec.name);
+    specs.push_back(std::move(spec));
+  };
+  for (size_t i = 0; i < ps.size(); ++i) {
+    const std::string out = map ? map(ps[i].name) : ps[i].name;
+    WAN_ASSERT(!out.empty(), "no output name for tensor ", ps[i].name);
+    if (fp8 && fp8_quantised(ps[i])) {
+      add({out, DType::F8E4M3, ps[i].shape}, i, Quant);
+      add({out.substr(0, out.size() - 7) + ".scale_weight", DType::F32, Shape{}}, i, Scale);  // strip ".weight"
+    } else {
+      add({out, dtype, ps[i].shape}, i, Value);
+    }
+  }
+  if (fp8) add({"scaled_fp8", DType::F8E4M3, Shape{0}}, 0, Marker);
+  // Largest elements first: every tensor stays aligned for its type (formats/safetensors.h).
+  std::stable_sort(specs.begin(), specs.end(),
+                   [](const TensorSpec& a, const TensorSpec& b) { return dtype_size(a.dtype) > dtype_size(b.dtype); });
+  TensorFill fill = [&](const TensorSpec& spec, void* dst) {
+    const Item& it = items.at(spec.name);
+    const WeightSpec& w = ps[it.row];
+    if (it.kind == Value) return fill_init(w, seed, spec.dtype, dst);
+    if (it.kind == Marker) return;
+    const float scale = fp8_scale_for(w.init);
+    if (it.kind == Scale) {
+      *static_cast<float*>(dst) = scale;
+      return;
+    }
+    std::vector<float> v(static_cast<size_t>(w.shape.numel()));
+    fill_init(w, seed, DType::F32, v.data());
+    auto* q = static_cast<uint8_t*>(dst);
+    for (size_t k = 0; k < v.size(); ++k) q[k] = f32_to_f8e4m3(v[k] / scale);
+  };
+  write_safetensors(file.string(), specs, fill);
+}
+
+const char* comfy_suffix(DType d) {
+  switch (d) {
+    case DType::F16: return "fp16";
+    case DType::BF16: return "bf16";
+    case DType::F32: return "fp32";
+    case DType::F8E4M3: return "fp8_scaled";
+    default: break;
+  }
+  WAN_THROW("--dtype ", dtype_name(d), ": ComfyUI files are fp16, bf16, fp32 or fp8_scaled");
+}
+
+void write_comfyui(const fs::path& root, const ModelPreset& plan, const MakeCheckpointOptions& o) {
+  const ComfyUIFiles f = comfyui_files(o.config, o.dtype);
+  const bool fp8 = o.dtype == DType::F8E4M3;
+  const DType dt = fp8 ? DType::F16 : o.dtype;
+  make_dir(root / "diffusion_models");
+  const WeightTable dit = dit_weight_table(plan.dit);
+  if (plan.task == Task::TI2V_5B) {
+    LOG_INFO("make-checkpoint: DiT (", plan.dit.num_layers, " layers)");
+    write_comfy_file(root / f.dit, dit, dit_seed(o.seed, plan.task, true), dt, fp8, nullptr);
+  } else {
+    LOG_INFO("make-checkpoint: high-noise expert (", plan.dit.num_layers, " layers)");
+    write_comfy_file(root / f.dit_high, dit, dit_seed(o.seed, plan.task, true), dt, fp8, nullptr);
+    if (o.dit_only) return;
+    LOG_INFO("make-checkpoint: low-noise expert");
+    write_comfy_file(root / f.dit_low, dit, dit_seed(o.seed, plan.task, false), dt, fp8, nullptr);
+  }
+  if (o.dit_only) return;
+  LOG_INFO("make-checkpoint: text encoder");
+  make_dir(root / "text_encoders");
+  write_comfy_file(root / f.text_encoder, umt5_weight_table(plan.t5), component_seed(o.seed, "t5"), DType::F16, fp8,
+                   t5_official_to_hf);
+  LOG_INFO("make-checkpoint: VAE ", plan.vae.version == 22 ? "2.2" : "2.1");
+  make_dir(root / "vae");
+  write_comfy_file(root / f.vae, vae_weight_table(plan.vae), component_seed(o.seed, "vae"), DType::F16, false, nullptr);
+  make_dir(root / f.tokenizer);
+  write_tokenizer_dir((root / f.tokenizer).string());
+}
+
 // ---- output folder ----------------------------------------------------------------------------
 
 bool is_empty_dir(const fs::path& p) {
@@ -205,12 +310,34 @@ void install(const fs::path& partial, const fs::path& out, bool force) {
 
 }  // namespace
 
+ComfyUIFiles comfyui_files(const std::string& config, DType dtype) {
+  const Task task = model_preset(config, 0).task;
+  const std::string sfx = comfy_suffix(dtype);
+  const bool fp8 = dtype == DType::F8E4M3;
+  ComfyUIFiles f;
+  const std::string d = "diffusion_models/wan2.2_";
+  if (task == Task::TI2V_5B) {
+    f.dit = d + "ti2v_5B_" + sfx + ".safetensors";
+  } else {
+    const std::string t = task == Task::I2V_A14B ? "i2v" : "t2v";
+    f.dit_high = d + t + "_high_noise_14B_" + sfx + ".safetensors";
+    f.dit_low = d + t + "_low_noise_14B_" + sfx + ".safetensors";
+  }
+  f.text_encoder = fp8 ? "text_encoders/umt5_xxl_fp8_e4m3fn_scaled.safetensors" : "text_encoders/umt5_xxl_fp16.safetensors";
+  f.vae = task == Task::TI2V_5B ? "vae/wan2.2_vae.safetensors" : "vae/wan_2.1_vae.safetensors";
+  f.tokenizer = "tokenizer";
+  return f;
+}
 
 MakeCheckpointResult make_checkpoint(const MakeCheckpointOptions& o) {
   const ModelPreset plan = model_preset(o.config, o.layers);
-  WAN_CHECK(o.layout == Layout::Official || o.layout == Layout::Diffusers,
-            "make-checkpoint writes the official or the diffusers layout");
-  WAN_CHECK(o.dtype == DType::F32 || o.dtype == DType::BF16, "--dtype must be fp32 or bf16");
+  WAN_CHECK(o.layout == Layout::Official || o.layout == Layout::Diffusers || o.layout == Layout::ComfyUI,
+            "make-checkpoint writes the official, the diffusers or the comfyui layout");
+  if (o.layout == Layout::ComfyUI)
+    WAN_CHECK(o.dtype == DType::F16 || o.dtype == DType::BF16 || o.dtype == DType::F32 || o.dtype == DType::F8E4M3,
+              "--dtype must be fp16, bf16, fp32 or fp8_scaled for the comfyui layout");
+  else
+    WAN_CHECK(o.dtype == DType::F32 || o.dtype == DType::BF16, "--dtype must be fp32 or bf16");
   WAN_CHECK(!o.out.empty(), "missing output folder (--out)");
   WAN_CHECK(o.max_shard_bytes > 0, "shard size must be positive");
 
@@ -231,7 +358,8 @@ MakeCheckpointResult make_checkpoint(const MakeCheckpointOptions& o) {
 
   const fs::path partial = make_unique_dir(out, "partial");
   try {
-    write_all(partial, plan, o);
+    if (o.layout == Layout::ComfyUI) write_comfyui(partial, plan, o);
+    else write_all(partial, plan, o);
     install(partial, out, o.force);
   } catch (...) {
     remove_tree(partial);

@@ -457,6 +457,46 @@ TEST(MakeCheckpointFiles, BothLayoutsHaveTheReleaseFileNames) {
   EXPECT_TRUE(siblings_with(t.str(), "partial").empty());
 }
 
+TEST(MakeCheckpointFiles, ComfyUILayoutHasComfyOrgFileNames) {
+  TempDir t;
+  MakeCheckpointOptions o = opts("tiny", Layout::ComfyUI, t / "c", 5);
+  o.dtype = DType::F16;
+  const MakeCheckpointResult r = make_checkpoint(o);
+  const std::vector<std::string> want = {"diffusion_models/wan2.2_t2v_high_noise_14B_fp16.safetensors",
+                                         "diffusion_models/wan2.2_t2v_low_noise_14B_fp16.safetensors",
+                                         "text_encoders/umt5_xxl_fp16.safetensors",
+                                         "tokenizer/special_tokens_map.json",
+                                         "tokenizer/spiece.model",
+                                         "tokenizer/tokenizer.json",
+                                         "tokenizer/tokenizer_config.json",
+                                         "vae/wan_2.1_vae.safetensors"};
+  EXPECT_EQ(r.files, want);
+  const ComfyUIFiles f = comfyui_files("tiny", DType::F16);
+  EXPECT_EQ(f.dit_high, want[0]);
+  EXPECT_EQ(f.text_encoder, want[2]);
+  // Byte-identical reruns; the values are the official draw's, rounded to fp16.
+  make_checkpoint(opts("tiny", Layout::ComfyUI, t / "d", 5));  // the default dtype of the options is f32
+  o.out = t / "e";
+  make_checkpoint(o);
+  for (const std::string& n : want) EXPECT_TRUE(slurp(t / ("c/" + n)) == slurp(t / ("e/" + n))) << n;
+  EXPECT_TRUE(fs::exists(t / "d/diffusion_models/wan2.2_t2v_low_noise_14B_fp32.safetensors"));
+  make_checkpoint(opts("tiny", Layout::Official, t / "off", 5));
+  auto hf = SafetensorsFile::open(t / "c/diffusion_models/wan2.2_t2v_high_noise_14B_fp16.safetensors");
+  auto ho = SafetensorsFile::open(t / "off/high_noise_model/diffusion_pytorch_model.safetensors");
+  Tensor a = hf->get("blocks.1.self_attn.o.weight"), b = ho->get("blocks.1.self_attn.o.weight");
+  ASSERT_EQ(a.dtype(), DType::F16);
+  for (int64_t i = 0; i < a.numel(); i += 97)
+    ASSERT_EQ(static_cast<const uint16_t*>(a.data())[i], f32_to_f16(static_cast<const float*>(b.data())[i])) << i;
+  // fp8_scaled and the TI2V names; --dit-only writes the one DiT.
+  MakeCheckpointOptions q = opts("tiny-ti2v", Layout::ComfyUI, t / "q");
+  q.dtype = DType::F8E4M3;
+  q.dit_only = true;
+  EXPECT_EQ(make_checkpoint(q).files, std::vector<std::string>{"diffusion_models/wan2.2_ti2v_5B_fp8_scaled.safetensors"});
+  q.dtype = DType::F64;
+  q.out = t / "bad";
+  EXPECT_THROW(make_checkpoint(q), Error);
+}
+
 TEST(MakeCheckpointFiles, DeterministicAndSeeded) {
   TempDir t;
   make_checkpoint(opts("tiny", Layout::Diffusers, t / "a", 5));
@@ -499,7 +539,8 @@ TEST(MakeCheckpointCli, WritesAndRefusesBadInput) {
   };
   const Case cases[] = {
       {"--config huge --layout official --out '" + (t / "e1") + "'", "unknown --config 'huge'"},
-      {"--config tiny --layout comfyui --out '" + (t / "e2") + "'", "unknown --layout 'comfyui'"},
+      {"--config tiny --layout comfy --out '" + (t / "e2") + "'", "unknown --layout 'comfy'"},
+      {"--config tiny --layout official --dtype fp16 --out '" + (t / "e8") + "'", "--dtype must be fp32 or bf16"},
       {"--config tiny --layout official --dtype fp8 --out '" + (t / "e3") + "'", "unknown --dtype 'fp8'"},
       {"--config tiny --layout official --layers 0 --out '" + (t / "e4") + "'", "--layers"},
       {"--config tiny --layout official --seed -4 --out '" + (t / "e5") + "'", "--seed"},
@@ -529,6 +570,14 @@ TEST(MakeCheckpointCli, WritesAndRefusesBadInput) {
   ASSERT_EQ(f.code, 0) << f.out;
   EXPECT_FALSE(fs::exists(t / "x/y/config_is_file"));
   EXPECT_FALSE(slurp(t / "x/y/high_noise_model/diffusion_pytorch_model.safetensors") == before);
+  RunResult c = run(wan_cmd("--config tiny-i2v --layout comfyui --dtype fp8_scaled --output '" + (t / "comfy") + "'"));
+  ASSERT_EQ(c.code, 0) << c.out;
+  EXPECT_TRUE(fs::exists(t / "comfy/diffusion_models/wan2.2_i2v_low_noise_14B_fp8_scaled.safetensors"));
+  EXPECT_TRUE(fs::exists(t / "comfy/text_encoders/umt5_xxl_fp8_e4m3fn_scaled.safetensors"));
+  EXPECT_TRUE(fs::exists(t / "comfy/tokenizer/spiece.model"));
+  RunResult c16 = run(wan_cmd("--config tiny-ti2v --layout comfyui --dit-only --output '" + (t / "comfy16") + "'"));
+  ASSERT_EQ(c16.code, 0) << c16.out;
+  EXPECT_TRUE(fs::exists(t / "comfy16/diffusion_models/wan2.2_ti2v_5B_fp16.safetensors"));  // comfyui defaults to fp16
   fs::create_directories(t / "empty");
   RunResult e = run(wan_cmd("--config tiny-ti2v --layout diffusers --out '" + (t / "empty") + "'"));
   EXPECT_EQ(e.code, 0) << e.out;
