@@ -4,6 +4,7 @@
 
 #include "formats/video.h"
 #include "models/config.h"
+#include "sampler/presets.h"
 #include "sampler/sampler.h"
 
 namespace wan::api {
@@ -50,10 +51,64 @@ Option overwrite_frames_option() {
                      "sequence does not reach are removed); without it such a folder is refused");
 }
 
+// ComfyUI component files, instead of --model.
+void add_component_rows(std::vector<Option>& t) {
+  t.push_back(option("dit-high", Kind::Path, "FILE", "",
+                     "instead of --model, ComfyUI files: the high-noise expert (A14B), e.g. "
+                     "wan2.2_t2v_high_noise_14B_fp16.safetensors (fp16, bf16 or fp8_scaled)"));
+  t.push_back(option("dit-low", Kind::Path, "FILE", "", "the low-noise expert (A14B)"));
+  t.push_back(option("dit", Kind::Path, "FILE", "", "a one-model DiT (ti2v-5B), e.g. wan2.2_ti2v_5B_fp16.safetensors"));
+  t.push_back(option("text-encoder", Kind::Path, "FILE", "",
+                     "umt5_xxl_fp16.safetensors or umt5_xxl_fp8_e4m3fn_scaled.safetensors (needs --tokenizer)"));
+  t.push_back(option("vae", Kind::Path, "FILE", "", "wan_2.1_vae.safetensors (A14B) or wan2.2_vae.safetensors (5B)"));
+  t.push_back(option("tokenizer", Kind::Path, "DIR|FILE", "",
+                     "the UMT5 tokenizer: a folder with spiece.model (and tokenizer.json), or the .model file"));
+}
+
+// --lora*, --preset, --timesteps, --sampler, --schedule.
+void add_lora_and_sampler_rows(std::vector<Option>& t) {
+  auto lora_row = [](const char* name, const char* help) {
+    Option l = option(name, Kind::String, "PATH[:SCALE]", "", help);
+    l.repeatable = true;
+    l.check = [name](const std::string& s) {
+      (void)parse_lora_arg(s, LoraExpert::All, name);
+      return std::string();
+    };
+    return l;
+  };
+  t.push_back(lora_row("lora",
+                       "a LoRA for every DiT (repeatable; they stack; scale default 1): official/ComfyUI, kohya, "
+                       "diffusers/PEFT or full-delta (.diff) safetensors, recognised from the keys"));
+  t.push_back(lora_row("lora-high", "a LoRA for the high-noise expert only (A14B; repeatable)"));
+  t.push_back(lora_row("lora-low", "a LoRA for the low-noise expert only (A14B; repeatable)"));
+  Option preset = option("preset", Kind::String, "NAME", "",
+                         "a named sampling recipe (steps, timesteps, shift, guide, solver), e.g. lightning-4step with "
+                         "the Lightning LoRAs; options given explicitly win. 'wan presets' lists them");
+  preset.check = names(find_preset);
+  t.push_back(preset);
+  Option timesteps = option("timesteps", Kind::String, "LIST", "",
+                            "explicit timesteps, e.g. 1000,750,500,250 (unshifted, as LightX2V's "
+                            "denoising_step_list; the experts still switch by boundary); without --sampler: "
+                            "step-distill");
+  timesteps.check = [](const std::string& s) {
+    (void)parse_timesteps(s);
+    return std::string();
+  };
+  t.push_back(timesteps);
+  Option sampler = option("sampler", Kind::String, "NAME", "unipc", "unipc | dpm++ | euler | step-distill");
+  sampler.check = names(solver_from_name);
+  t.push_back(sampler);
+  Option schedule =
+      option("schedule", Kind::String, "NAME", "official", "official | diffusers | lightning sigma grid");
+  schedule.check = names(schedule_from_name);
+  t.push_back(schedule);
+}
+
 std::vector<Option> generate_options_table() {
   std::vector<Option> t;
   t.push_back(
       option("model", Kind::Path, "PATH", "", "checkpoint: official release folder, diffusers folder or ComfyUI file"));
+  add_component_rows(t);
   Option w =
       option("weights", Kind::Enum, "checkpoint|random", "checkpoint",
              "random: every weight drawn from the engine RNG at the real sizes (no files needed; the video is "
@@ -100,12 +155,7 @@ std::vector<Option> generate_options_table() {
     return std::string();
   };
   t.push_back(g);
-  Option sampler = option("sampler", Kind::String, "NAME", "unipc", "unipc | dpm++ | euler");
-  sampler.check = names(solver_from_name);
-  t.push_back(sampler);
-  Option schedule = option("schedule", Kind::String, "NAME", "official", "official | diffusers sigma grid");
-  schedule.check = names(schedule_from_name);
-  t.push_back(schedule);
+  add_lora_and_sampler_rows(t);
   t.push_back(option("seed", Kind::Int, "N", "", "noise seed (absent or negative: random, printed)"));
   t.push_back(option("device", Kind::Device, "DEV", "cpu",
                      "cpu | cuda[:i]. cuda runs the text encoder, the DiT (both experts resident, CUDA graphs) and the "
@@ -301,6 +351,12 @@ const CommandSpec& inspect_spec() {
 GenerateOptions generate_options(const Values& v, ParallelArgs* parallel) {
   GenerateOptions o;
   o.model = v.get_or("model", "");
+  o.components.dit = v.get_or("dit", "");
+  o.components.dit_high = v.get_or("dit-high", "");
+  o.components.dit_low = v.get_or("dit-low", "");
+  o.components.text_encoder = v.get_or("text-encoder", "");
+  o.components.vae = v.get_or("vae", "");
+  o.components.tokenizer = v.get_or("tokenizer", "");
   o.prompt = v.get("prompt");
   o.negative_prompt = v.get("negative-prompt");
   if (auto t = v.get("task")) o.task = task_from_name(*t);
@@ -315,6 +371,8 @@ GenerateOptions generate_options(const Values& v, ParallelArgs* parallel) {
   if (auto g = v.get("guide-scale")) std::tie(o.guide_low, o.guide_high) = parse_guide_scale(*g);
   if (auto s = v.get("sampler")) o.solver = solver_from_name(*s);
   if (auto s = v.get("schedule")) o.schedule = schedule_from_name(*s);
+  o.preset = v.get_or("preset", "");
+  if (auto s = v.get("timesteps")) o.timesteps = parse_timesteps(*s);
   if (v.has("seed") && v.get_int("seed", -1) >= 0) o.seed = static_cast<uint64_t>(v.get_int("seed", -1));
   o.device = v.str("device");
   o.verbose = v.flag("verbose");
@@ -324,6 +382,10 @@ GenerateOptions generate_options(const Values& v, ParallelArgs* parallel) {
   o.init_latents_file = v.get_or("init-latents", "");
   o.image_file = v.get_or("image", "");
   o.last_image_file = v.get_or("last-image", "");
+  for (const auto& [name, expert] : {std::pair<const char*, LoraExpert>{"lora", LoraExpert::All},
+                                     {"lora-high", LoraExpert::High},
+                                     {"lora-low", LoraExpert::Low}})
+    for (const std::string& s : v.all(name)) o.loras.push_back(parse_lora_arg(s, expert, name));
   o.random_weights = v.str("weights") == "random";
   if (v.has("weights-seed")) {
     if (!o.random_weights) throw OptionError("weights-seed", "{} needs --weights random");

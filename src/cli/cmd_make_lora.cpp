@@ -5,7 +5,9 @@
 #include <string>
 
 #include "api/options.h"
+#include "ckpt/layout.h"
 #include "cli/commands.h"
+#include "core/error.h"
 #include "testing/make_lora.h"
 
 namespace wan::cli {
@@ -17,13 +19,13 @@ const api::CommandSpec& make_lora_spec() {
     api::CommandSpec c;
     c.name = "make-lora";
     c.summary = "write a random LoRA for a model's DiT (official, kohya or PEFT keys)";
-    c.usage = {"make-lora --config NAME --output FILE [options]"};
+    c.usage = {"make-lora --config NAME | --model PATH --output FILE [options]"};
     c.about =
         "Writes deterministic random LoRA factors for every attention and FFN projection of the DiT of a "
         "make-checkpoint config (10 per block: 400 for an A14B expert), in the key format asked for. The same "
         "seed in two formats holds the same delta. PEFT also writes adapter_config.json beside the file.";
-    api::Option config = api::option("config", api::Kind::String, "NAME", "", names);
-    config.required = true;
+    api::Option config = api::option("config", api::Kind::String, "NAME", "", names + " (or --model)");
+    api::Option model = api::option("model", api::Kind::Path, "PATH", "", "a checkpoint whose DiT sizes to use");
     api::Option output = api::option("output", api::Kind::Path, "FILE", "", "the .safetensors file to write");
     output.required = true;
     api::Option rank = api::option("rank", api::Kind::Int, "R", "64", "LoRA rank");
@@ -40,7 +42,7 @@ const api::CommandSpec& make_lora_spec() {
     api::Option layers = api::option("layers", api::Kind::Int, "N", "", "DiT depth override");
     layers.min = 1;
     layers.max = 1000;
-    c.options = {config, output, rank, alpha, format,
+    c.options = {config, model, output, rank, alpha, format,
                  api::flag_option("all-targets", "also the text and time embeddings, time projection and head"),
                  dtype, seed, layers};
     return c;
@@ -52,7 +54,13 @@ int cmd_make_lora(int argc, char** argv) {
   const api::Values a = api::parse_argv(make_lora_spec(), argc, argv);
   if (api::print_help_if_asked(a, make_lora_spec())) return 0;
   gen::MakeLoraOptions o;
-  o.dit = model_preset(a.require("config"), static_cast<int>(a.get_int("layers", 0))).dit;
+  WAN_CHECK(a.has("config") != a.has("model"), "make-lora: give --config NAME or --model PATH (one of them)");
+  if (a.has("model")) {
+    WAN_CHECK(!a.has("layers"), "make-lora: --layers goes with --config (a checkpoint has its own depth)");
+    o.dit = detect_checkpoint(a.require("model")).dit;
+  } else {
+    o.dit = model_preset(a.require("config"), static_cast<int>(a.get_int("layers", 0))).dit;
+  }
   o.out = a.require("output");
   o.rank = static_cast<int>(a.get_int("rank", 64));
   o.alpha = static_cast<float>(a.get_double("alpha", 0));

@@ -9,6 +9,7 @@ namespace wan::cli {
 int cmd_inspect(int argc, char** argv);          // src/cli/cmd_inspect.cpp
 int cmd_make_checkpoint(int argc, char** argv);  // src/cli/cmd_make_checkpoint.cpp
 int cmd_make_lora(int argc, char** argv);        // src/cli/cmd_make_lora.cpp (random LoRA files)
+int cmd_presets(int argc, char** argv);          // src/cli/cmd_presets.cpp (generate --preset NAME)
 int cmd_forward(int argc, char** argv);          // src/cli/cmd_forward.cpp (DiT forward on a checkpoint)
 int cmd_generate(int argc, char** argv);         // src/cli/cmd_generate.cpp (text -> video)
 int cmd_encode_prompt(int argc, char** argv);    // src/cli/cmd_encode_prompt.cpp (prompt -> embeddings file)
@@ -18,4 +19,5 @@ int cmd_decode(int argc, char** argv);           // src/cli/cmd_decode.cpp (late
 // bench/commands.h).
 const api::CommandSpec& make_checkpoint_spec();
 const api::CommandSpec& make_lora_spec();
+const api::CommandSpec& presets_spec();
 }  // namespace wan::cli

@@ -27,6 +27,7 @@ constexpr Command kCommands[] = {
     {"inspect", wan::cli::cmd_inspect, wan::api::inspect_spec},
     {"make-checkpoint", wan::cli::cmd_make_checkpoint, wan::cli::make_checkpoint_spec},
     {"make-lora", wan::cli::cmd_make_lora, wan::cli::make_lora_spec},
+    {"presets", wan::cli::cmd_presets, wan::cli::presets_spec},
     {"forward", wan::cli::cmd_forward, wan::api::forward_spec},
     {"bench", wan::cli::cmd_bench, wan::cli::bench_spec},
     {"bench-vae", wan::cli::cmd_bench_vae, wan::cli::bench_vae_spec},

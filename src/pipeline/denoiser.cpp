@@ -34,7 +34,7 @@ void Denoiser::guided_step(Sampler& s, Expert e, float guide, const Tensor& ctx,
   const size_t n = static_cast<size_t>(host_x_.numel());
   host_out_.resize(n * static_cast<size_t>(batch));
   host_v_.resize(n);
-  forward(e, host_x_, batch, static_cast<float>(s.timestep()), ctx, lens, host_out_.data());
+  forward(e, host_x_, batch, s.model_timestep(), ctx, lens, host_out_.data());
   if (batch == 2) cfg_combine(host_out_.data(), host_out_.data() + n, guide, host_v_.data(), n);
   else std::memcpy(host_v_.data(), host_out_.data(), n * 4);
   s.step(host_v_.data(), host_x_.f32(), n);
@@ -54,12 +54,12 @@ class CpuDenoiser : public Denoiser {
   CpuDenoiser(const CheckpointInfo& ckpt, const DenoiserSpec& spec) : cfg_(ckpt.dit) {
     const bool single = ckpt.has(Role::DiT) && !ckpt.has(Role::DiTHigh);
     if (spec.random_weights) {
-      if (spec.use_high) high_ = random_dit_weights(ckpt.dit, spec.seed_high);
-      if (spec.use_low) low_ = random_dit_weights(ckpt.dit, spec.seed_low);
+      if (spec.use_high) high_ = random_dit_weights(ckpt.dit, spec.seed_high, spec.lora_high);
+      if (spec.use_low) low_ = random_dit_weights(ckpt.dit, spec.seed_low, spec.lora_low);
       return;
     }
-    if (spec.use_high) high_ = load_dit(ckpt, single ? Role::DiT : Role::DiTHigh);
-    if (spec.use_low) low_ = load_dit(ckpt, Role::DiTLow);
+    if (spec.use_high) high_ = load_dit(ckpt, single ? Role::DiT : Role::DiTHigh, spec.lora_high);
+    if (spec.use_low) low_ = load_dit(ckpt, Role::DiTLow, spec.lora_low);
   }
   void forward(Expert e, const Tensor& x, int batch, float t, const Tensor& ctx, const std::vector<int64_t>& lens,
                float* out) override {
@@ -125,6 +125,8 @@ DenoiserSpec pipeline_detail::denoiser_spec(const GeneratePlan& p) {
   spec.seed_high = random_expert_seed(p.weights_seed, p.task, true);
   spec.seed_low = random_expert_seed(p.weights_seed, p.task, false);
   spec.dit_plan = p.dit_memory;
+  spec.lora_high = p.lora_high;
+  spec.lora_low = p.lora_low;
   return spec;
 }
 

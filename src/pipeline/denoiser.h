@@ -20,6 +20,7 @@
 #include "ckpt/layout.h"
 #include "runtime/dist/parallel_layout.h"
 #include "core/tensor.h"
+#include "lora/lora.h"
 #include "sampler/sampler.h"
 #include "models/vae/vae_cpu.h"
 
@@ -87,6 +88,9 @@ struct DenoiserSpec {
   // CPU: random_dit_weights, the same values) with these seeds instead of loaded from the checkpoint.
   bool random_weights = false;
   uint64_t seed_high = 0, seed_low = 0;
+  // LoRA terms merged into each expert's weights as they load or after the draw (null: none; the
+  // single TI2V-5B model takes lora_high).
+  std::shared_ptr<const LoraSet> lora_high, lora_low;
   // GPU: the DiT's arena plan (plan_gpu_dit_memory's), already checked against the device as part of
   // the run-level memory plan: creation then only allocates. Null: make_denoiser checks the DiT's fit
   // itself (callers without a run plan).

@@ -11,6 +11,7 @@
 #include <cuda_runtime.h>
 
 #include "kernels/check.h"
+#include "lora/lora_gpu.h"
 #include "models/dit/dit_gpu.h"
 #include "runtime/load_gpu.h"
 #include "runtime/memory_plan.h"
@@ -48,6 +49,14 @@ std::vector<Role> expert_roles(const CheckpointInfo& ckpt, const DenoiserSpec& s
   return pipeline_detail::expert_roles(ckpt, spec.use_high, spec.use_low);
 }
 
+// The LoRA sets of the experts used, in the DiT's expert order (high-noise first).
+std::vector<std::shared_ptr<const LoraSet>> used_loras(const DenoiserSpec& spec) {
+  std::vector<std::shared_ptr<const LoraSet>> v;
+  if (spec.use_high) v.push_back(spec.lora_high);
+  if (spec.use_low) v.push_back(spec.lora_low);
+  return v;
+}
+
 class GpuDenoiser : public Denoiser {
  public:
   GpuDenoiser(const CheckpointInfo& ckpt, const DenoiserSpec& spec, int device) : spec_(spec), device_(device) {
@@ -57,6 +66,7 @@ class GpuDenoiser : public Denoiser {
       if (spec.use_high) sources.push_back(cuda::DiTWeightSource::random_weights(spec.seed_high));
       if (spec.use_low) sources.push_back(cuda::DiTWeightSource::random_weights(spec.seed_low));
     }
+    const std::vector<std::shared_ptr<const LoraSet>> loras = used_loras(spec);
     // Checkpoint weights stream from the files (runtime/load_gpu.h); the stores stay open while a
     // deferred load (spec.loader) may still call their getters.
     for (Role r : spec.random_weights ? std::vector<Role>{} : expert_roles(ckpt, spec)) {
@@ -68,6 +78,7 @@ class GpuDenoiser : public Denoiser {
       src.group = spec.loader_group;
       sources.push_back(std::move(src));
     }
+    for (size_t i = 0; i < sources.size(); ++i) sources[i].merge = cuda::lora_merge_hooks(loras[i]);
     cuda::DiTGpu::Options opt;
     opt.device = device;
     opt.verbose = spec.verbose;

@@ -117,7 +117,7 @@ void FusedDiTStep::step(cuda::DiTGpu& dit, int expert, Sampler& s, float guide, 
   check_index(s, "guided_step");
   const int batch = static_cast<int>(ctx.dim(0));
   WAN_ASSERT(batch == 1 || batch == 2, "guided_step: batch ", batch);
-  const float t = static_cast<float>(s.timestep());
+  const float t = s.model_timestep();
   const float tt[2] = {t, t};
   const Shape& ls = latent_shape_;
   // x: [n] on the device, the one latent of cond and uncond (I2V: copied in front of y).

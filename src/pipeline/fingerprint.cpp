@@ -49,6 +49,15 @@ std::string plan_fingerprint(const GeneratePlan& p) {
   }
   j["weights"] = p.random_weights ? cat("random, seed ", p.weights_seed, ", ", root, ", DiT ", p.ckpt.dit.num_layers, " layers")
                                   : cat("checkpoint ", root);
+  if (p.ckpt.layout == Layout::ComfyUI && p.ckpt.components.size() > 1) {  // separate files: each one counts
+    std::string files;
+    for (const Component& c : p.ckpt.components) {
+      std::error_code ec;
+      const std::filesystem::path abs = std::filesystem::weakly_canonical(c.path, ec);
+      files += cat(files.empty() ? "" : "; ", role_name(c.role), " ", ec ? c.path : abs.string());
+    }
+    j["components"] = files;
+  }
   j["numerics"] = pipeline_detail::fingerprint_numerics(p);
   j["video"] = cat(p.width, "x", p.height, ", ", p.frames, " frames");
   j["latents"] = p.latent_shape.str();
@@ -58,6 +67,12 @@ std::string plan_fingerprint(const GeneratePlan& p) {
   j["sampler"] = solver_name(p.sampler.solver);
   j["schedule"] = schedule_name(p.sampler.schedule);
   j["shift"] = exact(p.sampler.shift);
+  if (!p.sampler.timesteps.empty() || p.sampler.bf16_latents) {  // the distill grids' own keys
+    std::string t;
+    for (float x : p.schedule.model_t) t += cat(t.empty() ? "" : ",", exact(x));
+    j["timesteps"] = t;
+    j["bf16_latents"] = p.sampler.bf16_latents ? "yes" : "no";
+  }
   j["guide"] = cat(exact(p.guide_low), ",", exact(p.guide_high));
   j["boundary"] = exact(p.boundary);
   auto text = [](const Tensor& e, const std::string& s) {
@@ -69,6 +84,19 @@ std::string plan_fingerprint(const GeneratePlan& p) {
   auto image = [](const Tensor& t) { return t.defined() ? cat(t.shape().str(), " ", hash_hex(t.data(), t.nbytes())) : "none"; };
   if (p.image.defined()) j["image"] = image(p.image);
   if (p.last_image.defined()) j["last_image"] = image(p.last_image);
+  // LoRAs change the weights: each file by path, size and modification time, with its strength and
+  // expert (a state resumes only with the same LoRAs).
+  if (!p.loras.empty()) {
+    std::string l;
+    for (const LoraSpec& s : p.loras) {
+      std::error_code ec;
+      const auto size = std::filesystem::file_size(s.path, ec);
+      const auto mtime = std::filesystem::last_write_time(s.path, ec).time_since_epoch().count();
+      l += cat(l.empty() ? "" : "; ", lora_expert_name(s.expert), " ", s.path, ":", exact(s.strength), " (", size,
+               " bytes, mtime ", mtime, ")");
+    }
+    j["lora"] = l;
+  }
   return j.dump();
 }
 

@@ -27,6 +27,7 @@
 
 #include "ckpt/layout.h"
 #include "kernels/check.h"
+#include "lora/lora_gpu.h"
 #include "runtime/load_gpu.h"
 #include "sampler/sampler_gpu.h"
 #include "pipeline/dit_step_gpu.h"
@@ -631,6 +632,7 @@ std::unique_ptr<cuda::DiTGpu> make_rank_dit(const dist::RankContext& ctx, const 
     if (p.random_weights) {
       const bool high = role != Role::DiTLow;
       sources.push_back(cuda::DiTWeightSource::random_weights(random_expert_seed(p.weights_seed, p.task, high)));
+      sources.back().merge = cuda::lora_merge_hooks(high ? p.lora_high : p.lora_low);
     } else {
       cuda::DiTWeightSource src;
       src.external = true;  // filled below: this rank's share from the files, the others' by broadcast
@@ -675,7 +677,8 @@ std::unique_ptr<cuda::DiTGpu> make_rank_dit(const dist::RankContext& ctx, const 
       bases.push_back(base);
       st->load_tensors += dit->add_weight_loads(
           static_cast<int>(i), begin, end, [ws](const std::string& name) { return ws->get_f32(name); },
-          [ws](const std::string& name) { return ws->raw_span(name); }, loader, static_cast<int>(i));
+          [ws](const std::string& name) { return ws->raw_span(name); }, loader, static_cast<int>(i),
+          cuda::lora_merge_hooks(roles[i] == Role::DiTLow ? p.lora_low : p.lora_high));
     }
     if (loader.size() > 0) {
       loader.start();

@@ -189,11 +189,12 @@ int64_t vae_f32_bytes(const VaeConfig& c) {
   return n * 4;
 }
 
-DiTWeights load_dit(const CheckpointInfo& info, Role role) {
+DiTWeights load_dit(const CheckpointInfo& info, Role role, std::shared_ptr<const LoraSet> lora) {
   std::unique_ptr<WeightStore> store;
   DiTWeights w;
   WAN_WITH_CONTEXT(cat("loading ", role_name(role)), {
     store = open_weights(info, role);
+    if (lora && !lora->empty()) store = with_lora(std::move(store), std::move(lora));
     w = load_dit_weights(info.dit, [&](const std::string& n) { return store->get_f32(n); });
   });
   return w;
@@ -307,10 +308,17 @@ std::function<Tensor(const std::string&)> table_getter(WeightTable table, uint64
 }
 }  // namespace
 
-DiTWeights random_dit_weights(const DiTConfig& c, uint64_t expert_seed) {
+DiTWeights random_dit_weights(const DiTConfig& c, uint64_t expert_seed, std::shared_ptr<const LoraSet> lora) {
   DiTWeights w;
-  WAN_WITH_CONTEXT("drawing random DiT weights",
-                   w = load_dit_weights(c, table_getter(dit_weight_table(c), expert_seed, true)));
+  auto draw = table_getter(dit_weight_table(c), expert_seed, true);
+  auto get = [&](const std::string& name) {
+    const LoraTarget* t = lora ? lora->find(name) : nullptr;
+    if (!t || !t->active()) return draw(name);
+    Tensor x = draw(name).to_f32().clone();  // the drawn value (bf16 rows rounded), merged in f32
+    apply_lora_cpu(*t, x);
+    return x;
+  };
+  WAN_WITH_CONTEXT("drawing random DiT weights", w = load_dit_weights(c, get));
   return w;
 }
 

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "ckpt/layout.h"
+#include "lora/lora.h"
 #include "models/config.h"
 #include "models/dit/dit_cpu.h"
 #include "text/tokenizer.h"
@@ -46,7 +47,8 @@ int64_t t5_f32_bytes(const T5Config& c);
 int64_t vae_f32_bytes(const VaeConfig& c);
 
 // ---- loading (f32 on the CPU) ----
-DiTWeights load_dit(const CheckpointInfo& info, Role role);
+// With `lora`, the terms it holds are merged into the f32 weights (lora.h with_lora / apply_lora_cpu).
+DiTWeights load_dit(const CheckpointInfo& info, Role role, std::shared_ptr<const LoraSet> lora = nullptr);
 VaeWeights load_vae(const CheckpointInfo& info, const VaeConfig& cfg);
 
 // ---- prompt -> token ids ----
@@ -91,7 +93,7 @@ uint64_t random_vae_seed(uint64_t seed);
 // bit-identical to the GPU's draw. The VAE with make-checkpoint's rule (fill_init, f32) for both devices:
 // it is small (0.5 GB at the real size).
 Tensor random_dit_tensor(const DiTConfig& c, uint64_t expert_seed, const std::string& name);
-DiTWeights random_dit_weights(const DiTConfig& c, uint64_t expert_seed);
+DiTWeights random_dit_weights(const DiTConfig& c, uint64_t expert_seed, std::shared_ptr<const LoraSet> lora = nullptr);
 T5Weights random_t5_weights(const T5Config& c, uint64_t t5_seed);
 VaeWeights random_vae_weights(const VaeConfig& c, uint64_t vae_seed);
 TextEncoder random_text_encoder(const T5Config& c, uint64_t t5_seed, PromptTokenizer tokens);

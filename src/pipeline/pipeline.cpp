@@ -36,6 +36,7 @@
 #include "pipeline/conditioning.h"
 #include "pipeline/pipeline_internal.h"
 #include "runtime/memory_plan.h"
+#include "sampler/presets.h"
 
 namespace wan {
 
@@ -170,6 +171,11 @@ std::future<void> plan_device(const GenerateOptions& o, GeneratePlan& p) {
   return on_gpu ? gpu_prewarm(parse_device(o.device)) : std::future<void>();
 }
 
+bool has_components(const ComponentFiles& f) {
+  return !(f.dit.empty() && f.dit_high.empty() && f.dit_low.empty() && f.text_encoder.empty() && f.vae.empty() &&
+           f.tokenizer.empty());
+}
+
 // Weights and task; returns the configuration's sizes for random weights without a model.
 std::optional<ModelPreset> plan_weights(const GenerateOptions& o, GeneratePlan& p) {
   // Weights: the checkpoint's, or random at the sizes of the checkpoint or of a configuration.
@@ -179,7 +185,9 @@ std::optional<ModelPreset> plan_weights(const GenerateOptions& o, GeneratePlan& 
   if (!o.random_weights) {
     WAN_CHECK_OPTION("config", o.config.empty(), "{} NAME needs --weights random (a checkpoint has its own sizes)");
     WAN_CHECK_OPTION("layers", o.layers == 0, "{} N needs --weights random (a checkpoint has its own sizes)");
-    WAN_CHECK(!o.model.empty(), "missing --model (a checkpoint folder or file), or --weights random with --task");
+    WAN_CHECK(!o.model.empty() || has_components(o.components),
+              "missing --model (a checkpoint folder or file) or ComfyUI component files (--dit-high/--dit-low or "
+              "--dit, --text-encoder, --vae, --tokenizer), or --weights random with --task");
   } else if (!o.model.empty()) {
     WAN_CHECK_OPTION("config", o.config.empty() && o.layers == 0,
                      "{} / --layers: with --model the random weights take the checkpoint's sizes");
@@ -199,7 +207,11 @@ std::optional<ModelPreset> plan_weights(const GenerateOptions& o, GeneratePlan& 
     p.ckpt.dit = sizes->dit;
     p.ckpt.vae_version = sizes->vae.version;
   }
-  if (!o.model.empty()) {
+  if (has_components(o.components)) {
+    WAN_CHECK_OPTION("model", o.model.empty(), "{} and component files (--dit*, --text-encoder, --vae, --tokenizer) "
+                     "are two ways to give the weights: use one");
+    p.ckpt = detect_components(o.components, o.task);
+  } else if (!o.model.empty()) {
     p.ckpt = detect_checkpoint(o.model);
     if (o.task && *o.task != p.ckpt.task)
       WAN_THROW_OPTION("task", "{} ", task_name(*o.task), ": ", p.ckpt.root, " holds a ", task_name(p.ckpt.task),
@@ -303,24 +315,49 @@ void plan_video(const GenerateOptions& o, const std::optional<ModelPreset>& size
   size_images(images, p);  // the images at the video's size, as the task's reference sizes them
 }
 
+// Runs f; a plain BadInput error from it becomes one about option `key` ("--key: <message>").
+template <typename F>
+void as_option(const char* key, F&& f) {
+  try {
+    f();
+  } catch (const OptionError&) {
+    throw;
+  } catch (const Error& e) {
+    if (e.kind() != ErrorKind::BadInput) throw;
+    throw OptionError(key, cat("{}: ", e.what()));
+  }
+}
+
+// Sampling: the user's options, else the preset's, else the task's defaults (with what a diffusers
+// checkpoint's scheduler and model_index override), resolved by sampler/presets.h.
 void plan_sampling(const GenerateOptions& o, GeneratePlan& p) {
-  const SamplingDefaults d = sampling_defaults(task_name(p.task));
-  // Sampling.
-  p.sampler.solver = o.solver;
-  p.sampler.schedule = o.schedule;
-  p.sampler.steps = o.steps.value_or(d.steps);
-  WAN_CHECK_OPTION("steps", p.sampler.steps >= 1 && p.sampler.steps <= 10000, "{} ", p.sampler.steps,
-                   ": must be in 1..10000");
-  std::optional<double> flow_shift = o.schedule == ScheduleKind::Diffusers ? diffusers_flow_shift(p.ckpt) : std::nullopt;
-  p.sampler.shift = o.shift.value_or(flow_shift.value_or(d.shift));
-  WAN_CHECK_OPTION("shift", std::isfinite(p.sampler.shift) && p.sampler.shift > 0, "{} ", p.sampler.shift,
-                   ": must be positive");
-  p.guide_low = o.guide_low.value_or(d.guide_low);
-  p.guide_high = o.guide_high.value_or(d.guide_high);
-  p.boundary = diffusers_boundary_ratio(p.ckpt).value_or(d.boundary);
-  p.schedule = make_schedule(p.sampler);
-  p.experts = ExpertSchedule::make(p.schedule.timesteps, p.boundary, p.guide_low, p.guide_high,
-                                   p.sampler.num_train_timesteps);
+  const Preset* preset = nullptr;
+  if (!o.preset.empty()) as_option("preset", [&] { preset = &find_preset(o.preset); });
+  p.preset = o.preset;
+  SamplingDefaults base = sampling_defaults(task_name(p.task));
+  const ScheduleKind grid = o.schedule.value_or(preset ? preset->schedule : ScheduleKind::Official);
+  if (grid == ScheduleKind::Diffusers) base.shift = diffusers_flow_shift(p.ckpt).value_or(base.shift);
+  base.boundary = diffusers_boundary_ratio(p.ckpt).value_or(base.boundary);
+  if (o.steps)
+    WAN_CHECK_OPTION("steps", *o.steps >= 1 && *o.steps <= 10000, "{} ", *o.steps, ": must be in 1..10000");
+  if (o.shift)
+    WAN_CHECK_OPTION("shift", std::isfinite(*o.shift) && *o.shift > 0, "{} ", *o.shift, ": must be positive");
+  SamplingOptions user;
+  user.solver = o.solver;
+  user.schedule = o.schedule;
+  user.steps = o.steps;
+  user.timesteps = o.timesteps;
+  user.shift = o.shift;
+  user.guide_low = o.guide_low;
+  user.guide_high = o.guide_high;
+  ResolvedSampling r;
+  as_option(preset ? "preset" : "timesteps", [&] { r = resolve_sampling(task_name(p.task), base, preset, user); });
+  p.sampler = r.sampler;
+  p.guide_low = r.guide_low;
+  p.guide_high = r.guide_high;
+  p.boundary = r.boundary;
+  as_option(o.timesteps.empty() ? "steps" : "timesteps", [&] { p.schedule = make_schedule(p.sampler); });
+  p.experts = ExpertSchedule::make(p.schedule, p.boundary, p.guide_low, p.guide_high, p.sampler.num_train_timesteps);
 }
 
 void plan_resume(const GenerateOptions& o, GeneratePlan& p) {
@@ -403,6 +440,7 @@ GeneratePlan plan_generate(const GenerateOptions& o) {
   plan_text(o, sizes, p);
   plan_video(o, sizes, p);
   plan_sampling(o, p);
+  pipeline_detail::plan_lora(o.loras, p);
   plan_resume(o, p);
   plan_checkpoint(o, p);
   plan_memory(o, p);
@@ -437,14 +475,19 @@ std::string GeneratePlan::describe() const {
   if (image.defined())
     os << "image    " << image_file << (last_image.defined() ? cat(" -> ", last_image_file) : "") << ": " << image_sizing
        << "\n";
-  os << "sampler  " << solver_name(sampler.solver) << ", " << sampler.steps << " steps, " << schedule_name(sampler.schedule)
-     << " schedule, shift " << sampler.shift << ", timesteps " << schedule.timesteps.front();
-  if (schedule.timesteps.size() > 1) os << " .. " << schedule.timesteps.back();
+  os << "sampler  " << solver_name(sampler.solver) << ", " << sampler.steps << " steps, ";
+  if (sampler.timesteps.empty()) os << schedule_name(sampler.schedule) << " schedule";
+  else os << "timesteps list";
+  os << ", shift " << sampler.shift << ", timesteps " << schedule.model_t.front();
+  if (schedule.model_t.size() > 1) os << " .. " << schedule.model_t.back();
+  if (sampler.bf16_latents) os << ", bf16 latents";
+  if (!preset.empty()) os << " (preset " << preset << ")";
   os << "\n";
   const int high = experts.num_high(), low = static_cast<int>(experts.steps.size()) - high;
   auto steps = [](int n) { return cat(n, n == 1 ? " step" : " steps"); };
   os << "experts  high-noise " << steps(high) << " (guide " << guide_high << "), low-noise " << steps(low) << " (guide "
      << guide_low << "), boundary " << boundary << "\n";
+  os << pipeline_detail::describe_lora(*this);
   if (init_latents.defined()) os << "seed     unused (initial latents given)\n";
   else os << "seed     " << seed << (seed_random ? " (random)" : seed_from_state ? " (from the state)" : "") << "\n";
   auto text = [&](const Tensor& e, const std::string& s) {
@@ -549,7 +592,7 @@ void denoise(const GeneratePlan& p, Denoiser& dit, const Tensor& cond, const Ten
     if (i == first) tm.startup = process_age_seconds();
     const auto t0 = Clock::now();
     const ExpertStep& es = p.experts.steps[static_cast<size_t>(i)];
-    const float t = static_cast<float>(sampler.timestep());
+    const float t = sampler.model_timestep();
     // A guide scale of 1 makes the guided velocity the conditional one: skip the other half.
     const bool cfg = es.guide != 1.0f;
     dit.guided_step(sampler, es.expert, es.guide, cfg ? ctx_cfg : ctx_cond, cfg ? lens_cfg : lens_cond);

@@ -20,6 +20,7 @@
 #include "ckpt/layout.h"
 #include "models/config.h"
 #include "core/tensor.h"
+#include "lora/lora.h"
 #include "pipeline/files.h"
 #include "sampler/sampler.h"
 #include "models/vae/vae_cpu.h"
@@ -61,6 +62,9 @@ struct Cancelled : std::exception {
 // ---- what the user asked for (unset = the task's default) ----
 struct GenerateOptions {
   std::string model;                       // checkpoint folder or file
+  // ComfyUI component files instead of `model` (ckpt/layout.h detect_components): --dit / --dit-high /
+  // --dit-low, --text-encoder, --vae, --tokenizer.
+  ComponentFiles components;
   std::optional<Task> task;                // default: the checkpoint's task
   std::optional<std::string> prompt;
   std::optional<std::string> negative_prompt;  // empty or unset: the official default
@@ -70,12 +74,17 @@ struct GenerateOptions {
   // The image to animate (I2V-A14B: required; TI2V-5B: optional, text-only without it) and I2V's last
   // frame (optional). Read and sized while planning (conditioning.h).
   std::string image_file, last_image_file;
+  // LoRAs (--lora / --lora-high / --lora-low), in the order given: they stack. Read and checked while
+  // planning (headers only), merged into the weights as they load (lora/lora.h, lora/lora_gpu.h).
+  std::vector<LoraSpec> loras;
   std::optional<int> width, height, frames;
   std::optional<int> steps;
   std::optional<double> shift;             // default: sample_shift (official) / flow_shift (diffusers)
   std::optional<float> guide_low, guide_high;
-  SolverKind solver = SolverKind::UniPC;
-  ScheduleKind schedule = ScheduleKind::Official;
+  std::optional<SolverKind> solver;        // default: the preset's, else UniPC
+  std::optional<ScheduleKind> schedule;    // default: the preset's, else official
+  std::vector<int64_t> timesteps;          // --timesteps: an explicit list (sampler.h make_schedule_from_timesteps)
+  std::string preset;                      // --preset: a named recipe (sampler/presets.h); explicit options win
   std::optional<uint64_t> seed;            // unset: a random seed (reported in the plan)
   std::string device = "cpu";              // "cpu" | "cuda" | "cuda:<i>" (text encoder, DiT and VAE decode)
   bool verbose = false;                    // print the GPU memory plan
@@ -113,6 +122,7 @@ struct GeneratePlan {
   Shape latent_shape;                      // [z, T_lat, H_lat, W_lat]
   int64_t seq_len = 0;                     // DiT tokens per sample
   SamplerConfig sampler;
+  std::string preset;                      // the preset the sampling came from ("" = none)
   SigmaSchedule schedule;
   double boundary = 0;                     // 0: single model
   float guide_low = 0, guide_high = 0;
@@ -131,6 +141,10 @@ struct GeneratePlan {
   std::string image_file, last_image_file;
   Tensor image, last_image;
   std::string image_sizing;                // how the image became the video size, for describe()
+  // LoRA terms per DiT, checked against its weight table (null: none). A14B: one set per expert the
+  // schedule uses; TI2V-5B: lora_high holds the single model's.
+  std::vector<LoraSpec> loras;
+  std::shared_ptr<const LoraSet> lora_high, lora_low;
   VaeConfig vae;
   int64_t weights_peak_bytes = 0;          // largest set of f32 weights held at once
   std::string device = "cpu";              // where the DiT runs: "cpu" | "cuda[:i]"

@@ -127,4 +127,11 @@ Tensor decode_with(const std::function<VaeWeights()>& load, const VaeConfig& vae
 // EncodeImage stage; conditioning.h build_condition).
 LatentCondition encode_condition(const GeneratePlan& p, const RunHooks& hooks, VaeWeights* weights, Timings* timings);
 
+// LoRAs (lora_plan.cpp): reads and checks every --lora file against the DiT's weight table for the
+// experts the schedule uses (headers only), before any model loads; fills p.loras, p.lora_high/low.
+void plan_lora(const std::vector<LoraSpec>& loras, GeneratePlan& p);
+// The LoRA lines of describe(): per expert, each file's format, strength and matched tensors (verbose:
+// every name and skipped key).
+std::string describe_lora(const GeneratePlan& p);
+
 }  // namespace wan::pipeline_detail

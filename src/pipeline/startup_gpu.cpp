@@ -4,6 +4,7 @@
 // arithmetic, built in every build.
 #include "pipeline/startup.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
 #include <future>
@@ -20,6 +21,22 @@
 namespace wan {
 
 namespace {
+
+// Device bytes a merged load needs besides the weights (lora_gpu.h): `in_flight` fp32 work buffers of
+// the largest targeted tensor (the loader assembles the few tensors its staging ring spans at once)
+// and the largest target's factors widened to f32 at worst.
+size_t lora_merge_bytes(const LoraSet& set, int in_flight = 4) {
+  size_t work = 0, factors = 0;
+  for (const auto& [name, t] : set.targets) {
+    if (!t.active()) continue;
+    work = std::max(work, static_cast<size_t>(t.shape.numel()) * 4);
+    size_t f = 0;
+    for (const LoraLowRank& lr : t.low_rank) f += static_cast<size_t>(lr.up.numel() + lr.down.numel()) * 4;
+    for (const LoraFull& d : t.full) f += static_cast<size_t>(d.delta.numel()) * 4;
+    factors = std::max(factors, f);
+  }
+  return work * static_cast<size_t>(in_flight) + factors;
+}
 
 // Process age at the static initialisation of this file: the shared libraries (CUDA, cuDNN, cuBLAS,
 // ...) are mapped and relocated by then, so it bounds what the process start costs before main.
@@ -47,6 +64,12 @@ RunMemoryPlan run_memory(const GeneratePlan& p, const GpuDiTMemory& m, bool fast
     run.add(dev, r == Role::DiTLow ? "low-noise expert weights" : "high-noise expert weights", m.weight_bytes,
             loading | denoise);
   if (fast) run.add(dev, "loader staging", m.staging_bytes, loading);
+  // LoRA: tensors assembled in fp32 and one tensor's factors while the weights load (lora_gpu.h); the
+  // arena may already be there (no fast start), so counted with the denoise stage too.
+  size_t lora = 0;
+  for (const auto& s : {p.lora_high, p.lora_low})
+    if (s) lora = std::max(lora, lora_merge_bytes(*s));
+  if (lora > 0) run.add(dev, "LoRA merge (fp32 work, during the load)", lora, loading | denoise);
   run.add(dev, "DiT activations", m.arena_bytes, denoise);
   run.add(dev, "sampler state", m.sampler_bytes, denoise);
   run.add(dev, "DiT reserve", m.reserve_bytes, loading | denoise);
