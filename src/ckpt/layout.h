@@ -40,6 +40,7 @@ struct CheckpointInfo {
   bool dit_config_from_file = true;  // false: inferred from tensor shapes (no config.json)
   std::string dit_prefix;     // ComfyUI: key prefix of the DiT tensors ("" or "model.diffusion_model.")
   bool fp8_scaled = false;    // ComfyUI fp8_scaled: fp8 weights with "<layer>.scale_weight" companions
+  bool gguf = false;          // the DiT file(s) are GGUF (ckpt/gguf_store.h), possibly block-quantised
   int vae_version = 21;       // 21 (Wan2.1_VAE, A14B) or 22 (Wan2.2_VAE, TI2V-5B)
   // Layout::ComfyUI component files (detect_components): how the text encoder's and the VAE's
   // safetensors name their tensors. Unused by the folder layouts.
@@ -88,6 +89,9 @@ struct RawSpan {
   Shape shape;
   bool scaled = false;  // fp8_scaled: multiply by scale after conversion to f32
   float scale = 1.0f;
+  // Non-zero: a GGUF block-quantised tensor of this ggml type id (formats/gguf_quant.h GgmlType); dtype is
+  // then U8 and length the stored bytes; get_f32() equals its dequantisation (gguf_dequantize).
+  uint32_t ggml_type = 0;
 };
 
 // Tensors of one component under internal names. Dequantises fp8_scaled (W = W_fp8 * scale_weight)

@@ -23,6 +23,7 @@
 #include "models/dit/weights.h"
 #include "pipeline/files.h"
 #include "pipeline/pipeline.h"
+#include "testing/gguf_writer.h"
 #include "testing/tokenizer_files.h"
 
 namespace {
@@ -269,6 +270,7 @@ int main(int argc, char** argv) {
     config_seeds();
     tokenizer_seeds();
     state_seeds();
+    gen::write_gguf_seeds((g_out / "gguf").string());
   } catch (const std::exception& e) {
     std::fprintf(stderr, "fuzz_make_seeds: %s\n", e.what());
     return 1;
