@@ -22,6 +22,7 @@
 #include "ckpt/layout.h"
 #include "ckpt/names.h"
 #include "core/error.h"
+#include "formats/gguf.h"
 #include "formats/safetensors.h"
 
 namespace wan {
@@ -127,7 +128,7 @@ Opened open_component(const std::string& what, const std::string& path) {
   WAN_CHECK(!fs::is_directory(st), what, ": is a folder; give the .safetensors file itself");
   const std::string name = lower(fs::path(path).filename().string());
   WAN_CHECK(ends_with(name, ".safetensors"), what, ": not a .safetensors file (ComfyUI's model files are ",
-            ends_with(name, ".gguf") ? "safetensors; GGUF files are not read here)"
+            ends_with(name, ".gguf") ? "safetensors; a GGUF file is read as a DiT only (--dit*))"
                                      : "safetensors; an official .pth belongs in a release folder, see --model)");
   Opened o;
   try {
@@ -146,8 +147,16 @@ Opened open_component(const std::string& what, const std::string& path) {
             opt.empty() ? std::string() : cat(" (pass it with ", opt, ")"));
 }
 
-// One DiT file: its config (from shapes), prefix and fp8_scaled flag, through the lone-file detection.
+// One DiT file: its config (from shapes), prefix and fp8_scaled flag, through the lone-file detection;
+// a GGUF file (city96's quantised Wan files) by its magic.
 CheckpointInfo open_dit_file(const std::string& what, const std::string& path) {
+  if (is_gguf_file(path)) {
+    try {
+      return detect_checkpoint(path);
+    } catch (const Error& e) {
+      WAN_THROW(what, ": ", e.what());
+    }
+  }
   Opened o = open_component(what, path);
   if (!o.contents.dit) wrong_role(what, "a Wan DiT", o.contents);
   try {
@@ -178,6 +187,7 @@ void add_dits(const ComponentFiles& f, CheckpointInfo& info) {
     info.dit = d.dit;
     info.dit_prefix = d.dit_prefix;
     info.fp8_scaled = d.fp8_scaled;
+    info.gguf = d.gguf;
     info.components.push_back({Role::DiT, f.dit});
     if (d.dit.model_type != "ti2v")
       info.notes.push_back(cat("--dit: one ", d.dit.model_type, " A14B expert runs every step (the full model is ",
@@ -201,6 +211,7 @@ void add_dits(const ComponentFiles& f, CheckpointInfo& info) {
   info.dit = h.dit;
   info.dit_prefix = h.dit_prefix;
   info.fp8_scaled = h.fp8_scaled || l.fp8_scaled;
+  info.gguf = h.gguf || l.gguf;
   info.components.push_back({Role::DiTHigh, f.dit_high});
   info.components.push_back({Role::DiTLow, f.dit_low});
 }

@@ -19,6 +19,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "ckpt/gguf_store.h"
 #include "ckpt/names.h"
 #include "core/json_limits.h"
 #include "formats/pth.h"
@@ -328,6 +329,8 @@ bool is_scale_companion(const std::string& n) {
   return n == "scaled_fp8" || ends_with(n, ".scale_weight") || ends_with(n, ".scale_input");
 }
 
+void name_lone_dit(const fs::path& file, CheckpointInfo& info);
+
 CheckpointInfo detect_comfyui(const fs::path& file) {
   CheckpointInfo info;
   info.root = file.string();
@@ -352,6 +355,28 @@ CheckpointInfo detect_comfyui(const fs::path& file) {
   } catch (const Error& e) {
     throw e.with_context(file.string());
   }
+  name_lone_dit(file, info);
+  return info;
+}
+
+// A GGUF DiT file (city96's Wan GGUFs, ComfyUI-GGUF, sd.cpp): the config from its tensors' shapes.
+CheckpointInfo detect_gguf(const fs::path& file) {
+  CheckpointInfo info;
+  info.root = file.string();
+  info.layout = Layout::ComfyUI;
+  info.gguf = true;
+  info.dit_config_from_file = false;
+  try {
+    info.dit = dit_config_from_shapes(gguf_shapes(file.string()));
+  } catch (const Error& e) {
+    throw e.with_context(file.string());
+  }
+  name_lone_dit(file, info);
+  return info;
+}
+
+// A lone DiT file's task (from in_dim), checked against its file name, which also names the expert.
+void name_lone_dit(const fs::path& file, CheckpointInfo& info) {
   info.task = task_for_model_type(info.dit);
   // The shapes fix the task; the file name ("wan2.2_t2v_high_noise_14B_fp8_scaled") confirms it and
   // names the expert. Without both, the task is reported as a guess.
@@ -375,7 +400,6 @@ CheckpointInfo detect_comfyui(const fs::path& file) {
   }
   if (info.task == Task::TI2V_5B) info.vae_version = 22;
   info.components.push_back({role, file.string()});
-  return info;
 }
 
 }  // namespace
@@ -391,6 +415,7 @@ CheckpointInfo detect_checkpoint(const std::string& path_in) {
   if (fs::is_regular_file(st)) {
     std::string n = lower(path.filename().string());
     if (ends_with(n, ".safetensors")) return detect_comfyui(path);
+    if (ends_with(n, ".gguf") || is_gguf_file(path.string())) return detect_gguf(path);
     if (ends_with(n, ".safetensors.index.json") || n == "config.json" || n == "model_index.json")
       return detect_checkpoint(path.parent_path().empty() ? "." : path.parent_path().string());
     WAN_THROW(path_in, ": not a checkpoint (expected a folder, or a .safetensors DiT file)");
@@ -546,6 +571,7 @@ class MappedStore final : public WeightStore {
 };
 
 std::unique_ptr<WeightStore> open_dit(const CheckpointInfo& info, const Component& c) {
+  if (is_gguf_file(c.path)) return open_gguf_dit(c.path);
   std::string label = cat(role_name(c.role), " (", c.path, ")");
   SafetensorsSet set = SafetensorsSet::open(c.path);
   // ComfyUI component files: each expert file has its own prefix (one may come from a full checkpoint).

@@ -30,6 +30,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "kernels/check.h"
+#include "kernels/gguf_dequant.h"
 
 namespace wan::cuda {
 
@@ -38,7 +39,7 @@ namespace {
 size_t round64(size_t b) { return std::max<size_t>(64, b / 64 * 64); }
 
 bool needs_conversion(const LoadTarget& t) {
-  return t.span && (t.span->dtype != t.dtype || t.span->scaled || t.merge);
+  return t.span && (t.span->dtype != t.dtype || t.span->scaled || t.merge || t.span->ggml_type != 0);
 }
 
 // What the load thread allocates; the destructor quiesces both streams first, never throws.
@@ -183,6 +184,9 @@ struct DeviceLoader::Impl {
     // chunk) and the chunks still to come.
     std::vector<float*> work;
     std::vector<int64_t> chunks_left;
+    // GGUF block-quantised tensors (RawSpan::ggml_type): the stored bytes assembled on the device (chunks
+    // cut blocks anywhere), dequantised once the last chunk is in.
+    std::vector<void*> raw;
 
     StreamJob(Impl& l, Resources& res, size_t buffer_bytes) : impl(l), r(res), buf(buffer_bytes), dev(l.opt.device) {}
     bool plan_targets();
@@ -192,6 +196,7 @@ struct DeviceLoader::Impl {
     void release_finished();
     void sink(const Chunk& c, const void* host, StagingLease lease);
     void issue(const Chunk& c, const void* host);
+    void issue_quantised(const Chunk& c, const LoadTarget& t, const void* slot);
     void run(Clock::time_point t0);
   };
 };
@@ -286,6 +291,7 @@ bool DeviceLoader::Impl::StreamJob::plan_targets() {
     const int64_t chunks = static_cast<int64_t>((t.span->length + buf - 1) / buf);
     remaining[static_cast<size_t>(gi)] += chunks;
     work.push_back(nullptr);
+    raw.push_back(nullptr);
     chunks_left.push_back(chunks);
     convert |= needs_conversion(t);
   }
@@ -388,7 +394,9 @@ void DeviceLoader::Impl::StreamJob::issue(const Chunk& c, const void* host) {
     CUDA_CHECK(cudaMemcpyAsync(slot, host, c.length, cudaMemcpyHostToDevice, r.copy));
     CUDA_CHECK(cudaEventRecord(r.copy_events[b], r.copy));
     CUDA_CHECK(cudaStreamWaitEvent(r.conv, r.copy_events[b], 0));
-    if (t.merge) {
+    if (s.ggml_type != 0) {
+      issue_quantised(c, t, slot);
+    } else if (t.merge) {
       float*& w = work[c.tensor];
       const int64_t numel = t.shape.numel();
       if (!w) CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&w), static_cast<size_t>(numel) * 4, r.conv));
@@ -405,6 +413,30 @@ void DeviceLoader::Impl::StreamJob::issue(const Chunk& c, const void* host) {
     CUDA_CHECK(cudaEventRecord(r.slot_events[b], r.conv));
     ++converted;
   }
+}
+
+// A chunk of a GGUF block-quantised tensor (on `conv`, after its copy into `slot`): into the tensor's
+// device copy of its stored bytes; the last one dequantises it (into the fp32 work buffer first when it
+// is merged) and frees the bytes, stream-ordered.
+void DeviceLoader::Impl::StreamJob::issue_quantised(const Chunk& c, const LoadTarget& t, const void* slot) {
+  const RawSpan& s = c.t->span;
+  void*& q = raw[c.tensor];
+  if (!q) CUDA_CHECK(cudaMallocAsync(&q, s.length, r.conv));
+  CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(q) + c.offset, slot, c.length, cudaMemcpyDeviceToDevice, r.conv));
+  if (--chunks_left[c.tensor] != 0) return;
+  const int64_t numel = t.shape.numel();
+  if (t.merge) {
+    float* w = nullptr;
+    CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&w), static_cast<size_t>(numel) * 4, r.conv));
+    gguf_dequantize_gpu(s.ggml_type, q, numel, w, DType::F32, r.conv);
+    t.merge(w, r.conv);
+    convert_weights(w, DType::F32, false, 1.0f, t.dst, t.dtype, numel, r.conv);
+    CUDA_CHECK(cudaFreeAsync(w, r.conv));
+  } else {
+    gguf_dequantize_gpu(s.ggml_type, q, numel, t.dst, t.dtype, r.conv);
+  }
+  CUDA_CHECK(cudaFreeAsync(q, r.conv));
+  q = nullptr;
 }
 
 // Runs the StreamLoader over the plan, then waits for the last copies and fills the statistics.
@@ -429,6 +461,8 @@ void DeviceLoader::Impl::StreamJob::run(Clock::time_point t0) {
     // tensors cut short go back stream-ordered (no device synchronisation).
     for (float*& w : work)
       if (w) cudaFreeAsync(w, r.conv), w = nullptr;
+    for (void*& q : raw)
+      if (q) cudaFreeAsync(q, r.conv), q = nullptr;
     r.sync();
     pending.clear();
     throw;
@@ -472,9 +506,14 @@ void DeviceLoader::add(LoadTarget t) {
   if (t.span) {
     const RawSpan& s = *t.span;
     WAN_CHECK(s.shape == t.shape, t.name, ": shape ", s.shape.str(), ", expected ", t.shape.str());
-    WAN_CHECK(dtype_is_float(s.dtype), t.name, ": dtype ", dtype_name(s.dtype), " is not a float type");
-    WAN_CHECK(s.length == static_cast<uint64_t>(s.shape.numel()) * dtype_size(s.dtype), t.name, ": ", s.length,
-              " stored bytes for shape ", s.shape.str(), " of ", dtype_name(s.dtype));
+    if (s.ggml_type != 0) {  // block-quantised: the store sized the bytes from the type
+      WAN_CHECK(gguf_gpu_supported(s.ggml_type), t.name, ": GGUF type ", s.ggml_type, " has no GPU dequantisation");
+      WAN_CHECK(s.length > 0, t.name, ": no stored bytes");
+    } else {
+      WAN_CHECK(dtype_is_float(s.dtype), t.name, ": dtype ", dtype_name(s.dtype), " is not a float type");
+      WAN_CHECK(s.length == static_cast<uint64_t>(s.shape.numel()) * dtype_size(s.dtype), t.name, ": ", s.length,
+                " stored bytes for shape ", s.shape.str(), " of ", dtype_name(s.dtype));
+    }
   } else {
     WAN_CHECK(static_cast<bool>(t.fallback), t.name, ": neither a byte range nor a getter");
   }
