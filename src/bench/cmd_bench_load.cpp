@@ -48,7 +48,9 @@
 #include <cuda_runtime.h>
 
 #include "kernels/check.h"
+#include "lora/lora_gpu.h"
 #include "models/dit/dit_gpu.h"
+#include "models/dit/weights.h"
 #include "runtime/load_gpu.h"
 #include "kernels/rng.h"
 #include "models/umt5/umt5_gpu.h"
@@ -206,8 +208,10 @@ struct LoadRow {
 // from start() to every weight on the device (its staging included: the first buffer pinned before the
 // first read, the others while reading; "setup s" = start() to the first read; the weight allocations
 // and the objects are timed apart).
+// With `lora`, each expert's terms (lora/lora_gpu.h) are merged as its tensors arrive, as `wan generate
+// --lora` does.
 LoadRow time_load(const CheckpointInfo& info, const std::vector<Role>& roles, const T5Config* t5,
-                  const cuda::LoadOptions& lo, const std::string& what) {
+                  const cuda::LoadOptions& lo, const std::string& what, const std::vector<LoraSpec>& lora = {}) {
   LoadRow row;
   row.what = what;
   row.opt = lo;
@@ -232,6 +236,11 @@ LoadRow time_load(const CheckpointInfo& info, const std::vector<Role>& roles, co
       src.span = [ws](const std::string& n) { return ws->raw_span(n); };
       src.loader = loader.get();
       src.group = 1;
+      if (!lora.empty()) {
+        const LoraExpert e = r == Role::DiTLow ? LoraExpert::Low : r == Role::DiTHigh ? LoraExpert::High : LoraExpert::All;
+        src.merge = cuda::lora_merge_hooks(
+            std::make_shared<const LoraSet>(load_lora_set(lora, e, dit_weight_table(info.dit))));
+      }
       sources.push_back(std::move(src));
     }
   }
@@ -492,7 +501,8 @@ HardwareRates measure_hardware(const FileSet& files, int read_threads, uint64_t 
 
 // 3. The engine's load: each component alone, then all together (the pipeline's fast start), and with
 // --sweep other reader / buffer settings. Returns the rows; `combined` is the all-together one.
-std::vector<LoadRow> time_loads(const Parts& p, const cuda::LoadOptions& lo, bool sweep, LoadRow& combined) {
+std::vector<LoadRow> time_loads(const Parts& p, const cuda::LoadOptions& lo, bool sweep, LoadRow& combined,
+                                const std::vector<LoraSpec>& lora) {
   std::vector<LoadRow> rows;
   const T5Config* t5 = p.has_te ? &p.t5 : nullptr;
   if (p.has_te) rows.push_back(time_load(p.info, {Role::TextEncoder}, &p.t5, lo, "text encoder"));
@@ -500,6 +510,15 @@ std::vector<LoadRow> time_loads(const Parts& p, const cuda::LoadOptions& lo, boo
   const std::vector<Role> all_roles = p.all_roles();
   combined = time_load(p.info, all_roles, t5, lo, "all (text encoder + experts)");
   rows.push_back(combined);
+  if (!lora.empty()) {  // the same loads with the LoRA merged on the way in (the header parse is timed too)
+    for (Role r : p.experts) {
+      const Clock::time_point t0 = Clock::now();
+      LoadRow row = time_load(p.info, {r}, nullptr, lo, cat(role_name(r), " + LoRA"), lora);
+      row.alloc_seconds = seconds_since(t0) - row.seconds;  // LoRA headers, allocation and hooks
+      rows.push_back(row);
+    }
+    rows.push_back(time_load(p.info, all_roles, t5, lo, "all + LoRA", lora));
+  }
   if (sweep) {
     const std::pair<int, size_t> cfgs[] = {{4, 8}, {12, 8}, {16, 8}, {8, 4}, {8, 16}, {8, 32}};
     for (const auto& [th, mb] : cfgs) {
@@ -641,6 +660,13 @@ void first_step(const api::Values& args, const Parts& p, int device, double boun
 
 }  // namespace
 
+api::Option lora_option() {
+  api::Option l = api::option("lora", api::Kind::String, "PATH[:SCALE]", "",
+                         "also time the experts' loads with this LoRA merged as they stream (repeatable)");
+  l.repeatable = true;
+  return l;
+}
+
 const api::CommandSpec& bench_load_spec() {
   static const api::CommandSpec s = [] {
     using api::Kind;
@@ -666,6 +692,7 @@ const api::CommandSpec& bench_load_spec() {
         api::option("buffer-mb", Kind::Float, "M", "8", "loader staging buffer size in MB"),
         api::option("sweep", Kind::Flag, "", "", "also time the combined load with other reader / buffer settings"),
         api::option("read1-gb", Kind::Float, "G", "8", "bytes for the 1-thread read test"),
+        lora_option(),
         api::option("first-step", Kind::Flag, "", "",
                     "also run `wan generate` as a child: process start to the first step and its critical path"),
         api::option("size", Kind::Size, "", "832x480", "its video size"),
@@ -704,7 +731,9 @@ int cmd_bench_load(int argc, char** argv) {
   const uint64_t read1_limit = static_cast<uint64_t>(args.get_double("read1-gb", 8) * kGB);
   const HardwareRates h = measure_hardware(files, read_threads, read1_limit, s.device, lo);
   LoadRow combined;
-  const std::vector<LoadRow> rows = time_loads(p, lo, args.flag("sweep"), combined);
+  std::vector<LoraSpec> lora;
+  for (const std::string& l : args.all("lora")) lora.push_back(parse_lora_arg(l, LoraExpert::All, "lora"));
+  const std::vector<LoadRow> rows = time_loads(p, lo, args.flag("sweep"), combined, lora);
   print_loads(rows, combined, h.bound);
   nlohmann::ordered_json J = result_json(p, cs, files, h, read_threads, lo, rows, combined);
   if (args.flag("first-step")) first_step(args, p, s.device, h.bound, combined.gbps, cs.cuda_context_s, J);
