@@ -27,6 +27,7 @@
 
 #include "core/clock.h"
 #include "core/error.h"
+#include "formats/gguf_quant.h"
 
 namespace wan {
 
@@ -226,6 +227,14 @@ StreamStats StreamLoader::run(const LoadPlan& plan, const std::vector<void*>& st
   WAN_CHECK(static_cast<bool>(sink), "stream loader: no sink");
   for (const PlanTensor& t : plan.tensors) {
     const RawSpan& s = t.span;
+    if (s.ggml_type != 0) {  // GGUF blocks: the type's bytes for the element count
+      const auto info = ggml_type_info(s.ggml_type);
+      WAN_CHECK(info.has_value(), s.path, ": tensor '", t.name, "': unknown GGUF type ", s.ggml_type);
+      const uint64_t want = ggml_nbytes(static_cast<GgmlType>(s.ggml_type), s.shape.numel());
+      WAN_CHECK(s.length == want, s.path, ": tensor '", t.name, "': ", s.length, " bytes planned but shape ",
+                s.shape.str(), " of ", info->name, " has ", want);
+      continue;
+    }
     const size_t es = dtype_size(s.dtype);
     WAN_CHECK(s.length == static_cast<uint64_t>(s.shape.numel()) * es, s.path, ": tensor '", t.name, "': ",
               s.length, " bytes planned but shape ", s.shape.str(), " of ", dtype_name(s.dtype), " has ",

@@ -86,13 +86,12 @@ struct Fixture {
   }
 };
 
-// The CPU's merged weight rounded to the device dtype, as bytes.
-std::vector<uint8_t> expected_bytes(const Tensor& merged_f32, DType device_dtype) {
-  const size_t n = static_cast<size_t>(merged_f32.numel());
-  std::vector<uint8_t> b(n * dtype_size(device_dtype));
-  if (device_dtype == DType::F32) std::memcpy(b.data(), merged_f32.data(), b.size());
-  else convert_from_f32(device_dtype, merged_f32.f32(), b.data(), n);
-  return b;
+// The CPU's merged weight rounded once to the device dtype, widened back to f32 (download_weight's form).
+Tensor rounded(const Tensor& merged_f32, DType device_dtype) {
+  Tensor out = merged_f32.to_f32().clone();
+  if (device_dtype == DType::BF16)
+    for (int64_t i = 0; i < out.numel(); ++i) out.f32()[i] = bf16_to_f32(f32_to_bf16(out.f32()[i]));
+  return out;
 }
 
 // Builds a one-expert DiT from `src` and checks every tensor against `want(name)` (f32, merged or not).
@@ -104,12 +103,11 @@ void check_dit(const DiTConfig& cfg, cuda::DiTWeightSource src, const std::funct
   CUDA_CHECK(cudaDeviceSynchronize());
   int merged = 0, checked = 0;
   for (const WeightSpec& w : dit_weight_table(cfg)) {
-    const Tensor got = dit.download_weight(0, w.name);
-    const Tensor ref = want(w.name);
-    ASSERT_EQ(got.numel(), ref.numel()) << w.name;
-    const std::vector<uint8_t> e = expected_bytes(ref.to_f32(), got.dtype());
-    ASSERT_EQ(e.size(), static_cast<size_t>(got.nbytes())) << w.name;
-    EXPECT_EQ(0, std::memcmp(got.data(), e.data(), e.size())) << w.name;
+    const Tensor got = dit.download_weight(0, w.name);  // f32
+    const Tensor e = rounded(want(w.name), w.device_dtype);
+    ASSERT_EQ(got.dtype(), DType::F32);
+    ASSERT_EQ(got.nbytes(), e.nbytes()) << w.name;
+    EXPECT_EQ(0, std::memcmp(got.data(), e.data(), e.nbytes())) << w.name;
     const LoraTarget* t = set ? set->find(w.name) : nullptr;
     merged += t && t->active();
     ++checked;
