@@ -24,16 +24,6 @@ constexpr uint64_t kMinKVBytes = 8 + 4 + 1;          // empty key, type, a u8 va
 constexpr uint64_t kMinTensorBytes = 8 + 4 + 4 + 8;  // empty name, n_dims 0, type, offset
 constexpr uint64_t kMaxI64 = static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
 
-// Element size of a scalar value type; 0 for String / Array / unknown.
-uint64_t scalar_size(GgufValueType t) {
-  switch (t) {
-    case GgufValueType::U8: case GgufValueType::I8: case GgufValueType::Bool: return 1;
-    case GgufValueType::U16: case GgufValueType::I16: return 2;
-    case GgufValueType::U32: case GgufValueType::I32: case GgufValueType::F32: return 4;
-    case GgufValueType::U64: case GgufValueType::I64: case GgufValueType::F64: return 8;
-    default: return 0;
-  }
-}
 bool known_value_type(uint32_t t) { return t <= static_cast<uint32_t>(GgufValueType::F64); }
 
 uint64_t load_le(const uint8_t* p, uint64_t n) {
@@ -88,7 +78,7 @@ class Cursor {
 
 // A scalar of type t at the cursor.
 uint64_t read_scalar(Cursor& c, GgufValueType t) {
-  const uint64_t v = c.uint(scalar_size(t), "a value");
+  const uint64_t v = c.uint(gguf_scalar_size(t), "a value");
   if (t == GgufValueType::Bool && v > 1) c.fail(cat("bool value ", v, " (expected 0 or 1)"));
   return v;
 }
@@ -113,7 +103,7 @@ GgufValue read_value(Cursor& c, uint32_t type) {
       v.strings.reserve(static_cast<size_t>(v.count));
       for (uint64_t i = 0; i < v.count; ++i) v.strings.push_back(c.str("an array string"));
     } else {
-      const uint64_t es = scalar_size(v.elem_type);
+      const uint64_t es = gguf_scalar_size(v.elem_type);
       if (v.count > c.left() / es)
         c.fail(cat("array of ", v.count, " ", gguf_value_type_name(v.elem_type), " cannot fit in the ", c.left(),
                    " bytes left"));
@@ -168,7 +158,7 @@ const char* gguf_value_type_name(GgufValueType t) {
 // ---- GgufValue ----
 
 bool GgufValue::is_int() const {
-  return scalar_size(type) != 0 && type != GgufValueType::Bool && type != GgufValueType::F32 &&
+  return gguf_scalar_size(type) != 0 && type != GgufValueType::Bool && type != GgufValueType::F32 &&
          type != GgufValueType::F64;
 }
 bool GgufValue::is_float() const { return type == GgufValueType::F32 || type == GgufValueType::F64; }
@@ -184,19 +174,19 @@ uint64_t GgufValue::as_u64() const {
   return static_cast<uint64_t>(v);
 }
 double GgufValue::as_f64() const {
-  WAN_CHECK(scalar_size(type) != 0, "GGUF value of type ", gguf_value_type_name(type), " is not a number");
+  WAN_CHECK(gguf_scalar_size(type) != 0, "GGUF value of type ", gguf_value_type_name(type), " is not a number");
   return scalar_f64(type, bits, "GGUF value");
 }
 int64_t GgufValue::array_i64(uint64_t i) const {
-  WAN_CHECK(type == GgufValueType::Array && scalar_size(elem_type) != 0 && i < count,
+  WAN_CHECK(type == GgufValueType::Array && gguf_scalar_size(elem_type) != 0 && i < count,
             "GGUF value: no numeric array element ", i);
-  const uint64_t es = scalar_size(elem_type);
+  const uint64_t es = gguf_scalar_size(elem_type);
   return scalar_i64(elem_type, load_le(reinterpret_cast<const uint8_t*>(raw.data()) + i * es, es), "GGUF array");
 }
 double GgufValue::array_f64(uint64_t i) const {
-  WAN_CHECK(type == GgufValueType::Array && scalar_size(elem_type) != 0 && i < count,
+  WAN_CHECK(type == GgufValueType::Array && gguf_scalar_size(elem_type) != 0 && i < count,
             "GGUF value: no numeric array element ", i);
-  const uint64_t es = scalar_size(elem_type);
+  const uint64_t es = gguf_scalar_size(elem_type);
   return scalar_f64(elem_type, load_le(reinterpret_cast<const uint8_t*>(raw.data()) + i * es, es), "GGUF array");
 }
 std::string GgufValue::str_brief() const {
@@ -408,6 +398,16 @@ bool is_gguf_file(const std::string& path) {
   const bool ok = std::fread(m, 1, 4, f) == 4 && std::memcmp(m, "GGUF", 4) == 0;
   std::fclose(f);
   return ok;
+}
+
+uint64_t gguf_scalar_size(GgufValueType t) {
+  switch (t) {
+    case GgufValueType::U8: case GgufValueType::I8: case GgufValueType::Bool: return 1;
+    case GgufValueType::U16: case GgufValueType::I16: return 2;
+    case GgufValueType::U32: case GgufValueType::I32: case GgufValueType::F32: return 4;
+    case GgufValueType::U64: case GgufValueType::I64: case GgufValueType::F64: return 8;
+    default: return 0;
+  }
 }
 
 }  // namespace wan

@@ -33,6 +33,8 @@ enum class GgufValueType : uint32_t {
   U64 = 10, I64 = 11, F64 = 12,
 };
 const char* gguf_value_type_name(GgufValueType t);  // "u32", "string", "array", ...
+// Bytes of one scalar of type t (bool 1); 0 for String, Array and unknown types.
+uint64_t gguf_scalar_size(GgufValueType t);
 
 // One KV value. Scalars keep their bits in `bits` (little-endian value zero-extended to 64 bits; bool:
 // 0 or 1); arrays of scalars keep the elements' file bytes in `raw`; arrays of strings in `strings`.

@@ -21,15 +21,6 @@ void put_str(std::string& out, const std::string& s) {
   put_le(out, s.size(), 8);
   out += s;
 }
-int value_size(GgufValueType t) {
-  switch (t) {
-    case GgufValueType::U8: case GgufValueType::I8: case GgufValueType::Bool: return 1;
-    case GgufValueType::U16: case GgufValueType::I16: return 2;
-    case GgufValueType::U32: case GgufValueType::I32: case GgufValueType::F32: return 4;
-    case GgufValueType::U64: case GgufValueType::I64: case GgufValueType::F64: return 8;
-    default: return 0;
-  }
-}
 
 void put_value(std::string& out, const GgufValue& v) {
   put_le(out, static_cast<uint32_t>(v.type), 4);
@@ -44,7 +35,7 @@ void put_value(std::string& out, const GgufValue& v) {
       out += v.raw;
     }
   } else {
-    put_le(out, v.bits, value_size(v.type));
+    put_le(out, v.bits, static_cast<int>(gguf_scalar_size(v.type)));
   }
 }
 
@@ -129,7 +120,7 @@ void GgufWriter::add_string(const std::string& key, const std::string& s) {
 }
 void GgufWriter::add_u32(const std::string& key, uint32_t x) { add_scalar(key, GgufValueType::U32, x); }
 void GgufWriter::add_scalar(const std::string& key, GgufValueType t, uint64_t bits) {
-  WAN_CHECK(value_size(t) != 0, "GGUF writer: ", gguf_value_type_name(t), " is not a scalar type");
+  WAN_CHECK(gguf_scalar_size(t) != 0, "GGUF writer: ", gguf_value_type_name(t), " is not a scalar type");
   GgufValue v;
   v.type = t;
   v.bits = bits;
