@@ -3,8 +3,10 @@
 
 #include <algorithm>
 #include <memory>
+#include <optional>
 
 #include "core/error.h"
+#include "formats/gguf_quant.h"
 #include "models/dit/weights.h"
 #include "models/umt5/weights.h"
 #include "models/vae/weights.h"
@@ -24,6 +26,7 @@ std::string format_of(const std::string& path, Role role) {
   if (ends(".pth") || ends(".pt")) return "pth";
   if (ends(".safetensors.index.json")) return "safetensors (sharded, index)";
   if (ends(".safetensors")) return "safetensors";
+  if (ends(".gguf")) return "gguf";
   return "safetensors folder";
 }
 
@@ -32,6 +35,14 @@ std::map<std::string, Shape> expected_shapes(const CheckpointInfo& info, Role ro
   if (role == Role::TextEncoder) return shape_map(umt5_weight_table(known.t5 ? *known.t5 : t5_config_for(info)));
   if (role == Role::Vae) return shape_map(vae_weight_table(known.vae ? *known.vae : vae_config_for(info)));
   return {};
+}
+
+// A tensor's type as stored: a GGUF block type by ggml's name ("Q4_K"; the store's dtype() is what get()
+// returns, f32), else the dtype.
+std::string stored_type(const WeightStore& s, const std::string& n) {
+  if (const std::optional<RawSpan> sp = s.raw_span(n); sp && sp->ggml_type != 0)
+    if (const auto t = ggml_type_info(sp->ggml_type)) return t->name;
+  return dtype_name(s.dtype(n));
 }
 
 }  // namespace
@@ -59,7 +70,7 @@ ComponentReport check_component(const CheckpointInfo& info, const Component& c, 
   r.tensors = names.size();
   for (const std::string& n : names) {
     r.params += store->shape(n).numel();
-    r.dtypes[dtype_name(store->dtype(n))]++;
+    r.dtypes[stored_type(*store, n)]++;
   }
   r.ignored = store->unexpected();
   std::map<std::string, Shape> want;

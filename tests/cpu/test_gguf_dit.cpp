@@ -5,7 +5,8 @@
 // (gguf-py's, bit for bit: test_gguf.cpp) must give
 // (a) identical tensors through open_weights, and raw spans that carry the ggml type;
 // (b) `wan generate` from --dit-high / --dit-low GGUF files: the same latents as from the twins, bit for
-//     bit (CPU float32), with the ComfyUI text encoder, VAE and tokenizer; `wan inspect` names the file;
+//     bit (CPU float32), with the ComfyUI text encoder, VAE and tokenizer; `wan inspect` names the file's
+//     task and its tensors' block types;
 // (c) a truncated GGUF: one line, exit 2, before any model loads.
 #include <gtest/gtest.h>
 
@@ -120,6 +121,9 @@ TEST(GgufDit, GenerateFromGgufExpertsEqualsTheDequantisedTwins) {
   const auto i = test::run_captured(WAN_BINARY, {"inspect", f.high_gguf});
   EXPECT_EQ(i.code, 0) << i.err;
   EXPECT_NE((i.out + i.err).find("t2v-A14B"), std::string::npos) << i.out;
+  EXPECT_NE(i.out.find("format: gguf"), std::string::npos) << i.out;
+  EXPECT_NE(i.out.find("Q4_K"), std::string::npos) << i.out;  // the block types as stored, not f32
+  EXPECT_NE(i.out.find("Q8_0"), std::string::npos) << i.out;
 
   // A GGUF cut short: refused while planning (the header's tensor ranges pass the end of the file).
   const std::string cut = t / "wan2.2_t2v_high_noise_14B_cut.gguf";
