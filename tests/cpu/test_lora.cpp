@@ -439,9 +439,11 @@ TEST(Lora, Refusals) {
   check("dora.safetensors", Named{{m + ".lora_up.weight", up}, {m + ".lora_down.weight", down}, {m + ".dora_scale", randn({q[0], 1})}},
         m + ".dora_scale", "DoRA");
   // Not safetensors: judged by the header, whatever the extension.
-  for (const char* bytes : {"PK\x03\x04 a zip (torch .pt)", "\x10\x00\x00\x00\x00\x00\x00\x00[not json]    "}) {
+  // (std::string literals keep the embedded NULs and their exact lengths: 24 bytes each.)
+  for (const std::string& bytes : {std::string("PK\x03\x04 a zip (torch .pt)  ", 24),
+                                   std::string("\x10\x00\x00\x00\x00\x00\x00\x00[not json]      ", 24)}) {
     const std::string path = dir / "fake.safetensors";
-    std::ofstream(path, std::ios::binary).write(bytes, 24);
+    std::ofstream(path, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
     const std::string e = load_error(path);
     EXPECT_NE(e.find(path + ": not a safetensors file"), std::string::npos) << e;
   }
