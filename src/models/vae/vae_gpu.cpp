@@ -21,6 +21,8 @@ using vae_gpu_detail::Slot;
 
 struct VaeDecoderGpu::Impl : vae_gpu_detail::Engine {
   explicit Impl(const VaeGpuOptions& o) : Engine(o) {}
+  std::vector<uint8_t> packed;  // the weights' device image between plan() and allocate()
+  bool is_allocated = false;
 
   Pending resample(const DevStage& st, const Pending& P) {
     if (st.mode == VaeResampleMode::None) return P;
@@ -118,18 +120,44 @@ size_t VaeDecoderGpu::device_bytes(const VaeConfig& config, VaeGpuShape shape, c
 
 std::unique_ptr<VaeDecoderGpu> VaeDecoderGpu::create(const VaeConfig& config, const VaeWeights& weights,
                                                      VaeGpuShape shape, const VaeGpuOptions& options) {
-  auto impl = vae_gpu_detail::created<Impl>(vae_gpu_detail::pack_decoder, kWhat, config, weights, shape, options);
+  auto dec = plan(config, weights, shape, options);
+  dec->allocate();
+  return dec;
+}
+
+std::unique_ptr<VaeDecoderGpu> VaeDecoderGpu::plan(const VaeConfig& config, const VaeWeights& weights,
+                                                   VaeGpuShape shape, const VaeGpuOptions& options) {
+  std::vector<uint8_t> image;
+  auto impl =
+      vae_gpu_detail::planned<Impl>(vae_gpu_detail::pack_decoder, kWhat, config, weights, shape, options, &image);
+  impl->packed = std::move(image);
   return std::unique_ptr<VaeDecoderGpu>(new VaeDecoderGpu(std::move(impl)));
 }
 
-void VaeDecoderGpu::decode(const float* latents, int64_t T, float* video, bool clamp, cudaStream_t stream) {
+void VaeDecoderGpu::allocate() {
   Impl& m = *impl_;
+  WAN_CHECK(!m.is_allocated, kWhat, ": allocated twice");
+  m.allocate(m.packed, kWhat);
+  m.is_allocated = true;
+  std::vector<uint8_t>().swap(m.packed);  // on the device now
+}
+
+bool VaeDecoderGpu::allocated() const { return impl_->is_allocated; }
+
+void VaeDecoderGpu::decode(const float* latents, int64_t T, float* video, bool clamp, cudaStream_t stream,
+                           const ChunkFn& chunk_enqueued) {
+  Impl& m = *impl_;
+  WAN_CHECK(m.is_allocated, "GPU VAE decoder: decode before allocate()");
   WAN_CHECK(T >= 1, "GPU VAE decoder: ", T, " latent frames");
   WAN_CHECK(latents && video, "GPU VAE decoder: null latents or video");
   m.start_run(stream);
   const int64_t F = frames_out(T);
   int64_t f0 = 0;
-  for (int64_t t = 0; t < T; ++t) m.chunk(t, latents, T, video, F, f0, clamp);
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t from = f0;
+    m.chunk(t, latents, T, video, F, f0, clamp);
+    if (chunk_enqueued) chunk_enqueued(from, f0);
+  }
   WAN_ASSERT(f0 == F, "GPU VAE decoder produced ", f0, " frames, expected ", F);
   m.finish_run();
 }

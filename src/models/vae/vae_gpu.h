@@ -17,6 +17,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -72,6 +73,14 @@ class VaeDecoderGpu {
   // configuration, inconsistent weights, or when the plan does not fit in free device memory.
   static std::unique_ptr<VaeDecoderGpu> create(const VaeConfig& config, const VaeWeights& weights, VaeGpuShape shape,
                                                const VaeGpuOptions& options = {});
+  // create() in two halves. plan() does the host work (weights packed, convolution plans, arena
+  // layout) and takes no device memory beyond cuDNN's handle, so it can run on a host thread while
+  // another model still holds the device; allocate() then checks the fit and uploads (once; decode
+  // needs it). The same errors as create(), each from the half that finds it.
+  static std::unique_ptr<VaeDecoderGpu> plan(const VaeConfig& config, const VaeWeights& weights, VaeGpuShape shape,
+                                             const VaeGpuOptions& options = {});
+  void allocate();
+  bool allocated() const;
   // The device bytes create() would need (weights + arena + reserve) for latents of `shape`, planned
   // on the config's shapes alone (no weights read, nothing allocated on the device; cuDNN is asked
   // for its workspaces on the current device). Throws wan::Error on an unsupported configuration.
@@ -83,7 +92,11 @@ class VaeDecoderGpu {
   // latents: device fp32 [z, T, h, w] (normalised, PyTorch order) -> video: device fp32
   // [3, F, sf·h, sf·w] (sf = 8 for Wan 2.1, 16 for Wan 2.2), F = 1 + 4(T - 1). Enqueued on `stream`;
   // returns without synchronising (except with profile or self_check, which synchronise at the end).
-  void decode(const float* latents, int64_t T, float* video, bool clamp, cudaStream_t stream);
+  // chunk_enqueued (optional) is called on the host after each chunk's work is enqueued, with the video
+  // frames [f0, f1) that work writes: a caller can enqueue its own use of them (a copy out) behind it.
+  using ChunkFn = std::function<void(int64_t f0, int64_t f1)>;
+  void decode(const float* latents, int64_t T, float* video, bool clamp, cudaStream_t stream,
+              const ChunkFn& chunk_enqueued = {});
   // Host convenience: latents [z, T, h, w] (any float dtype) -> video [3, F, H, W] float32.
   Tensor decode(const Tensor& latents, bool clamp = true);
 
