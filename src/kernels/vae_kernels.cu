@@ -538,6 +538,31 @@ void vae_video_out(const bf16* in, int64_t Cs, const float* bias, int64_t T, int
   CUDA_CHECK_LAUNCH();
 }
 
+namespace {
+__device__ __forceinline__ uint8_t unit_to_u8(float x) {
+  if (isnan(x)) return 0;
+  const float c = fminf(fmaxf(x, -1.0f), 1.0f);
+  return static_cast<uint8_t>(__fmul_rn(__fdiv_rn(__fadd_rn(c, 1.0f), 2.0f), 255.0f));
+}
+
+__global__ void video_rgb8_kernel(const float* __restrict__ video, int64_t F, int64_t HW, int64_t f0, int64_t n,
+                                  uint8_t* __restrict__ rgb) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const int64_t src = f0 * HW + i, channel = F * HW;
+  for (int c = 0; c < 3; ++c) rgb[3 * i + c] = unit_to_u8(video[c * channel + src]);
+}
+}  // namespace
+
+void vae_video_rgb8(const float* video, int64_t F, int64_t HW, int64_t f0, int64_t f1, uint8_t* rgb,
+                    cudaStream_t stream) {
+  WAN_CHECK(f0 >= 0 && f0 <= f1 && f1 <= F && HW >= 0, "vae_video_rgb8: frames ", f0, "..", f1, " of ", F);
+  const int64_t n = (f1 - f0) * HW;
+  if (n == 0) return;
+  video_rgb8_kernel<<<static_cast<unsigned>(blocks_for(n, kThreads)), kThreads, 0, stream>>>(video, F, HW, f0, n, rgb);
+  CUDA_CHECK_LAUNCH();
+}
+
 void vae_video_in(const float* video, int64_t F, int64_t f0, int64_t n, int64_t H, int64_t W, int patch, int64_t Cs,
                   StageDst y, cudaStream_t stream) {
   WAN_CHECK((patch == 1 || patch == 2) && Cs % 8 == 0 && Cs >= 3 * patch * patch && H % patch == 0 && W % patch == 0,

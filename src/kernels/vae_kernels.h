@@ -73,6 +73,12 @@ void vae_latent_in(const float* latents, int64_t Z, int64_t Tl, int64_t t, int64
 void vae_video_out(const bf16* in, int64_t Cs, const float* bias, int64_t T, int64_t H, int64_t W, int patch,
                    float* video, int64_t F, int64_t f0, bool clamp, cudaStream_t stream);
 
+// Frames f0 .. f1-1 of video fp32 [3, F, HW] -> rgb uint8 [f1 - f0, HW, 3], quantised exactly as
+// formats/video.h's quantize_unit_to_u8 (clamp to [-1, 1], + 1, / 2, · 255 as separate fp32 roundings,
+// truncation; NaN -> 0), so a video copied out this way has the bytes of the host quantisation.
+void vae_video_rgb8(const float* video, int64_t F, int64_t HW, int64_t f0, int64_t f1, uint8_t* rgb,
+                    cudaStream_t stream);
+
 // The encoder's input: frames f0 .. f0+n-1 of video fp32 [3, F, H, W] (PyTorch [C, T, H, W]) patchified
 // (patch p as vae_video_out: channel c·p² + r·p + q holds pixel (y·p + q, x·p + r)), rounded to bf16,
 // channels 3·p² .. Cs-1 zero, written as stream frames y.s0 .. y.s0+n-1 of the stage destination
