@@ -48,8 +48,11 @@ std::string lower_ext(const std::string& path) {
   return e;
 }
 
-void write_from_source(const std::string& path, const video_detail::VideoDims& d,
-                       const video_detail::FrameSource& src, const VideoWriteOptions& opt) {
+}  // namespace
+
+namespace video_detail {
+
+void check_video_write(const std::string& path, const VideoDims& d, const VideoWriteOptions& opt) {
   const VideoFormat fmt = video_format_from_path(path);
   check_dims(path, d.frames, d.height, d.width, d.fps);
   if (fmt == VideoFormat::Mp4) {
@@ -60,14 +63,18 @@ void write_from_source(const std::string& path, const video_detail::VideoDims& d
               "an even width and height, got ", d.width, "x", d.height);
   }
   (void)resolve_output_target(path, video_detail::video_who(path));  // before anything is encoded
-  switch (fmt) {
+}
+
+void write_frames(const std::string& path, const VideoDims& d, const FrameSource& src, const VideoWriteOptions& opt) {
+  check_video_write(path, d, opt);
+  switch (video_format_from_path(path)) {
     case VideoFormat::Mp4: video_detail::write_mp4(path, d, src); break;
     case VideoFormat::Y4m: video_detail::write_y4m(path, d, src); break;
     case VideoFormat::Png: video_detail::write_png_sequence(path, d, src, opt.overwrite_frames); break;
   }
 }
 
-}  // namespace
+}  // namespace video_detail
 
 VideoFormat video_format_from_path(const std::string& path) {
   const std::string e = lower_ext(path);
@@ -115,7 +122,7 @@ void write_video(const std::string& path, const float* video, int frames, int he
     for (size_t i = 0; i < plane; ++i)
       for (int ch = 0; ch < 3; ++ch) rgb[i * 3 + ch] = quantize_unit_to_u8(base[ch * channel + i]);
   };
-  write_from_source(path, {frames, height, width, fps}, src, opt);
+  video_detail::write_frames(path, {frames, height, width, fps}, src, opt);
 }
 
 void write_video_rgb8(const std::string& path, const uint8_t* rgb, int frames, int height, int width, int fps,
@@ -125,7 +132,7 @@ void write_video_rgb8(const std::string& path, const uint8_t* rgb, int frames, i
   const video_detail::FrameSource src = [=](int f, uint8_t* out) {
     std::memcpy(out, rgb + size_t(f) * frame_bytes, frame_bytes);
   };
-  write_from_source(path, {frames, height, width, fps}, src, opt);
+  video_detail::write_frames(path, {frames, height, width, fps}, src, opt);
 }
 
 std::vector<std::string> png_sequence_paths(const std::string& path, int frames) {

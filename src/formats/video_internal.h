@@ -6,6 +6,8 @@
 #include <functional>
 #include <string>
 
+#include "formats/video.h"
+
 namespace wan::video_detail {
 
 // Fills `rgb` ([H, W, 3] uint8) with frame `f`. Must be safe to call concurrently for different frames.
@@ -17,6 +19,11 @@ struct VideoDims {
 
 // "cannot write video '<path>'": how every writer's messages start.
 std::string video_who(const std::string& path);
+
+// The argument and target checks every write does before it encodes anything (see video.h).
+void check_video_write(const std::string& path, const VideoDims& d, const VideoWriteOptions& opt);
+// Checks, then writes the frames `src` gives in the format of `path`.
+void write_frames(const std::string& path, const VideoDims& d, const FrameSource& src, const VideoWriteOptions& opt);
 
 void write_y4m(const std::string& path, const VideoDims& d, const FrameSource& src);
 // overwrite_frames: see VideoWriteOptions.
