@@ -3,6 +3,9 @@
 // TI2V (the EncodeImage stage), whose weights the decode then reuses.
 #include <algorithm>
 #include <functional>
+#include <vector>
+
+#include "formats/video.h"
 
 #include "pipeline/conditioning.h"
 #include "pipeline/denoiser.h"
@@ -18,36 +21,54 @@ using pipeline_detail::StageTimer;
 
 namespace pipeline_detail {
 
-Tensor decode_with(const std::function<VaeWeights()>& load, const VaeConfig& vae, const Tensor& latents,
+Tensor decode_with(const std::function<VaeAhead()>& get, const VaeConfig& vae, const Tensor& latents,
                    const RunHooks& hooks, Timings* timings, const std::string& device, int64_t* peak_device_bytes) {
   WAN_CHECK(latents.ndim() == 4 && latents.dim(0) == vae.z_dim, "latents of shape ", latents.shape().str(),
             " do not fit the VAE (", vae.z_dim, " channels)");
   const int gpu = parse_device(device);
   if (gpu >= 0) check_gpu_vae(vae, device);
-  VaeWeights w;
+  VaeAhead ahead;
   {
     StageTimer st(hooks, Stage::LoadVae);
-    w = load();
+    ahead = get();
     double s = st.end();
-    if (timings) timings->load_vae += s;
+    if (timings) timings->load_vae += ahead.read_s >= 0 ? ahead.read_s : s;  // read ahead: its own time
   }
   const int chunks = static_cast<int>(latents.dim(1));  // the decoder runs one latent frame at a time
+  const int sf = vae_spatial_factor(vae);
+  const int F = static_cast<int>(1 + vae_temporal_factor(vae) * (latents.dim(1) - 1));
+  const int H = static_cast<int>(sf * latents.dim(2)), W = static_cast<int>(sf * latents.dim(3));
+  StageTimer st(hooks, Stage::Decode, chunks);
+  Tensor video;
   if (gpu >= 0) {
     check_cancel(hooks);
-    StageTimer st(hooks, Stage::Decode, chunks);
+    if (!ahead.decoder) ahead.decoder = plan_gpu_vae_decoder(vae, ahead.weights, latents.dim(2), latents.dim(3), gpu);
     int64_t peak = 0;
-    Tensor video = gpu_vae_decode_tracked(vae, w, latents, gpu, &peak);
+    if (hooks.streams_video()) {
+      uint8_t* rgb = hooks.video_begin(F, H, W);
+      int done = 0;
+      ahead.decoder->decode(latents, &peak, rgb, [&](int ready) {
+        hooks.video_ready(ready);
+        st.advance(++done);
+        check_cancel(hooks);
+      });
+    } else {
+      video = ahead.decoder->decode(latents, &peak, nullptr, {});
+      st.advance(chunks);
+    }
     if (peak_device_bytes) *peak_device_bytes = std::max(*peak_device_bytes, peak);
-    st.advance(chunks);
-    double s = st.end();
-    if (timings) timings->vae_decode += s;
-    return video;
+  } else {
+    video = vae_decode(vae, ahead.weights, latents, /*clamp=*/true, [&](int done, int) {
+      st.advance(done);
+      check_cancel(hooks);
+    });
+    if (hooks.streams_video()) {
+      const std::vector<uint8_t> rgb = video_to_rgb8(video.f32(), F, H, W);
+      std::copy(rgb.begin(), rgb.end(), hooks.video_begin(F, H, W));
+      hooks.video_ready(F);
+      video = Tensor();
+    }
   }
-  StageTimer st(hooks, Stage::Decode, chunks);
-  Tensor video = vae_decode(vae, w, latents, /*clamp=*/true, [&](int done, int) {
-    st.advance(done);
-    check_cancel(hooks);
-  });
   double s = st.end();
   if (timings) timings->vae_decode += s;
   return video;
@@ -76,7 +97,13 @@ Tensor decode_latents(const CheckpointInfo& ckpt, const VaeConfig& vae, const Te
                       Timings* timings, const std::string& device, int64_t* peak_device_bytes) {
   if (parse_device(device) >= 0) check_gpu_vae(vae, device);
   check_decode_memory(vae, latents.shape(), device);  // before the VAE loads
-  return pipeline_detail::decode_with([&] { return load_vae(ckpt, vae); }, vae, latents, hooks, timings, device, peak_device_bytes);
+  return pipeline_detail::decode_with(
+      [&] {
+        pipeline_detail::VaeAhead a;
+        a.weights = load_vae(ckpt, vae);
+        return a;
+      },
+      vae, latents, hooks, timings, device, peak_device_bytes);
 }
 
 }  // namespace wan

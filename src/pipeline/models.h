@@ -5,6 +5,7 @@
 // pipeline calls them while validating, before any heavy work); the loaders check every shape.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <future>
 #include <memory>
 #include <optional>
@@ -132,5 +133,24 @@ std::future<void> gpu_prewarm(int device);
 // the value there).
 Tensor gpu_vae_decode_tracked(const VaeConfig& vae, const VaeWeights& w, const Tensor& latents, int device,
                               int64_t* in_use_peak);
+
+// A GPU VAE decoder planned ahead of its use: the planning (weights packed, convolution plans) is host
+// work that takes no device memory, so it runs on a host thread while the DiT still holds the device,
+// and the decode later only allocates and runs.
+class GpuVaeDecoder {
+ public:
+  virtual ~GpuVaeDecoder() = default;
+  // Decodes latents [z, T, h, w] of the planned h, w, allocating the decoder on the first call. The
+  // device memory in use while it is alive goes to *in_use_peak (max with the value there). Without
+  // `rgb`: returns the video [3, F, H, W] float32. With `rgb` ([F, H, W, 3] uint8, the caller's): the
+  // frames go there quantised as formats/video.h does, chunk by chunk as the decode produces them,
+  // `ready(n)` saying frames [0, n) are in place (called on this thread; what it throws ends the
+  // decode), and the returned tensor is undefined.
+  virtual Tensor decode(const Tensor& latents, int64_t* in_use_peak, uint8_t* rgb,
+                        const std::function<void(int ready)>& ready) = 0;
+};
+// Plans on `device` (the caller's thread may be any). Throws wan::Error without CUDA.
+std::unique_ptr<GpuVaeDecoder> plan_gpu_vae_decoder(const VaeConfig& vae, const VaeWeights& w, int64_t latent_h,
+                                                    int64_t latent_w, int device);
 
 }  // namespace wan

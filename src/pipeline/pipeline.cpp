@@ -671,21 +671,26 @@ GenerateResult run_generate(const GeneratePlan& p, const RunHooks& hooks, bool d
   Tensor cond = p.prompt_embeds, uncond = p.negative_embeds;
   std::unique_ptr<GpuTextEncoder> te_gpu;
   std::unique_ptr<Denoiser> dit_model;
-  // Fast start: the VAE's weights are read on a host thread meanwhile (seconds of the read returned).
-  std::future<std::pair<VaeWeights, double>> vae_read;
+  // The decode's inputs got ready on a host thread while the text encoder and the DiT run: the VAE's
+  // weights read (or drawn) and, on a GPU, the decoder planned (host work: ~1 s at 720p, measured).
+  std::future<pipeline_detail::VaeAhead> vae_ahead;
   // I2V / TI2V: the image is encoded first (VAE weights kept for the decode), before the DiT's memory
   // is taken; on the CPU after the text encoder is released.
   VaeWeights vae_weights;
   LatentCondition condition;
   if (p.image.defined() && p.fast_start) condition = pipeline_detail::encode_condition(p, hooks, &vae_weights, &tm);
+  if (decode && p.stop_after_steps == 0 && !p.image.defined() && (p.fast_start || gpu >= 0))
+    vae_ahead = std::async(std::launch::async, [&p, gpu] {
+      pipeline_detail::VaeAhead a;
+      const auto t0 = Clock::now();
+      a.weights = p.random_weights ? random_vae_weights(p.vae, random_vae_seed(p.weights_seed)) : load_vae(p.ckpt, p.vae);
+      a.read_s = seconds_since(t0);
+      if (gpu >= 0)
+        a.decoder = plan_gpu_vae_decoder(p.vae, a.weights, p.latent_shape[2], p.latent_shape[3], gpu);
+      return a;
+    });
   if (p.fast_start) {
     // 1-3. Text encoder and experts stream in together; encoding and warm-up overlap the load.
-    if (decode && p.stop_after_steps == 0 && !p.image.defined())
-      vae_read = std::async(std::launch::async, [&p] {
-        const auto t0 = Clock::now();
-        VaeWeights w = load_vae(p.ckpt, p.vae);
-        return std::make_pair(std::move(w), seconds_since(t0));
-      });
     FastStart fs = gpu_fast_start(p, spec, uses, hooks);
     cond = fs.cond;
     uncond = fs.uncond;
@@ -739,18 +744,16 @@ GenerateResult run_generate(const GeneratePlan& p, const RunHooks& hooks, bool d
   te_gpu.reset();
   if (hooks.latents_done) hooks.latents_done(r.latents);  // kept even if the decode fails or is cancelled
   if (decode) {
-    double vae_read_s = -1;
-    auto load = [&] {
-      if (vae_read.valid()) {  // fast start: read meanwhile
-        auto [w, sec] = vae_read.get();
-        vae_read_s = sec;
-        return std::move(w);
-      }
-      if (vae_weights.decoder.conv1.present()) return std::move(vae_weights);  // read for the image encode
-      return p.random_weights ? random_vae_weights(p.vae, random_vae_seed(p.weights_seed)) : load_vae(p.ckpt, p.vae);
+    auto get = [&] {
+      if (vae_ahead.valid()) return vae_ahead.get();
+      pipeline_detail::VaeAhead a;
+      if (vae_weights.decoder.conv1.present())
+        a.weights = std::move(vae_weights);  // read for the image encode
+      else
+        a.weights = p.random_weights ? random_vae_weights(p.vae, random_vae_seed(p.weights_seed)) : load_vae(p.ckpt, p.vae);
+      return a;
     };
-    r.video = decode_with(load, p.vae, r.latents, hooks, &tm, p.device, &r.peak_device_bytes);
-    if (vae_read_s >= 0) tm.load_vae = vae_read_s;  // the overlapped read, not the (near zero) wait for it
+    r.video = decode_with(get, p.vae, r.latents, hooks, &tm, p.device, &r.peak_device_bytes);
   }
   return r;
 }

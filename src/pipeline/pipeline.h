@@ -213,6 +213,14 @@ struct RunHooks {
   // several GPUs in rank 0's process): a front end writes them there, so a failed or interrupted decode
   // keeps them. May be empty; what it throws ends the run.
   std::function<void(const Tensor& latents)> latents_done;
+  // Optional: the video as uint8 RGB frames (quantised as formats/video.h does) while the decode runs,
+  // so a writer can overlap it. video_begin(F, H, W) is called once when the decode starts and returns
+  // the caller's buffer for all frames ([F, H, W, 3], alive until the run returns); video_ready(n) says
+  // frames [0, n) are in it (a GPU decode delivers them chunk by chunk, a CPU decode at its end). With
+  // both set, GenerateResult::video stays undefined. What they throw ends the run.
+  std::function<uint8_t*(int frames, int height, int width)> video_begin;
+  std::function<void(int ready)> video_ready;
+  bool streams_video() const { return video_begin && video_ready; }
 };
 
 // Seconds per stage. With the GPU fast start (GeneratePlan::fast_start) the loads overlap each other,
@@ -246,7 +254,8 @@ struct RunState {
 
 struct GenerateResult {
   Tensor latents;  // [z, T_lat, H_lat, W_lat] final (normalised) latents; after stop: the paused ones
-  Tensor video;    // [3, F, H, W] in [-1, 1]; undefined when decode was not requested or the run paused
+  Tensor video;    // [3, F, H, W] in [-1, 1]; undefined when decode was not requested, the run paused,
+                   // or RunHooks streamed the frames
   Timings timings;                // this process
   std::optional<RunState> state;  // set when the run stopped after plan.stop_after_steps
   int first_step = 0;             // steps already done when this process started (resume)

@@ -13,12 +13,14 @@
 #include <atomic>
 #include <chrono>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "ckpt/layout.h"
 #include "core/tensor.h"
 #include "pipeline/denoiser.h"
+#include "pipeline/models.h"
 #include "pipeline/pipeline.h"
 #include "sampler/sampler.h"
 
@@ -119,7 +121,14 @@ inline void check_cancel(const RunHooks& h) {
 }
 
 // Load (or draw) the VAE weights, then decode (the LoadVae and Decode stages; decode.cpp).
-Tensor decode_with(const std::function<VaeWeights()>& load, const VaeConfig& vae, const Tensor& latents,
+// The VAE decode's inputs. run_generate gets them ready on a host thread while the DiT denoises: the
+// weights read (or drawn), and on a GPU the decoder planned for the latents' size.
+struct VaeAhead {
+  VaeWeights weights;
+  double read_s = -1;                      // >= 0: the weights were read on that thread, in this time
+  std::unique_ptr<GpuVaeDecoder> decoder;  // GPU, planned ahead (else decode_with plans it)
+};
+Tensor decode_with(const std::function<VaeAhead()>& get, const VaeConfig& vae, const Tensor& latents,
                    const RunHooks& hooks, Timings* timings, const std::string& device, int64_t* peak_device_bytes);
 
 // The image stage of I2V / TI2V: the VAE weights into *weights unless they are there already (the

@@ -25,6 +25,7 @@
 #include "pipeline/models.h"
 #include "pipeline/pipeline.h"
 #include "formats/safetensors.h"
+#include "formats/video.h"
 #include "run_util.h"
 
 namespace fs = std::filesystem;
@@ -107,6 +108,29 @@ TEST(GenerateRandom, TinyRunNeedsNoFilesAndIsDeterministic) {
   EXPECT_FALSE(same_bytes(run(o).latents, a.latents));
   EXPECT_EQ(a.timings.step_seconds.size(), 5u);
   EXPECT_GT(a.timings.load_text_encoder + a.timings.load_dit, 0.0);
+}
+
+TEST(GenerateRandom, StreamedFramesAreTheQuantisedVideo) {
+  const GeneratePlan plan = plan_generate(tiny());
+  const GenerateResult whole = run_generate(plan, {}, /*decode=*/true);
+  std::vector<uint8_t> buf;
+  std::vector<int> readies;
+  RunHooks hooks;
+  hooks.video_begin = [&](int F, int H, int W) {
+    EXPECT_TRUE(readies.empty());
+    buf.assign(size_t(F) * H * W * 3, 0xAB);
+    return buf.data();
+  };
+  hooks.video_ready = [&](int n) { readies.push_back(n); };
+  const GenerateResult streamed = run_generate(plan, hooks, /*decode=*/true);
+  EXPECT_FALSE(streamed.video.defined());  // the frames went to the sink only
+  EXPECT_TRUE(same_bytes(whole.latents, streamed.latents));
+  ASSERT_EQ(readies, std::vector<int>{9});  // a CPU decode hands the frames over at its end
+  EXPECT_EQ(buf, video_to_rgb8(whole.video.f32(), 9, 48, 64));
+  // A sink that throws ends the run with its error.
+  readies.clear();
+  hooks.video_ready = [](int) { WAN_THROW("the sink is full"); };
+  EXPECT_THROW(run_generate(plan, hooks, /*decode=*/true), Error);
 }
 
 TEST(GenerateRandom, HostDitDrawFollowsTheGpuRule) {
