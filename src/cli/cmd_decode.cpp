@@ -15,6 +15,7 @@
 #include "pipeline/models.h"
 #include "pipeline/pipeline.h"
 #include "formats/video.h"
+#include "formats/video_stream.h"
 
 namespace wan::cli {
 
@@ -53,21 +54,31 @@ int cmd_decode(int argc, char** argv) {
   RunHooks hooks;
   hooks.progress = [&](const ProgressEvent& e) { printer(e); };
   hooks.cancel = &interrupt.flag();
+  // The video is encoded while the decode runs (RunHooks::video_begin); an error or Ctrl-C before the
+  // last frame aborts the stream, which leaves no file.
+  VideoWriteOptions vo;
+  vo.overwrite_frames = overwrite_frames;
+  VideoStreamWriter stream(output, vo);
+  int F = 0, H = 0, W = 0;
+  hooks.video_begin = [&](int frames_, int height, int width) {
+    F = frames_;
+    H = height;
+    W = width;
+    return stream.begin(frames_, height, width, fps);
+  };
+  hooks.video_ready = [&](int n) { stream.ready(n); };
   RunReport rep;
-  Tensor video;
   try {
-    video = decode_latents(info, vae, latents, hooks, &rep.timings, a.str("device"));
+    (void)decode_latents(info, vae, latents, hooks, &rep.timings, a.str("device"));
   } catch (const Cancelled&) {
+    stream.abort();
     printer.finish_line();
     fprintf(stderr, "interrupted: nothing written\n");
     return interrupt.exit_code();
   }
 
   const auto t_write = std::chrono::steady_clock::now();
-  const int F = static_cast<int>(video.dim(1)), H = static_cast<int>(video.dim(2)), W = static_cast<int>(video.dim(3));
-  VideoWriteOptions vo;
-  vo.overwrite_frames = overwrite_frames;
-  write_video(output, video.f32(), F, H, W, fps, vo);
+  stream.finish();  // the tail of the encode that overlapped the decode
   rep.write_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_write).count();
   rep.command = "decode";
   rep.task = task_name(info.task);

@@ -3,7 +3,8 @@
 // embeddings, latents and state files and the memory fit: bad input exits 2 before anything heavy),
 // run with progress and Ctrl-C support. Each output is committed on its own (a temporary file renamed
 // into place) and never removed again: the latents are written before the decode starts, so a failed
-// or interrupted decode or video write keeps them; the video, then the --json report, follow. With
+// or interrupted decode or video write keeps them; the video (encoded on a thread while the decode
+// produces its frames, formats/video_stream.h), then the --json report, follow. With
 // --stop-after-steps the run writes its state file (and the timings) instead of a video; --resume
 // continues it. The summary reports the load / encode /
 // denoise / decode seconds, s/step, the peak device memory in use and the peak host RSS, also for
@@ -12,6 +13,7 @@
 // GPU started by mpirun / srun / WAN_RANK): pipeline/generate_parallel.h runs the ranks; only rank 0's
 // process writes the outputs and prints the summary (with every rank's load figures).
 #include <chrono>
+#include <memory>
 #include <cstdio>
 #include <optional>
 #include <string>
@@ -26,6 +28,7 @@
 #include "pipeline/generate_parallel.h"
 #include "pipeline/pipeline.h"
 #include "formats/video.h"
+#include "formats/video_stream.h"
 
 namespace wan::cli {
 
@@ -170,6 +173,9 @@ struct GenerateRun {
   double plan_done_at = 0;            // process start -> plan checked (start-up breakdown)
   GenerateResult res;
   bool latents_written = false;  // --save-latents is on disk (written before the decode)
+  // The video, encoded while the decode still runs (RunHooks::video_begin); unused when the run hands
+  // back a whole video instead (several GPUs), and aborted, leaving no file, if the run fails.
+  std::unique_ptr<VideoStreamWriter> stream;
 };
 
 void write_final_latents(const GeneratePlan& plan, const Tensor& latents, const std::string& path) {
@@ -192,8 +198,8 @@ void write_final_latents(const GeneratePlan& plan, const Tensor& latents, const 
 // as soon as the latents exist (RunHooks::latents_done), before the decode. Returns the exit code when
 // the command ends here (interrupted, or a rank whose process writes nothing), else nullopt.
 std::optional<int> run_pipeline(const GenerateOptions& o, const ParallelRequest& par, const OutputPaths& out,
-                                bool quiet, ProgressPrinter& printer, const InterruptGuard& interrupt,
-                                GenerateRun& run) {
+                                bool overwrite_frames, bool quiet, ProgressPrinter& printer,
+                                const InterruptGuard& interrupt, GenerateRun& run) {
   RunHooks hooks;
   hooks.progress = [&](const ProgressEvent& e) { printer(e); };
   hooks.cancel = &interrupt.flag();
@@ -203,6 +209,16 @@ std::optional<int> run_pipeline(const GenerateOptions& o, const ParallelRequest&
     write_final_latents(*run.plan, latents, out.save_latents);
     run.latents_written = true;
   };
+  if (!out.output.empty()) {
+    VideoWriteOptions vo;
+    vo.overwrite_frames = overwrite_frames;
+    run.stream = std::make_unique<VideoStreamWriter>(out.output, vo);
+    hooks.video_begin = [&](int frames, int height, int width) {
+      WAN_ASSERT(run.plan != nullptr, "video before the plan");
+      return run.stream->begin(frames, height, width, run.plan->fps);
+    };
+    hooks.video_ready = [&](int n) { run.stream->ready(n); };
+  }
   const std::string kept = cat("kept --save-latents ", out.save_latents);
   try {
     if (par.active()) {
@@ -223,11 +239,13 @@ std::optional<int> run_pipeline(const GenerateOptions& o, const ParallelRequest&
     }
   } catch (const Cancelled&) {
     printer.finish_line();
+    if (run.stream) run.stream->abort();
     const std::string what = run.latents_written ? kept + "; nothing else written" : "nothing written";
     fprintf(stderr, "interrupted: %s\n", what.c_str());
     return interrupt.exit_code();
   } catch (const Error&) {
     printer.finish_line();
+    if (run.stream) run.stream->abort();
     if (run.latents_written) fprintf(stderr, "%s (written before the failure)\n", kept.c_str());
     throw;
   }
@@ -236,8 +254,9 @@ std::optional<int> run_pipeline(const GenerateOptions& o, const ParallelRequest&
 
 // The state file of a stopped run, or the video (one file, or a PNG sequence); sets the video's frames
 // and size (0 for a state file).
-void write_main_output(const GeneratePlan& plan, const GenerateResult& res, const OutputPaths& out,
-                       bool overwrite_frames, int& F, int& H, int& W) {
+void write_main_output(const GeneratePlan& plan, GenerateRun& run, const OutputPaths& out, bool overwrite_frames,
+                       int& F, int& H, int& W) {
+  const GenerateResult& res = run.res;
   if (res.state) {
     write_run_state(out.save_state, *res.state,
                     {{"task", task_name(plan.task)},
@@ -247,6 +266,14 @@ void write_main_output(const GeneratePlan& plan, const GenerateResult& res, cons
                      {"fingerprint", plan.fingerprint}});
     return;
   }
+  if (!res.video.defined() && run.stream && run.stream->started()) {  // encoded during the decode: the tail
+    run.stream->finish();
+    F = plan.frames;
+    H = plan.height;
+    W = plan.width;
+    return;
+  }
+  if (run.stream) run.stream->abort();  // not started: nothing to remove
   const Tensor& v = res.video;
   F = static_cast<int>(v.dim(1));
   H = static_cast<int>(v.dim(2));
@@ -281,13 +308,13 @@ RunReport make_report(const GeneratePlan& plan, const GenerateResult& res, const
 // Writes the video (or the state), then the --json report. Every output is kept once complete: a Ctrl-C
 // during the write lets the video finish, keeps it and skips the report. Prints the summary unless
 // quiet; returns the exit code.
-int write_outputs(const GenerateRun& run, const GeneratePlan& plan, const GenerateOptions& o,
+int write_outputs(GenerateRun& run, const GeneratePlan& plan, const GenerateOptions& o,
                   const ParallelRequest& par, const OutputPaths& out, bool overwrite_frames,
                   const InterruptGuard& interrupt, bool quiet, std::chrono::steady_clock::time_point t_start) {
   const GenerateResult& res = run.res;
   const auto t_write = std::chrono::steady_clock::now();
   int F = 0, H = 0, W = 0;
-  write_main_output(plan, res, out, overwrite_frames, F, H, W);
+  write_main_output(plan, run, out, overwrite_frames, F, H, W);
   const double write_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_write).count();
   const RunReport rep = make_report(plan, res, o, out, write_s, t_start);
   if (interrupt.interrupted()) {  // Ctrl-C while writing: stop here, keep what is complete
@@ -321,7 +348,7 @@ int cmd_generate(int argc, char** argv) {
   ProgressPrinter printer = ProgressPrinter::for_stderr(quiet);
   InterruptGuard interrupt;
   GenerateRun run;
-  if (const std::optional<int> code = run_pipeline(o, par, out, quiet, printer, interrupt, run)) return *code;
+  if (const std::optional<int> code = run_pipeline(o, par, out, a.flag("overwrite-frames"), quiet, printer, interrupt, run)) return *code;
   return write_outputs(run, *run.plan, o, par, out, a.flag("overwrite-frames"), interrupt, quiet, t_start);
 }
 
