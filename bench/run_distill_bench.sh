@@ -6,7 +6,8 @@
 # cost at load: `wan bench-load` on a bf16 A14B expert written by make-checkpoint, with and without the LoRA.
 # Writes bench/results/distill-e2e-<UTC date>.json (a -b, -c suffix when that exists; copied to $OUT) with
 # device, commit, date, rows {name, seconds, ...} and every run's timings JSON.
-# Usage: WAN_COMMIT=<sha> bench/run_distill_bench.sh; carried: .carry/prefix. WAN_BIN skips the build.
+# Usage: WAN_COMMIT=<sha> bench/run_distill_bench.sh; carried: .carry/prefix. WAN_BIN skips the build,
+# WAN_DISTILL_SKIP_LOAD=1 the load measurement.
 # The device build has no FFmpeg: the video is written as .y4m (the MP4 encode is not in these seconds).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -46,7 +47,7 @@ run base
 [ "$(left)" -gt 200 ] && run lora2 --lora-high "$WORK/high.safetensors" --lora-low "$WORK/low.safetensors"
 
 # The merge at load: one bf16 expert (28.6 GB) in the page cache, loaded with and without the LoRA.
-if [ "$(left)" -gt 200 ]; then
+if [ "$(left)" -gt 200 ] && [ -z "${WAN_DISTILL_SKIP_LOAD:-}" ]; then
   echo "$(elapsed) make-checkpoint (one bf16 A14B expert)"
   "$WAN" make-checkpoint --config t2v-A14B --layout official --dtype bf16 --dit-only --output "$WORK/ck" >/dev/null &&
     timeout "$(($(left) - 10))" "$WAN" bench-load "$WORK/ck/high_noise_model" --read1-gb 2 \
