@@ -22,12 +22,13 @@ using namespace wan::vae_gpu_test;
 TEST(VaeGpuKernels, VideoRgb8QuantisesLikeTheHost) {
   REQUIRE_GPU();
   const int64_t F = 5, HW = 1237;  // odd sizes
-  std::vector<float> v = randn(0x5EED0 + 17, size_t(3 * F * HW), 0.8f);
+  std::vector<float> v = randn(0x5EED0 + 17, size_t(3 * F * HW), 0.8f);  // 18 555 values
+  ASSERT_GT(v.size(), size_t(9000));
   const float specials[] = {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
                             -std::numeric_limits<float>::infinity(), -1.0f, 1.0f, 0.0f, -0.0f,
                             1.0f / 255.0f * 2.0f - 1.0f, std::nextafter(-1.0f, 0.0f), 0.99999994f, 1.5f, -7.0f};
   for (size_t i = 0; i < sizeof specials / sizeof *specials; ++i) v[i * 97] = specials[i];
-  for (size_t i = 0; i < 4000; ++i) v[50000 + i] = -1.0f + float(i) / 2000.0f;  // every step across [-1, 1]
+  for (size_t i = 0; i < 4000; ++i) v[5000 + i] = -1.0f + float(i) / 2000.0f;  // steps across [-1, 1]
   DevBuf<float> dv(v.size());
   dv.upload(v);
   const int64_t f0 = 1, f1 = 4;
