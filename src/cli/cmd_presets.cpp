@@ -29,7 +29,10 @@ const api::CommandSpec& presets_spec() {
 namespace {
 std::string list_str(const std::vector<int64_t>& v) {
   std::string s;
-  for (int64_t x : v) s += (s.empty() ? "" : ",") + std::to_string(x);
+  for (int64_t x : v) {
+    if (!s.empty()) s += ',';
+    s += std::to_string(x);
+  }
   return s;
 }
 std::string tasks_str(const std::vector<std::string>& v) {
