@@ -4,9 +4,13 @@
 // Invariants: GemmRunner owns the cuBLASLt handle and the plan cache, not the workspace: the caller
 // plans the workspace (kWorkspaceBytes is enough for every Hopper algorithm) and keeps it alive and
 // unused by other streams while the runner works. Plans (descriptors + the heuristic's best algorithm)
-// are cached per (M, N, K, dtypes, bias, activation, pointer alignments), so a shape's first call
+// are cached per (M, N, K, dtypes, bias, activation, pointer alignments, FP8 scale mode), so a shape's first call
 // queries the heuristic and every later call, including during CUDA-graph capture, only launches.
 // cublasLtMatmul is deterministic for a fixed plan. Not thread-safe: one runner per stream owner.
+// FP8 (opt-in, sm_90): e4m3 operands with per-row fp32 scales (kernels/fp8_quant.h) through cuBLASLt's
+// outer-vector scaling; fp8_supported() says whether a device runs it. A shape's first FP8 call with bias
+// or GELU may find the fused epilogue refused at launch and switch to the separate one: make it outside
+// CUDA-graph capture (warm-up), as the heuristic queries should be anyway.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -29,6 +33,24 @@ namespace wan::cuda {
 // the fused epilogue skips that rounding (strictly closer to the fp32 result).
 
 enum class Act : uint8_t { None, GeluTanh };
+
+// FP8 numerics: y = act(scale_x[m]·scale_w[n]·Σ_k xq[m, k]·wq[n, k] + bias[n]) with e4m3 xq [M, K] and
+// wq [N, K] (ops::linear_fp8_ref is the reference), fp32 accumulation (no fast-accumulate mode: cuBLASLt
+// promotes the tensor cores' partial sums to fp32), fp32 scale vectors scale_x [M] (cuBLASLt's B scale)
+// and scale_w [N] (A scale) in CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F mode, bias bf16 (cuBLASLt's
+// FP8 rule for both bf16 and fp32 outputs), one rounding to the output type. cuBLASLt's FP8 rules
+// (cublasLtMatmul docs, "FP8"): TN layout (ours), K % 16 == 0, N·sizeof(y) % 16 == 0 (N % 8 for bf16 y,
+// N % 4 for fp32 y), every pointer 16-byte aligned (checked here for xq, wq, y, the scales and the bias),
+// any M. Bias and GELU run in cuBLASLt's epilogue when it offers one for the plan; otherwise (no
+// algorithm, or a refusal at launch) the GEMM runs without epilogue and bias_act_rows
+// (kernels/gemm_epilogue.h) applies them: one more bf16 rounding. Fp8Epilogue::Separate forces that
+// path (tests compare both).
+enum class Fp8Epilogue : uint8_t { Auto, Separate };
+
+// True when `device` has compute capability >= 8.9 and a small FP8 outer-vector-scaled GEMM plans and
+// runs through GemmRunner (outer-vector scaling is documented for sm_90). Never throws; cached per device;
+// false without a device.
+bool fp8_supported(int device);
 
 class GemmRunner {
  public:
@@ -56,6 +78,19 @@ class GemmRunner {
   // (y and bias); F32 inputs need an F32 output. M == 0 or N == 0 is a no-op; K >= 1.
   void run(const void* x, const void* w, const void* bias, void* y, int64_t M, int64_t K, int64_t N, DType in_type,
            DType out_type, Act act, cudaStream_t stream);
+
+  // FP8: y bf16 [M, N] = act(scale_x[m]·scale_w[n]·(xq[M, K]·wq[N, K]ᵀ) + bias[N]); bias may be null.
+  void linear_fp8(const uint8_t* xq, const float* scale_x, const uint8_t* wq, const float* scale_w,
+                  const __nv_bfloat16* bias, __nv_bfloat16* y, int64_t M, int64_t K, int64_t N, Act act,
+                  cudaStream_t stream);
+  // Same with an fp32 output (the bias stays bf16).
+  void linear_fp8(const uint8_t* xq, const float* scale_x, const uint8_t* wq, const float* scale_w,
+                  const __nv_bfloat16* bias, float* y, int64_t M, int64_t K, int64_t N, Act act, cudaStream_t stream);
+  // Untyped FP8 entry point behind the two above; out_type BF16 or F32. M == 0 or N == 0 is a no-op.
+  void run_fp8(const uint8_t* xq, const float* scale_x, const uint8_t* wq, const float* scale_w, const void* bias,
+               void* y, int64_t M, int64_t K, int64_t N, DType out_type, Act act, cudaStream_t stream);
+  void set_fp8_epilogue(Fp8Epilogue e);
+  size_t fp8_separate_epilogues() const;  // FP8 calls whose bias / GELU ran in bias_act_rows
 
   size_t plan_count() const;  // cached plans (for tests and the memory/plan report)
 
