@@ -32,6 +32,7 @@ constexpr Command kCommands[] = {
     {"bench", wan::cli::cmd_bench, wan::cli::bench_spec},
     {"bench-vae", wan::cli::cmd_bench_vae, wan::cli::bench_vae_spec},
     {"bench-attention", wan::cli::cmd_bench_attention, wan::cli::bench_attention_spec},
+    {"bench-gemm", wan::cli::cmd_bench_gemm, wan::cli::bench_gemm_spec},
     {"bench-load", wan::cli::cmd_bench_load, wan::cli::bench_load_spec},
 };
 

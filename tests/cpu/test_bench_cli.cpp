@@ -1,8 +1,8 @@
 // `wan bench` option checks, run as a user runs them (the binary at WAN_BINARY, a child process per
 // call). Only bad values and --help: they are rejected before any device work, so these run (and must
 // pass) in every build, with or without CUDA or a GPU. Covers --profile-reps (the in-step breakdown),
-// --distinct-latents, --uniform-t and ti2v-5B's geometry, `wan bench-attention --input-std`, and
-// `wan bench-vae --vae / --encode` with Wan 2.2's stride 16.
+// --distinct-latents, --uniform-t and ti2v-5B's geometry, `wan bench-attention --input-std`,
+// `wan bench-vae --vae / --encode` with Wan 2.2's stride 16, and `wan bench-gemm --gemm / --m`.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/wait.h>
@@ -120,6 +120,26 @@ TEST(BenchVaeCli, BadVaeOrSizeIsOneClearError) {
   expect_one_clear_error({"bench-vae", "--vae", "wan2.2", "--encode", "--size"},
                          {{"1280x712", "--size 1280x712: width and height must be multiples of 16 for wan2.2"}});
   expect_one_clear_error({"bench-vae", "--frames"}, {{"4", "--frames 4: must be 4n+1"}});
+}
+
+// `wan bench-gemm`: bf16 vs FP8 GEMMs at the DiT's shapes; bad values are refused before any device work.
+TEST(BenchGemmCli, HelpListsGemmAndCases) {
+  const Result r = run_wan({"bench-gemm", "--help"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("--gemm bf16|fp8|both"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("--m N"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("75600"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("ffn.0: M = --m, 5120 -> 13824"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("cross-kv: M = 512"), std::string::npos) << r.out;
+}
+
+TEST(BenchGemmCli, BadValuesAreOneClearError) {
+  expect_one_clear_error({"bench-gemm", "--gemm"}, {{"fp16", "unknown --gemm 'fp16' (valid: bf16, fp8, both)"}});
+  expect_one_clear_error({"bench-gemm", "--m"}, {{"0", "--m 0: expected 1..1000000"},
+                                                 {"2000000", "--m 2000000: expected 1..1000000"},
+                                                 {"abc", "option --m: 'abc' is not an integer"}});
+  expect_one_clear_error({"bench-gemm", "--gemm", "fp8", "--reps"}, {{"0", "--reps 0: expected 1..1000"}});
+  expect_one_clear_error({"bench-gemm", "--device"}, {{"cpu", "--device cpu: the benchmarks run on a GPU"}});
 }
 
 }  // namespace
