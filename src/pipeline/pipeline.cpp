@@ -523,6 +523,7 @@ std::string GeneratePlan::describe() const {
          << t5_device_bytes << " bytes on the device (bf16 GEMM weights, fp32 norms and position tables, "
          << "activation headroom)\n";
     if (verbose && memory) os << memory->str();
+    if (verbose && !memory_plan_note.empty()) os << "plan     device memory " << memory_plan_note << "\n";
   }
   return os.str();
 }

@@ -168,6 +168,7 @@ struct GeneratePlan {
   // cuda, one GPU: the run-level device memory plan (what each stage holds; printed with verbose) that
   // plan_generate checked, and the DiT's arena plan in it, which the DiT's creation then only allocates.
   std::shared_ptr<const RunMemoryPlan> memory;
+  std::string memory_plan_note;            // how long planning it took (printed with verbose)
   std::shared_ptr<const cuda::MemoryPlan> dit_memory;
   // Pausing and resuming.
   int stop_after_steps = 0;
