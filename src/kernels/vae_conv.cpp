@@ -6,7 +6,11 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <exception>
+#include <map>
+#include <mutex>
 #include <sstream>
+#include <thread>
 #include <vector>
 
 #include "core/error.h"
@@ -53,8 +57,9 @@ struct Plan {
   cudnnFilterDescriptor_t f = nullptr;
   cudnnConvolutionDescriptor_t conv = nullptr;
   cudnnConvolutionFwdAlgo_t algo = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM;
+  cudnnMathType_t math = CUDNN_TENSOR_OP_MATH;
   size_t workspace = 0;
-  bool chosen = false;  // an algorithm is fixed (heuristic mode: at prepare; find mode: after find)
+  bool chosen = false;  // an algorithm is fixed (heuristic mode: by choose(); find mode: after find)
   std::string found;    // find mode: the timing table
 };
 
@@ -120,35 +125,98 @@ struct ConvRunner::Impl {
       CUDNN_CHECK(cudnnSetTensorNdDescriptorEx(p.y, CUDNN_TENSOR_NHWC, CUDNN_DATA_BFLOAT16, 4, yd));
     }
     CUDNN_CHECK(cudnnSetConvolutionMathType(p.conv, CUDNN_TENSOR_OP_MATH));
-    if (!find_mode) choose_heuristic(p);
-    plans.push_back(p);
+    plans.push_back(p);  // heuristic mode: chosen by choose(), all shapes at once
     return plans.back();
   }
 
-  void choose_heuristic(Plan& p) {
+  void choose_heuristic(cudnnHandle_t h, Plan& p) {
     cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
     int n = 0;
-    CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(handle, p.x, p.f, p.conv, p.y, CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
-                                                       &n, perf));
+    CUDNN_CHECK(
+        cudnnGetConvolutionForwardAlgorithm_v7(h, p.x, p.f, p.conv, p.y, CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &n, perf));
     for (int i = 0; i < n; ++i) {
       if (perf[i].status != CUDNN_STATUS_SUCCESS || perf[i].determinism != CUDNN_DETERMINISTIC) continue;
       if (perf[i].memory > limit) continue;
-      set_algo(p, perf[i].algo, perf[i].mathType);
+      set_algo(h, p, perf[i].algo, perf[i].mathType);
       return;
     }
     WAN_THROW("vae conv ", p.shape.str(), ": cuDNN offers no deterministic algorithm within ", limit >> 20,
               " MiB of workspace");
   }
 
-  void set_algo(Plan& p, cudnnConvolutionFwdAlgo_t algo, cudnnMathType_t math) {
+  void set_algo(cudnnHandle_t h, Plan& p, cudnnConvolutionFwdAlgo_t algo, cudnnMathType_t math) {
     CUDNN_CHECK(cudnnSetConvolutionMathType(p.conv, math));
     size_t ws = 0;
-    CUDNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(handle, p.x, p.f, p.conv, p.y, algo, &ws));
+    CUDNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(h, p.x, p.f, p.conv, p.y, algo, &ws));
     p.algo = algo;
+    p.math = math;
     p.workspace = ws;
     p.chosen = true;
   }
+  void set_algo(Plan& p, cudnnConvolutionFwdAlgo_t algo, cudnnMathType_t math) { set_algo(handle, p, algo, math); }
 };
+
+namespace {
+
+// The heuristic's choice per (device, shape, workspace limit), kept for the process: a run plans the
+// same decoder twice (its memory plan, then the decoder itself), and each query costs milliseconds.
+struct Choice {
+  cudnnConvolutionFwdAlgo_t algo;
+  cudnnMathType_t math;
+};
+std::mutex g_choices_mu;
+std::map<std::string, Choice> g_choices;
+
+std::string choice_key(int device, const ConvShape& s, size_t limit) {
+  std::ostringstream o;
+  o << device << ':' << s.is3d << ':' << s.n << ',' << s.d << ',' << s.h << ',' << s.w << ',' << s.c << ',' << s.k
+    << ',' << s.kt << ',' << s.kh << ',' << s.kw << ',' << s.ph << ',' << s.pw << ',' << s.st << ',' << s.ss << ':'
+    << limit;
+  return o.str();
+}
+
+}  // namespace
+
+void ConvRunner::choose() {
+  Impl& m = *impl_;
+  if (m.find_mode) return;
+  int device = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  std::vector<Plan*> todo;
+  {
+    std::lock_guard<std::mutex> lock(g_choices_mu);
+    for (Plan& p : m.plans) {
+      if (p.chosen) continue;
+      auto it = g_choices.find(choice_key(device, p.shape, m.limit));
+      if (it != g_choices.end())
+        m.set_algo(p, it->second.algo, it->second.math);
+      else
+        todo.push_back(&p);
+    }
+  }
+  // The heuristic queries are host work of a few milliseconds each, tens of shapes per coder: spread
+  // over threads with a cuDNN handle each (handles are per thread; the plans are disjoint).
+  const size_t threads = std::min<size_t>(todo.size(), 8);
+  std::vector<std::exception_ptr> errors(threads);
+  std::vector<std::thread> pool;
+  for (size_t t = 0; t < threads; ++t)
+    pool.emplace_back([&, t] {
+      cudnnHandle_t h = nullptr;
+      try {
+        CUDA_CHECK(cudaSetDevice(device));
+        CUDNN_CHECK(cudnnCreate(&h));
+        for (size_t i = t; i < todo.size(); i += threads) m.choose_heuristic(h, *todo[i]);
+      } catch (...) {
+        errors[t] = std::current_exception();
+      }
+      if (h) cudnnDestroy(h);
+    });
+  for (std::thread& th : pool) th.join();
+  for (const std::exception_ptr& e : errors)
+    if (e) std::rethrow_exception(e);
+  std::lock_guard<std::mutex> lock(g_choices_mu);
+  for (const Plan* p : todo) g_choices[choice_key(device, p->shape, m.limit)] = Choice{p->algo, p->math};
+}
 
 ConvRunner::ConvRunner(bool find, size_t workspace_limit) : impl_(std::make_unique<Impl>()) {
   impl_->find_mode = find;
@@ -246,6 +314,7 @@ void ConvRunner::run(const ConvShape&, const void*, const void*, void*, void*, s
 std::string ConvRunner::plans_str() const { return {}; }
 std::string ConvRunner::find_report() const { return {}; }
 size_t ConvRunner::max_workspace() const { return 0; }
+void ConvRunner::choose() {}
 
 #endif
 

@@ -39,9 +39,12 @@ class ConvRunner {
   ConvRunner(const ConvRunner&) = delete;
   ConvRunner& operator=(const ConvRunner&) = delete;
 
-  // Plans `s` if new (heuristic mode: picks the algorithm) and returns the workspace it needs
-  // (find mode: the limit, until find() has chosen).
+  // Plans `s` if new and returns the workspace it needs (the limit until an algorithm is chosen:
+  // choose() in heuristic mode, find() in find mode).
   size_t prepare(const ConvShape& s);
+  // Heuristic mode: picks the algorithm of every prepared shape that has none (cuDNN's queries on
+  // several threads; choices are kept for the process per device, shape and limit). Find mode: nothing.
+  void choose();
   // Find mode: times cuDNN's algorithms on these buffers once per shape and keeps the fastest
   // deterministic one. Buffers are overwritten (y, workspace).
   void find(const ConvShape& s, const void* x, const void* w, void* y, void* ws, size_t ws_bytes);

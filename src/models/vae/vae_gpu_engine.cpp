@@ -82,6 +82,7 @@ void Engine::prepare(PackFn pack, const VaeConfig& config, const VaeWeights& w, 
   weights_bytes = image ? image->size() : sized;
   conv = std::make_unique<ConvRunner>(opt.find_algorithms, opt.conv_workspace_limit);
   dry(Pass::Size);
+  conv->choose();
   layout();
 }
 
