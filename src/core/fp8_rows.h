@@ -17,6 +17,7 @@
 #include <cstdint>
 
 #include "core/dtype.h"
+#include "core/rn_math.h"
 
 namespace wan::fp8 {
 
@@ -35,21 +36,6 @@ struct RowScale {
 // |x| as bits: the quantity whose integer max is the row's amax.
 WAN_HD uint32_t abs_bits(float x) { return f32_bits(x) & 0x7FFFFFFFu; }
 
-WAN_HD float div_rn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fdiv_rn(a, b);
-#else
-  return a / b;
-#endif
-}
-WAN_HD float mul_rn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fmul_rn(a, b);
-#else
-  return a * b;
-#endif
-}
-
 // The row's scale from amax_bits = max_k abs_bits(x_k).
 WAN_HD RowScale row_scale(uint32_t amax_bits) {
   RowScale r;
@@ -61,8 +47,8 @@ WAN_HD RowScale row_scale(uint32_t amax_bits) {
   }
   const float a = bits_f32(amax_bits < kMinAmaxBits ? kMinAmaxBits : amax_bits);
   r.kind = RowKind::Finite;
-  r.inv = div_rn(kE4m3Max, a);
-  r.scale = div_rn(a, kE4m3Max);
+  r.inv = rn::div(kE4m3Max, a);
+  r.scale = rn::div(a, kE4m3Max);
   return r;
 }
 
@@ -72,9 +58,9 @@ WAN_HD uint8_t fill_byte(const RowScale& r) { return r.kind == RowKind::NonFinit
 // One element, the reference conversion.
 WAN_HD uint8_t quantize(float x, const RowScale& r) {
   if (r.kind != RowKind::Finite) return fill_byte(r);
-  return f32_to_f8e4m3(mul_rn(x, r.inv));
+  return f32_to_f8e4m3(rn::mul(x, r.inv));
 }
 
-WAN_HD float dequantize(uint8_t q, float scale) { return mul_rn(f8e4m3_to_f32(q), scale); }
+WAN_HD float dequantize(uint8_t q, float scale) { return rn::mul(f8e4m3_to_f32(q), scale); }
 
 }  // namespace wan::fp8

@@ -119,7 +119,7 @@ __global__ void __launch_bounds__(kMaxRowThreads)
       float v[kChunk];
       c[j].unpack(v);
 #pragma unroll
-      for (int i = 0; i < kChunk; ++i) v[i] = fp8::mul_rn(v[i], rs.inv);
+      for (int i = 0; i < kChunk; ++i) v[i] = rn::mul(v[i], rs.inv);
       out.x = cvt_e4m3x2(v[0], v[1]) | (cvt_e4m3x2(v[2], v[3]) << 16);
       out.y = cvt_e4m3x2(v[4], v[5]) | (cvt_e4m3x2(v[6], v[7]) << 16);
     }
@@ -141,7 +141,7 @@ __global__ void __launch_bounds__(kRowThreads)
   const bool finite = rs.kind == fp8::RowKind::Finite;
   const uint8_t fill = fp8::fill_byte(rs);
   for (int64_t k = threadIdx.x; k < K; k += blockDim.x)
-    qr[k] = finite ? static_cast<uint8_t>(cvt_e4m3x2(fp8::mul_rn(to_f32(xr[k]), rs.inv), 0.0f) & 0xFFu) : fill;
+    qr[k] = finite ? static_cast<uint8_t>(cvt_e4m3x2(rn::mul(to_f32(xr[k]), rs.inv), 0.0f) & 0xFFu) : fill;
 }
 
 __global__ void dequantize_rows_kernel(const uint8_t* __restrict__ q, const float* __restrict__ scale, int64_t rows,

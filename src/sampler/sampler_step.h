@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/rn_math.h"
+
 #if defined(__CUDACC__)
 #define WAN_SAMPLER_HD __host__ __device__ __forceinline__
 #else
@@ -84,35 +86,11 @@ struct SamplerState {
 
 namespace sampler_math {
 
-// One rounded float32 operation each (never contracted into an fma).
-WAN_SAMPLER_HD float mul(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fmul_rn(a, b);
-#else
-  return a * b;
-#endif
-}
-WAN_SAMPLER_HD float add(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fadd_rn(a, b);
-#else
-  return a + b;
-#endif
-}
-WAN_SAMPLER_HD float sub(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fsub_rn(a, b);
-#else
-  return a - b;
-#endif
-}
-WAN_SAMPLER_HD float div(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fdiv_rn(a, b);
-#else
-  return a / b;
-#endif
-}
+// One rounded float32 operation each (never contracted into an fma): core/rn_math.h.
+using rn::add;
+using rn::div;
+using rn::mul;
+using rn::sub;
 
 // float32 -> bfloat16 -> float32, rounding to nearest even (torch's .to(torch.bfloat16); NaN stays NaN).
 WAN_SAMPLER_HD float round_bf16(float a) {
