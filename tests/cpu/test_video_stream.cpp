@@ -15,16 +15,14 @@
 #include "core/error.h"
 #include "formats/video.h"
 #include "formats/video_stream.h"
+#include "run_util.h"
 
 namespace fs = std::filesystem;
 using namespace wan;
 
-namespace {
+using wan::test::slurp;
 
-std::string slurp(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
-}
+namespace {
 
 const fs::path& scratch() {
   static const fs::path dir = [] {
