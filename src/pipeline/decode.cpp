@@ -74,12 +74,16 @@ Tensor decode_with(const std::function<VaeAhead()>& get, const VaeConfig& vae, c
   return video;
 }
 
+VaeWeights run_vae_weights(const GeneratePlan& p) {
+  return p.random_weights ? random_vae_weights(p.vae, random_vae_seed(p.weights_seed)) : load_vae(p.ckpt, p.vae);
+}
+
 LatentCondition encode_condition(const GeneratePlan& p, const RunHooks& hooks, VaeWeights* weights, Timings* timings) {
   WAN_ASSERT(p.image.defined(), "encode_condition without an image");
   const int gpu = parse_device(p.device);
   if (!weights->encoder.conv1.present()) {
     StageTimer st(hooks, Stage::LoadVae);
-    *weights = p.random_weights ? random_vae_weights(p.vae, random_vae_seed(p.weights_seed)) : load_vae(p.ckpt, p.vae);
+    *weights = run_vae_weights(p);
     timings->load_vae += st.end();
   }
   StageTimer st(hooks, Stage::EncodeImage);

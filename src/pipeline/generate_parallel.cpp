@@ -549,7 +549,7 @@ void rank_main(dist::RankContext& ctx, const GeneratePlan& p, const dist::Layout
   if (r0 && decode && p.stop_after_steps == 0 && !p.image.defined())
     vae_read = std::async(std::launch::async, [&p] {
       const Clock::time_point t0 = Clock::now();
-      VaeWeights w = p.random_weights ? random_vae_weights(p.vae, random_vae_seed(p.weights_seed)) : load_vae(p.ckpt, p.vae);
+      VaeWeights w = pipeline_detail::run_vae_weights(p);
       return std::make_pair(std::move(w), seconds_since(t0));
     });
 

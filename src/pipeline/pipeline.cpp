@@ -684,7 +684,7 @@ GenerateResult run_generate(const GeneratePlan& p, const RunHooks& hooks, bool d
     vae_ahead = std::async(std::launch::async, [&p, gpu] {
       pipeline_detail::VaeAhead a;
       const auto t0 = Clock::now();
-      a.weights = p.random_weights ? random_vae_weights(p.vae, random_vae_seed(p.weights_seed)) : load_vae(p.ckpt, p.vae);
+      a.weights = pipeline_detail::run_vae_weights(p);
       a.read_s = seconds_since(t0);
       if (gpu >= 0)
         a.decoder = plan_gpu_vae_decoder(p.vae, a.weights, p.latent_shape[2], p.latent_shape[3], gpu);
@@ -751,7 +751,7 @@ GenerateResult run_generate(const GeneratePlan& p, const RunHooks& hooks, bool d
       if (vae_weights.decoder.conv1.present())
         a.weights = std::move(vae_weights);  // read for the image encode
       else
-        a.weights = p.random_weights ? random_vae_weights(p.vae, random_vae_seed(p.weights_seed)) : load_vae(p.ckpt, p.vae);
+        a.weights = pipeline_detail::run_vae_weights(p);
       return a;
     };
     r.video = decode_with(get, p.vae, r.latents, hooks, &tm, p.device, &r.peak_device_bytes);

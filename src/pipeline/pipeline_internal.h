@@ -121,6 +121,9 @@ inline void check_cancel(const RunHooks& h) {
 }
 
 // Load (or draw) the VAE weights, then decode (the LoadVae and Decode stages; decode.cpp).
+// The run's VAE weights: read from the checkpoint, or drawn (--weights random).
+VaeWeights run_vae_weights(const GeneratePlan& p);
+
 // The VAE decode's inputs. run_generate gets them ready on a host thread while the DiT denoises: the
 // weights read (or drawn), and on a GPU the decoder planned for the latents' size.
 struct VaeAhead {
