@@ -268,9 +268,9 @@ void write_main_output(const GeneratePlan& plan, GenerateRun& run, const OutputP
   }
   if (!res.video.defined() && run.stream && run.stream->started()) {  // encoded during the decode: the tail
     run.stream->finish();
-    F = plan.frames;
-    H = plan.height;
-    W = plan.width;
+    F = run.stream->frames();
+    H = run.stream->height();
+    W = run.stream->width();
     return;
   }
   if (run.stream) run.stream->abort();  // not started: nothing to remove
@@ -348,8 +348,10 @@ int cmd_generate(int argc, char** argv) {
   ProgressPrinter printer = ProgressPrinter::for_stderr(quiet);
   InterruptGuard interrupt;
   GenerateRun run;
-  if (const std::optional<int> code = run_pipeline(o, par, out, a.flag("overwrite-frames"), quiet, printer, interrupt, run)) return *code;
-  return write_outputs(run, *run.plan, o, par, out, a.flag("overwrite-frames"), interrupt, quiet, t_start);
+  const bool overwrite_frames = a.flag("overwrite-frames");
+  if (const std::optional<int> code = run_pipeline(o, par, out, overwrite_frames, quiet, printer, interrupt, run))
+    return *code;
+  return write_outputs(run, *run.plan, o, par, out, overwrite_frames, interrupt, quiet, t_start);
 }
 
 }  // namespace wan::cli

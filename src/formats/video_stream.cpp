@@ -21,6 +21,8 @@ uint8_t* VideoStreamWriter::begin(int frames, int height, int width, int fps) {
   video_detail::check_video_write(path_, d, opt_);
   frame_bytes_ = size_t(height) * size_t(width) * 3;
   total_ = frames;
+  height_ = height;
+  width_ = width;
   frames_.assign(size_t(frames) * frame_bytes_, 0);
   thread_ = std::thread([this, d] {
     try {

@@ -36,6 +36,10 @@ class VideoStreamWriter {
   void abort() noexcept;
 
   bool started() const { return thread_.joinable() || finished_; }
+  // The size begin() was given (0 before it).
+  int frames() const { return total_; }
+  int height() const { return height_; }
+  int width() const { return width_; }
   const std::string& path() const { return path_; }
 
  private:
@@ -45,7 +49,7 @@ class VideoStreamWriter {
   VideoWriteOptions opt_;
   std::vector<uint8_t> frames_;
   size_t frame_bytes_ = 0;
-  int total_ = 0;
+  int total_ = 0, height_ = 0, width_ = 0;
   std::mutex mu_;
   std::condition_variable cv_;
   int ready_ = 0;

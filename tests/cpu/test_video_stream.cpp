@@ -76,6 +76,9 @@ TEST(VideoStream, PiecesFromAnotherThreadGiveTheWholeWritesBytes) {
     VideoStreamWriter w(streamed);
     produce(w, frames, F, H, W, 4);
     w.finish();
+    EXPECT_EQ(w.frames(), F);
+    EXPECT_EQ(w.height(), H);
+    EXPECT_EQ(w.width(), W);
     if (std::string(ext) == ".png") {
       const auto a = png_sequence_paths(whole, F), b = png_sequence_paths(streamed, F);
       for (int f = 0; f < F; ++f) EXPECT_EQ(slurp(a[size_t(f)]), slurp(b[size_t(f)])) << ext << " frame " << f;
