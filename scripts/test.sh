@@ -13,7 +13,10 @@ ctest --test-dir "$BUILD_DIR" --output-on-failure -j "$JOBS" --timeout 900
 
 if [ "${WAN_SKIP_SANITIZE:-0}" != "1" ]; then
   echo "[test] AddressSanitizer + UBSan build (build-asan)"
+  # -O1 -g1: half the compile time of -O2 -g (CI's 2 cores spent ~25 min here) with the same findings
+  # and line-numbered reports.
   cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DWAN_SANITIZE=ON -DWAN_ENABLE_CUDA=OFF \
+    "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG" \
     >build-asan.configure.log 2>&1 || { cat build-asan.configure.log; exit 1; }
   cmake --build build-asan -j "$JOBS"
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
