@@ -6,6 +6,7 @@
 #include "models/vae/vae_gpu_weights.h"
 
 #include <cstring>
+#include <functional>
 #include <string>
 
 #include "core/dtype.h"
@@ -32,6 +33,14 @@ class Packer {
   bool sizing() const { return sizing_; }
   size_t f32(const std::vector<float>& v) { return add(v.data(), v.size() * sizeof(float)); }
   size_t bf16v(const std::vector<uint16_t>& v) { return add(v.data(), v.size() * sizeof(uint16_t)); }
+  // A bf16 filter of n elements, zero but where `fill` writes; sizing skips building it (the A14B
+  // decoder's ~70 M filter values cost ~0.2 s to convert, on the run's critical path when planning).
+  size_t bf16_filter(size_t n, const std::function<void(std::vector<uint16_t>&)>& fill) {
+    if (sizing_) return add(nullptr, n * sizeof(uint16_t));
+    std::vector<uint16_t> o(n, 0);
+    fill(o);
+    return bf16v(o);
+  }
   const std::vector<uint8_t>& bytes() const { return bytes_; }
 
  private:
@@ -53,11 +62,12 @@ class WeightBuilder {
   WeightBuilder(VaeConvMode mode, bool sizing, const char* side) : pack(sizing), mode_(mode), side_(side) {}
   Packer pack;
 
-  // `sizing`: the tensor's shape is checked but its values are not read (zeros stand in).
-  std::vector<float> host_f32(const Tensor& t, int64_t numel, const std::string& what) {
+  // `sizing`: the tensor's shape is checked but its values are not read (zeros stand in; filters,
+  // which only bf16_filter reads, get none).
+  std::vector<float> host_f32(const Tensor& t, int64_t numel, const std::string& what, bool filter = false) {
     WAN_CHECK(t.defined(), side_, ": ", what, " is missing");
     WAN_CHECK(t.numel() == numel, side_, ": ", what, " has ", t.numel(), " elements, expected ", numel);
-    if (pack.sizing()) return std::vector<float>(static_cast<size_t>(numel), 0.0f);
+    if (pack.sizing()) return std::vector<float>(filter ? 0 : static_cast<size_t>(numel), 0.0f);
     const Tensor f = t.to_f32();
     return std::vector<float>(f.f32(), f.f32() + numel);
   }
@@ -74,19 +84,19 @@ class WeightBuilder {
               c.weight.shape().str(), " is not a 3x", k, "x", k, " kernel");
     d.cout_pad = cout_pad ? cout_pad : cout;
     const int64_t cs = d.cin;
-    const std::vector<float> w = host_f32(c.weight, cout * cin * 3 * k * k, what + ".weight");
-    std::vector<uint16_t> o(static_cast<size_t>(d.cout_pad * cs * 3 * k * k), 0);
-    for (int64_t co = 0; co < cout; ++co)
-      for (int64_t ci = 0; ci < cin; ++ci)
-        for (int dt = 0; dt < 3; ++dt)
-          for (int dy = 0; dy < k; ++dy)
-            for (int dx = 0; dx < k; ++dx) {
-              const float v = w[(((co * cin + ci) * 3 + dt) * k + dy) * k + dx];
-              const int64_t at = mode_ == VaeConvMode::Conv3d ? (((co * 3 + dt) * k + dy) * k + dx) * cs + ci
-                                                               : (((co * k + dy) * k + dx) * 3 + dt) * cs + ci;
-              o[at] = f32_to_bf16(v);
-            }
-    d.w = pack.bf16v(o);
+    const std::vector<float> w = host_f32(c.weight, cout * cin * 3 * k * k, what + ".weight", true);
+    d.w = pack.bf16_filter(static_cast<size_t>(d.cout_pad * cs * 3 * k * k), [&](std::vector<uint16_t>& o) {
+      for (int64_t co = 0; co < cout; ++co)
+        for (int64_t ci = 0; ci < cin; ++ci)
+          for (int dt = 0; dt < 3; ++dt)
+            for (int dy = 0; dy < k; ++dy)
+              for (int dx = 0; dx < k; ++dx) {
+                const float v = w[(((co * cin + ci) * 3 + dt) * k + dy) * k + dx];
+                const int64_t at = mode_ == VaeConvMode::Conv3d ? (((co * 3 + dt) * k + dy) * k + dx) * cs + ci
+                                                                 : (((co * k + dy) * k + dx) * 3 + dt) * cs + ci;
+                o[at] = f32_to_bf16(v);
+              }
+    });
     d.b = bias(c, cout, d.cout_pad, what);
     return d;
   }
@@ -99,15 +109,15 @@ class WeightBuilder {
     d.cout_pad = cout;
     WAN_CHECK(c.weight.dim(2) == 3 && c.weight.dim(3) == 3, side_, ": ", what, " weight ", c.weight.shape().str(),
               " is not 3x3");
-    const std::vector<float> w = host_f32(c.weight, cout * cin * 9, what + ".weight");
-    std::vector<uint16_t> o(static_cast<size_t>(cout * kk * kk * cin), 0);
-    for (int64_t co = 0; co < cout; ++co)
-      for (int64_t ci = 0; ci < cin; ++ci)
-        for (int j = 0; j < 9; ++j) {
-          const int dy = j / 3 + o0, dx = j % 3 + o0;
-          o[((co * kk + dy) * kk + dx) * cin + ci] = f32_to_bf16(w[(co * cin + ci) * 9 + j]);
-        }
-    d.w = pack.bf16v(o);
+    const std::vector<float> w = host_f32(c.weight, cout * cin * 9, what + ".weight", true);
+    d.w = pack.bf16_filter(static_cast<size_t>(cout * kk * kk * cin), [&](std::vector<uint16_t>& o) {
+      for (int64_t co = 0; co < cout; ++co)
+        for (int64_t ci = 0; ci < cin; ++ci)
+          for (int j = 0; j < 9; ++j) {
+            const int dy = j / 3 + o0, dx = j % 3 + o0;
+            o[((co * kk + dy) * kk + dx) * cin + ci] = f32_to_bf16(w[(co * cin + ci) * 9 + j]);
+          }
+    });
     d.b = bias(c, cout, cout, what);
     return d;
   }
@@ -119,10 +129,10 @@ class WeightBuilder {
     DevConv d;
     d.cin = cin;
     d.cout = d.cout_pad = cout;
-    const std::vector<float> w = host_f32(c.weight, cout * cin, what + ".weight");
-    std::vector<uint16_t> o(w.size());
-    for (size_t i = 0; i < w.size(); ++i) o[i] = f32_to_bf16(w[i]);
-    d.w = pack.bf16v(o);
+    const std::vector<float> w = host_f32(c.weight, cout * cin, what + ".weight", true);
+    d.w = pack.bf16_filter(static_cast<size_t>(cout * cin), [&](std::vector<uint16_t>& o) {
+      for (size_t i = 0; i < o.size(); ++i) o[i] = f32_to_bf16(w[i]);
+    });
     d.b = bias(c, cout, cout, what);
     return d;
   }
