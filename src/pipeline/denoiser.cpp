@@ -149,7 +149,7 @@ std::unique_ptr<Denoiser> make_gpu_denoiser(const CheckpointInfo&, const Denoise
   no_cuda(spec.device);
 }
 void check_gpu_vae(const VaeConfig&, const std::string& device) { no_cuda(device); }
-size_t gpu_vae_decoder_bytes(const VaeConfig&, const Shape&, const std::string& device) {
+size_t gpu_vae_decoder_bytes(const VaeConfig&, const Shape&, const std::string& device, bool) {
   no_cuda(device);
   return 0;
 }

@@ -138,8 +138,10 @@ std::unique_ptr<Denoiser> make_gpu_denoiser(const CheckpointInfo& ckpt, const De
 // check_gpu_vae: throws one clear wan::Error unless this build and VAE can decode on `device`.
 void check_gpu_vae(const VaeConfig& vae, const std::string& device);
 // check_gpu_vae, then the decoder's device bytes for latents [z, T, h, w] (VaeDecoderGpu::device_bytes:
-// planned on shapes, nothing allocated).
-size_t gpu_vae_decoder_bytes(const VaeConfig& vae, const Shape& latent_shape, const std::string& device);
+// planned on shapes, nothing allocated). `upper_bound`: the convolution workspace counted at its limit
+// instead of cuDNN's choices (VaeGpuOptions::workspace_bound: no cuDNN query, at most 1 GiB more).
+size_t gpu_vae_decoder_bytes(const VaeConfig& vae, const Shape& latent_shape, const std::string& device,
+                             bool upper_bound = false);
 // latents [z, T, h, w] f32 (host) -> video [3, F, H, W] f32 in [-1, 1] (host).
 Tensor gpu_vae_decode(const VaeConfig& vae, const VaeWeights& w, const Tensor& latents, int device);
 // check_gpu_vae, then the image encoder's device bytes for the frames of `image` [3, H, W]

@@ -203,10 +203,13 @@ void check_gpu_vae(const VaeConfig& vae, const std::string& device) {
             vae.dec_dim, "; the released VAEs have 96, and 160 / 256)");
 }
 
-size_t gpu_vae_decoder_bytes(const VaeConfig& vae, const Shape& latent_shape, const std::string& device) {
+size_t gpu_vae_decoder_bytes(const VaeConfig& vae, const Shape& latent_shape, const std::string& device,
+                             bool upper_bound) {
   check_gpu_vae(vae, device);
   CUDA_CHECK(cudaSetDevice(parse_device(device)));
-  return cuda::VaeDecoderGpu::device_bytes(vae, cuda::VaeGpuShape{latent_shape[2], latent_shape[3]});
+  cuda::VaeGpuOptions o;
+  o.workspace_bound = upper_bound;
+  return cuda::VaeDecoderGpu::device_bytes(vae, cuda::VaeGpuShape{latent_shape[2], latent_shape[3]}, o);
 }
 
 size_t gpu_vae_encoder_bytes(const VaeConfig& vae, const Tensor& image, const std::string& device) {

@@ -159,7 +159,8 @@ struct GeneratePlan {
   bool text_on_gpu = false;                // the prompts are encoded by the GPU text encoder
   bool keep_text_encoder = false;          // ... which stays resident next to the DiT
   int64_t t5_device_bytes = 0;             // its device bytes (weights + activation headroom)
-  int64_t vae_device_bytes = 0;            // the GPU decoder's (weights + arena + reserve); 0: no decode
+  int64_t vae_device_bytes = 0;            // the GPU decoder's (weights + arena + reserve; conv workspace at its
+                                           // limit unless that did not fit: plan_gpu_run); 0: no decode
   int64_t vae_encoder_device_bytes = 0;    // the GPU image encoder's (I2V / TI2V); 0: no image
   int64_t host_weights_bytes = 0;          // cuda: host memory for weights at once (VAE + one tensor)
   // cuda, checkpoint weights: the text encoder and both experts stream to the device concurrently

@@ -127,15 +127,17 @@ void plan_gpu_run(bool parallel, bool decode, bool keep_text_encoder, GeneratePl
   if (!parallel) {
     // The DiT's share first: it also checks the build, the device and the attention kernel. The text
     // encoder's and the decoder's bytes are inputs: their fits are the plan's stages.
-    // The decoder's bytes come from planning it (weights sized, convolution plans): host work that
-    // runs beside the DiT's plan instead of after it.
+    // The decoder's bytes come from planning it on shapes (host work that runs beside the DiT's
+    // plan), first with its convolution workspace at the limit: cuDNN's algorithm queries would be
+    // the plan's critical path, and the decoder makes them itself while the DiT runs. Only when that
+    // upper bound does not fit are they made here, for the exact figure.
     const auto t0 = Clock::now();
     double vae_s = 0;
     std::future<int64_t> vae_bytes;
     if (decode)
       vae_bytes = std::async(std::launch::async, [&p, &vae_s] {
         const auto t = Clock::now();
-        const auto b = static_cast<int64_t>(gpu_vae_decoder_bytes(p.vae, p.latent_shape, p.device));
+        const auto b = static_cast<int64_t>(gpu_vae_decoder_bytes(p.vae, p.latent_shape, p.device, true));
         vae_s = seconds_since(t);
         return b;
       });
@@ -150,6 +152,10 @@ void plan_gpu_run(bool parallel, bool decode, bool keep_text_encoder, GeneratePl
                   dit_s, vae_s);
     p.memory_plan_note = note;
     auto run = std::make_shared<RunMemoryPlan>(gpu_run_memory(p, m, decode, &p.fast_start));
+    if (decode && !run->refusal(p.device, m.free_bytes).empty()) {
+      p.vae_device_bytes = static_cast<int64_t>(gpu_vae_decoder_bytes(p.vae, p.latent_shape, p.device));
+      run = std::make_shared<RunMemoryPlan>(gpu_run_memory(p, m, decode, &p.fast_start));
+    }
     run->check(p.device, m.free_bytes);
     p.memory = std::move(run);
     p.dit_memory = m.plan;

@@ -385,7 +385,8 @@ TEST(VaeGpuDecode, Deterministic) {
 
 // The run-level memory plan asks the decoder's bytes before any weights exist: planned on the config's
 // shapes, they are what create() then holds (weights + arena) plus the one fixed reserve, for both
-// convolution modes, the tiny fixture and the real widths, and several frame sizes.
+// convolution modes, the tiny fixture and the real widths, and several frame sizes. Its cuDNN-free
+// bound (workspace_bound) is never below them and at most the workspace limit above.
 TEST(VaeGpuDecode, DeviceBytesPlannedFromTheConfigMatchCreate) {
   REQUIRE_GPU();
   long long reserve = -1;
@@ -398,6 +399,12 @@ TEST(VaeGpuDecode, DeviceBytesPlannedFromTheConfigMatchCreate) {
         VaeGpuOptions o;
         o.conv_mode = mode;
         const size_t planned = VaeDecoderGpu::device_bytes(m.config, shape, o);
+        // The run plan's cuDNN-free figure: the workspace at its limit instead of the chosen algorithms'.
+        VaeGpuOptions ob = o;
+        ob.workspace_bound = true;
+        const size_t bound = VaeDecoderGpu::device_bytes(m.config, shape, ob);
+        EXPECT_GE(bound, planned);
+        EXPECT_LE(bound, planned + o.conv_workspace_limit + 4096);
         auto dec = VaeDecoderGpu::create(m.config, m.weights, shape, o);
         const long long held = static_cast<long long>(dec->weight_bytes() + dec->arena_bytes());
         const long long r = static_cast<long long>(planned) - held;

@@ -49,6 +49,10 @@ struct VaeGpuOptions {
   // processes (timing noise), so the video may too; off = cuDNN's heuristic order (reproducible).
   bool find_algorithms = false;
   size_t conv_workspace_limit = size_t{1} << 30;  // bytes an algorithm may ask for
+  // Plan the convolution workspace at conv_workspace_limit without asking cuDNN for algorithms: an
+  // upper bound of device_bytes() that is pure host arithmetic (cuDNN's queries take ~0.3 s; a run's
+  // memory plan uses the bound and asks for the exact figure only when the bound does not fit).
+  bool workspace_bound = false;
   bool poison = false;      // fill the arena with NaN bytes before every decode (tests: unwritten reads)
   bool self_check = false;  // re-compute sampled outputs of every conv in fp32 (debug; slow)
   bool profile = false;     // time every op with events (adds a sync per decode; see profile_report)

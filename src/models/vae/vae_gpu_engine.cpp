@@ -82,7 +82,7 @@ void Engine::prepare(PackFn pack, const VaeConfig& config, const VaeWeights& w, 
   weights_bytes = image ? image->size() : sized;
   conv = std::make_unique<ConvRunner>(opt.find_algorithms, opt.conv_workspace_limit);
   dry(Pass::Size);
-  conv->choose();
+  if (!opt.workspace_bound) conv->choose();
   layout();
 }
 
@@ -166,7 +166,7 @@ void Engine::layout() {
   }
   slots_bytes = off - slots_off;
   ws_off = off;
-  ws_bytes = align_up(opt.find_algorithms ? opt.conv_workspace_limit : conv->max_workspace());
+  ws_bytes = align_up(opt.find_algorithms || opt.workspace_bound ? opt.conv_workspace_limit : conv->max_workspace());
   off += ws_bytes;
   blas_off = off;
   off += kBlasWorkspace;
