@@ -28,7 +28,13 @@ __device__ __forceinline__ float load_elem(const void* p, DType t, int64_t i) {
   }
 }
 
-__global__ void __launch_bounds__(kThreads) merge_kernel(float* w, int64_t rows, int64_t cols, MergeParams prm) {
+__device__ __forceinline__ float widen(float v) { return v; }
+__device__ __forceinline__ float widen(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ void store(float* p, float v) { *p = v; }
+__device__ __forceinline__ void store(__nv_bfloat16* p, float v) { *p = __float2bfloat16_rn(v); }
+
+template <class W>
+__global__ void __launch_bounds__(kThreads) merge_kernel(W* w, int64_t rows, int64_t cols, MergeParams prm) {
   __shared__ float s_up[kTile][kRc + 1];
   __shared__ float s_down[kRc][kTile];
   const int tid = static_cast<int>(threadIdx.x);
@@ -90,7 +96,7 @@ __global__ void __launch_bounds__(kThreads) merge_kernel(float* w, int64_t rows,
       float d = delta[i][j];
       for (int k = 0; k < prm.ndiffs; ++k)
         d = __fadd_rn(d, __fmul_rn(prm.diffs[k].scale, load_elem(prm.diffs[k].delta, prm.diffs[k].dtype, idx)));
-      w[idx] = __fadd_rn(w[idx], d);
+      store(w + idx, __fadd_rn(widen(w[idx]), d));
     }
   }
 }
@@ -99,8 +105,10 @@ bool factor_dtype(DType t) { return t == DType::F32 || t == DType::BF16 || t == 
 
 }  // namespace
 
-void lora_merge_f32(float* w, int64_t rows, int64_t cols, const LoraTermDev* terms, int nterms,
-                    const DiffTermDev* diffs, int ndiffs, cudaStream_t stream) {
+void lora_merge(void* w, DType w_dtype, int64_t rows, int64_t cols, const LoraTermDev* terms, int nterms,
+                const DiffTermDev* diffs, int ndiffs, cudaStream_t stream) {
+  WAN_CHECK(w_dtype == DType::F32 || w_dtype == DType::BF16, "LoRA merge: weight dtype ", dtype_name(w_dtype),
+            " (expected f32 or bf16)");
   WAN_CHECK(nterms >= 0 && nterms <= kMaxLoraTerms, "LoRA merge: ", nterms, " low-rank terms on one weight (at most ",
             kMaxLoraTerms, ")");
   WAN_CHECK(ndiffs >= 0 && ndiffs <= kMaxDiffTerms, "LoRA merge: ", ndiffs, " full-delta terms on one weight (at most ",
@@ -124,7 +132,10 @@ void lora_merge_f32(float* w, int64_t rows, int64_t cols, const LoraTermDev* ter
   }
   const dim3 grid(static_cast<unsigned>((cols + kTile - 1) / kTile), static_cast<unsigned>((rows + kTile - 1) / kTile));
   WAN_CHECK(grid.y <= 65535u, "LoRA merge: ", rows, " rows is too many for one launch");
-  merge_kernel<<<grid, kThreads, 0, stream>>>(w, rows, cols, p);
+  if (w_dtype == DType::BF16)
+    merge_kernel<<<grid, kThreads, 0, stream>>>(static_cast<__nv_bfloat16*>(w), rows, cols, p);
+  else
+    merge_kernel<<<grid, kThreads, 0, stream>>>(static_cast<float*>(w), rows, cols, p);
   CUDA_CHECK(cudaGetLastError());
 }
 

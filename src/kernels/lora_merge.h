@@ -34,9 +34,15 @@ struct DiffTermDev {
 constexpr int kMaxLoraTerms = 16;  // per weight: callers refuse more (split launches would round differently)
 constexpr int kMaxDiffTerms = 16;
 
-// w [rows, cols] f32 on the device (a bias or a modulation table is rows = 1). Throws wan::Error on
-// more terms than the limits, a bad dtype or a null pointer.
-void lora_merge_f32(float* w, int64_t rows, int64_t cols, const LoraTermDev* terms, int nterms,
-                    const DiffTermDev* diffs, int ndiffs, cudaStream_t stream);
+// w [rows, cols] on the device (a bias or a modulation table is rows = 1), of dtype w_dtype: F32, or
+// BF16 merged in place as w = bf16(f32(w) + delta) with one rounding to nearest even: the same bits
+// as widening to fp32, merging and rounding back, without the fp32 copy (a random draw's weights,
+// already on the device). Throws wan::Error on more terms than the limits, a bad dtype or a null pointer.
+void lora_merge(void* w, DType w_dtype, int64_t rows, int64_t cols, const LoraTermDev* terms, int nterms,
+                const DiffTermDev* diffs, int ndiffs, cudaStream_t stream);
+inline void lora_merge_f32(float* w, int64_t rows, int64_t cols, const LoraTermDev* terms, int nterms,
+                           const DiffTermDev* diffs, int ndiffs, cudaStream_t stream) {
+  lora_merge(w, DType::F32, rows, cols, terms, nterms, diffs, ndiffs, stream);
+}
 
 }  // namespace wan::cuda

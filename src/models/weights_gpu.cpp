@@ -121,7 +121,8 @@ std::vector<LoadTarget> weight_targets(const DeviceTable& table, void* dev, cons
     t.dtype = e.dtype;
     t.shape = e.shape;
     t.group = group;
-    if (merge) t.merge = merge(e.name);
+    if (merge)
+      if (WeightMerge m = merge(e.name)) t.merge = [m](float* work, cudaStream_t s) { m(work, DType::F32, s); };
     targets.push_back(std::move(t));
   }
   return targets;
@@ -174,13 +175,17 @@ int apply_weight_merges(const DeviceTable& table, void* dev, const WeightMergeFn
     if (!m) continue;
     const int64_t n = e.shape.numel();
     char* dst = static_cast<char*>(dev) + e.offset;
+    ++merged;
+    if (e.dtype == DType::F32 || e.dtype == DType::BF16) {
+      m(dst, e.dtype, stream);
+      continue;
+    }
     void* work = nullptr;
     CUDA_CHECK(cudaMallocAsync(&work, static_cast<size_t>(n) * 4, stream));
     convert_weights(dst, e.dtype, false, 1.0f, work, DType::F32, n, stream);
-    m(static_cast<float*>(work), stream);
+    m(work, DType::F32, stream);
     convert_weights(work, DType::F32, false, 1.0f, dst, e.dtype, n, stream);
     CUDA_CHECK(cudaFreeAsync(work, stream));
-    ++merged;
   }
   return merged;
 }

@@ -32,8 +32,10 @@ namespace wan::cuda {
 using WeightGetter = std::function<Tensor(const std::string& official_name)>;
 using WeightSpanFn = std::function<std::optional<RawSpan>(const std::string& official_name)>;
 // A change to a tensor's fp32 values before they are rounded to the device dtype (the LoRA merge):
-// for an official name, the hook LoadTarget::merge runs, or an empty function when the tensor is kept.
-using WeightMerge = std::function<void(float* work, cudaStream_t stream)>;
+// for an official name, the hook, or an empty function when the tensor is kept. The hook gets the
+// tensor in fp32 (LoadTarget::merge's work buffer: dtype F32) or, on the device already, in its
+// storage dtype F32 or BF16, to be merged in place with one rounding (kernels/lora_merge.h).
+using WeightMerge = std::function<void(void* w, DType dtype, cudaStream_t stream)>;
 using WeightMergeFn = std::function<WeightMerge(const std::string& official_name)>;
 
 namespace dit_gpu_detail {
@@ -78,9 +80,10 @@ void upload_weights(const DeviceTable& table, void* dev, const WeightGetter& get
 // span when `span` gives one, else the getter as the fallback.
 std::vector<LoadTarget> weight_targets(const DeviceTable& table, void* dev, const WeightGetter& get, const char* what,
                                        const WeightSpanFn& span, int group = 0, const WeightMergeFn& merge = {});
-// Merges the tensors `merge` gives hooks for into weights already on the device (after a random draw):
-// each is widened to fp32, merged and rounded back (for bf16 tensors a second rounding after the
-// draw's). Enqueued on `stream`, work buffers stream-ordered. Returns the number of tensors merged.
+// Merges the tensors `merge` gives hooks for into weights already on the device (after a random draw),
+// in place: fp32 and bf16 tensors go to the hook as they are (bf16: a second rounding after the
+// draw's), others are widened to an fp32 work buffer (stream-ordered) and rounded back. Enqueued on
+// `stream`. Returns the number of tensors merged.
 int apply_weight_merges(const DeviceTable& table, void* dev, const WeightMergeFn& merge, cudaStream_t stream);
 // Draws every tensor on the GPU (random_weight_key of the row name, normal_draw of its rule); scratch holds at least max_small_floats()
 // floats (staging of the bf16 tensors that have an offset).

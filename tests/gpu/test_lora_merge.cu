@@ -97,9 +97,11 @@ struct DevStored {
   DevStored(const DevStored&) = delete;
 };
 
-// Runs the kernel on w with the host terms; returns the device result.
+// Runs the kernel on w (stored as `wdt`: F32, or BF16 holding w0 rounded) with the host terms; returns
+// the device result widened to f32.
 std::vector<float> gpu_merge(const std::vector<float>& w0, int64_t rows, int64_t cols,
-                             const std::vector<HostTerm>& terms, const std::vector<HostDiff>& diffs) {
+                             const std::vector<HostTerm>& terms, const std::vector<HostDiff>& diffs,
+                             DType wdt = DType::F32) {
   std::vector<std::unique_ptr<DevStored>> keep;
   std::vector<cuda::LoraTermDev> dt;
   std::vector<cuda::DiffTermDev> dd;
@@ -111,6 +113,18 @@ std::vector<float> gpu_merge(const std::vector<float>& w0, int64_t rows, int64_t
   for (const HostDiff& d : diffs) {
     keep.push_back(std::make_unique<DevStored>(d.d, d.dtype));
     dd.push_back({keep.back()->p, d.dtype, d.scale});
+  }
+  if (wdt == DType::BF16) {
+    std::vector<uint16_t> b(w0.size());
+    convert_from_f32(DType::BF16, w0.data(), b.data(), b.size());
+    DevBuf<uint16_t> w(b.size());
+    w.upload(b);
+    cuda::lora_merge(w.p, DType::BF16, rows, cols, dt.data(), static_cast<int>(dt.size()), dd.data(),
+                     static_cast<int>(dd.size()), nullptr);
+    const std::vector<uint16_t> got = w.download();
+    std::vector<float> out(got.size());
+    for (size_t i = 0; i < got.size(); ++i) out[i] = bf16_to_f32(got[i]);
+    return out;
   }
   DevBuf<float> w(w0.size());
   w.upload(w0);
@@ -166,6 +180,16 @@ TEST(LoraMerge, KernelEqualsTheDocumentedCpuOrderBitForBit) {
     expect_bits_equal(got, want);
     // the merge changed the weight (a no-op kernel would pass the equality for empty terms only)
     EXPECT_NE(std::memcmp(got.data(), w.data(), w.size() * 4), 0);
+    // In place on a bf16 weight: the widened weight merged as above, rounded once.
+    std::vector<uint16_t> wb(w.size()), wantb(w.size());
+    convert_from_f32(DType::BF16, w.data(), wb.data(), w.size());
+    std::vector<float> w16(w.size());
+    for (size_t i = 0; i < w.size(); ++i) w16[i] = bf16_to_f32(wb[i]);
+    std::vector<float> want16 = w16;
+    cpu_merge(want16, c.rows, c.cols, terms, diffs);
+    convert_from_f32(DType::BF16, want16.data(), wantb.data(), w.size());
+    for (size_t i = 0; i < w.size(); ++i) want16[i] = bf16_to_f32(wantb[i]);
+    expect_bits_equal(gpu_merge(w16, c.rows, c.cols, terms, diffs, DType::BF16), want16);
   }
 }
 
@@ -177,6 +201,8 @@ TEST(LoraMerge, RefusesTooManyTermsAndBadDtypes) {
                Error);
   cuda::LoraTermDev bad{w.p, w.p, DType::F8E4M3, DType::F32, 1, 1.f};
   EXPECT_THROW(cuda::lora_merge_f32(w.p, 4, 4, &bad, 1, nullptr, 0, nullptr), Error);
+  cuda::LoraTermDev good{w.p, w.p, DType::F32, DType::F32, 1, 1.f};
+  EXPECT_THROW(cuda::lora_merge(w.p, DType::F16, 4, 4, &good, 1, nullptr, 0, nullptr), Error);
 }
 
 // (b) + (c): a file of two bf16 tensors; one merged on the way in.
@@ -203,9 +229,9 @@ TEST(LoraMerge, StreamedAndFallbackAndDrawnWeightsMergeBeforeTheirOneRounding) {
   term.up = rand_vals(g, static_cast<size_t>(rows * rank), 0.2f, DType::F32);
   term.down = rand_vals(g, static_cast<size_t>(rank * cols), 0.2f, DType::F32);
   DevStored up(term.up, DType::F32), down(term.down, DType::F32);
-  const cuda::WeightMerge hook = [&](float* w, cudaStream_t s) {
+  const cuda::WeightMerge hook = [&](void* w, DType dt, cudaStream_t s) {
     cuda::LoraTermDev t{up.p, down.p, DType::F32, DType::F32, static_cast<int>(rank), term.scale};
-    cuda::lora_merge_f32(w, rows, cols, &t, 1, nullptr, 0, s);
+    cuda::lora_merge(w, dt, rows, cols, &t, 1, nullptr, 0, s);
   };
   std::vector<float> want_a = wa;
   cpu_merge(want_a, rows, cols, {term}, {});
@@ -230,7 +256,7 @@ TEST(LoraMerge, StreamedAndFallbackAndDrawnWeightsMergeBeforeTheirOneRounding) {
                                          Shape{rows, cols}, false, 1.0f};
       else ts[k].fallback = [st, n = std::string(names[k])] { return st->get(n); };
     }
-    ts[0].merge = hook;
+    ts[0].merge = [&](float* w, cudaStream_t s) { hook(w, DType::F32, s); };
     cuda::LoadOptions o;
     o.buffer_bytes = 64;
     o.buffers = 6;
