@@ -167,6 +167,7 @@ std::vector<Option> generate_options_table() {
                       "GPU attention kernel: auto (the engine's own on sm_90, cuDNN elsewhere) | own | cudnn");
   att.choices = {"auto", "own", "cudnn"};
   t.push_back(att);
+  add_gemm_rows(t);
   Option gpus =
       option("gpus", Kind::String, "N", "",
              "run on several GPUs (one rank per GPU; implies --device cuda). Also one process per GPU started "
@@ -348,6 +349,29 @@ const CommandSpec& inspect_spec() {
   return s;
 }
 
+const char* const kPrecisionFp8Note =
+    "note: --precision fp8 runs the DiT blocks' GEMMs in FP8; attention stays bf16 (no FP8 attention kernel yet)";
+
+void add_gemm_rows(std::vector<Option>& t) {
+  Option gemm = option("gemm", Kind::Enum, "G", "bf16",
+                       "DiT GEMMs (cuda, one GPU): bf16 (exact, the reference's) | fp8 (the blocks' 7 GEMMs with e4m3 "
+                       "weights quantised per output channel as they load and inputs per token; sm_90, opt-in)");
+  gemm.choices = {"bf16", "fp8"};
+  t.push_back(gemm);
+  Option precision = option("precision", Kind::Enum, "P", "exact",
+                            "exact (bf16 GEMMs and attention) | fp8 (= --gemm fp8; attention stays bf16)");
+  precision.choices = {"exact", "fp8"};
+  t.push_back(precision);
+}
+
+std::string gemm_from(const Values& v) {
+  const std::string precision = v.str("precision"), gemm = v.str("gemm");
+  const std::string from_precision = precision == "fp8" ? "fp8" : "bf16";
+  if (v.has("gemm") && v.has("precision") && gemm != from_precision)
+    throw OptionError("gemm", cat("{} ", gemm, " contradicts --precision ", precision));
+  return v.has("gemm") ? gemm : from_precision;
+}
+
 GenerateOptions generate_options(const Values& v, ParallelArgs* parallel) {
   GenerateOptions o;
   o.model = v.get_or("model", "");
@@ -377,6 +401,7 @@ GenerateOptions generate_options(const Values& v, ParallelArgs* parallel) {
   o.device = v.str("device");
   o.verbose = v.flag("verbose");
   o.attention = v.str("attention");
+  o.gemm = gemm_from(v);
   o.prompt_embeds_file = v.get_or("prompt-embeds", "");
   o.negative_embeds_file = v.get_or("negative-prompt-embeds", "");
   o.init_latents_file = v.get_or("init-latents", "");

@@ -4,6 +4,7 @@
 // written once. The bench harnesses and make-checkpoint keep their tables next to their code.
 #pragma once
 #include <string>
+#include <vector>
 
 #include "api/options.h"
 #include "pipeline/generate_parallel.h"
@@ -19,6 +20,13 @@ const CommandSpec& inspect_spec();
 
 // The default --output of generate: .mp4 when this build has FFmpeg, else .y4m.
 std::string default_video_output();
+
+// --gemm bf16|fp8 and --precision exact|fp8 (generate and bench): their table rows, and the DiT GEMM
+// kind a request asks for ("bf16" | "fp8"; --precision fp8 means --gemm fp8, and the two must agree when
+// both are given). kPrecisionFp8Note: the one line a front end prints for --precision fp8.
+void add_gemm_rows(std::vector<Option>& t);
+std::string gemm_from(const Values& v);
+extern const char* const kPrecisionFp8Note;
 
 // A generate request's options as the pipeline takes them; `parallel` receives the multi-GPU options
 // as given (parse_parallel_request checks them with the launcher's environment). Throws OptionError.

@@ -9,7 +9,8 @@
 // - ti2v-5B runs its image mode's timesteps (latent frame 0's tokens at 0, the rest at t) unless --uniform-t;
 // - the isolated breakdown (report_breakdown) and the in-step breakdown of the real forward
 //   (report_in_step), each described where it is measured;
-// - FLOPs and the floor as ANCHORS.md counts them (anchors_flops).
+// - FLOPs and the floor as ANCHORS.md counts them (anchors_flops); --gemm fp8 times FP8 block GEMMs (one
+//   GPU; the isolated breakdown, which times bf16 GEMMs, is then skipped).
 // `--gpus N` and the parallel options time one layout on N GPUs instead (bench_parallel).
 // In a build without CUDA the command parses its options and then fails with one clear error.
 #include <algorithm>
@@ -26,6 +27,7 @@
 
 #include "bench/bench_common.h"
 #include "bench/commands.h"
+#include "api/commands.h"
 #include "models/config.h"
 #include "core/error.h"
 #include "pipeline/files.h"
@@ -35,6 +37,7 @@
 #ifdef WAN_HAVE_CUDA
 #include "kernels/check.h"
 #include "bench/dit_bench_gpu.h"
+#include "kernels/gemm.h"
 #include "kernels/rng.h"
 #endif
 #if defined(WAN_HAVE_CUDA) && defined(WAN_HAVE_NCCL)
@@ -57,7 +60,7 @@ struct BenchSettings {
   long long steps = 0, warmup = 0, batch = 0, seed = 0, reps = 0, device = 0, profile_reps = 0;
   bool graphs = true, breakdown = true, verbose = false, one_latent = true;
   bool first_frame_t = false;  // TI2V image mode: latent frame 0's tokens at t_first = 0 (DiTShape::first_frame_t)
-  std::string json_path, attention_name;
+  std::string json_path, attention_name, gemm;  // gemm: "bf16" | "fp8" (api::gemm_from)
 };
 
 BenchSettings parse_settings(const api::Values& args) {
@@ -78,6 +81,9 @@ BenchSettings parse_settings(const api::Values& args) {
   o.json_path = args.get_or("json", "");
   if (!o.json_path.empty()) check_output_path(o.json_path, "--json");  // before any work
   o.attention_name = args.str("attention");
+  o.gemm = api::gemm_from(args);
+  if (args.str("precision") == "fp8") printf("%s\n", api::kPrecisionFp8Note);
+  if (o.gemm == "fp8") o.breakdown = false;  // its isolated ops run bf16 GEMMs
   return o;
 }
 
@@ -310,6 +316,8 @@ StepRig setup_device(const BenchSettings& o) {
   CUDA_CHECK(cudaSetDevice(r.dev));
   r.attention = DiTGpu::resolve_attention(DiTGpu::parse_attention(o.attention_name));
   r.attention_used = r.attention == DiTGpu::Attention::Own ? "own" : "cudnn";
+  WAN_CHECK(o.gemm == "bf16" || fp8_supported(r.dev), "wan bench --gemm fp8: device ", r.dev,
+            " has no FP8 GEMMs through cuBLASLt (they need an sm_90 GPU)");
   r.shape = step_shape(o);
   r.target_layers = o.full.num_layers;
   return r;
@@ -323,7 +331,7 @@ void print_intro(const BenchSettings& o, const StepRig& r) {
          o.task.c_str(), (long long)geo.width, (long long)geo.height, (long long)geo.frames, o.full.in_dim,
          (long long)geo.T, (long long)geo.H, (long long)geo.W, (long long)geo.tokens, o.batch, o.full.dim,
          o.full.ffn_dim, o.full.num_layers, o.seed);
-  printf("attention: %s; %s; timesteps %s\n", r.attention_used,
+  printf("attention: %s; %s GEMMs; %s; timesteps %s\n", r.attention_used, o.gemm == "fp8" ? "FP8 block" : "bf16",
          r.shape.one_latent ? "one latent for every sample (the first block's self-attention runs once)"
                             : "a latent per sample (--distinct-latents)",
          timesteps_text(r.shape, geo).c_str());
@@ -388,7 +396,8 @@ void time_layer_counts(const BenchSettings& o, const StepRig& rig, LayerRuns& ou
       };
     }
     const ForwardTiming r = time_forward(c, rig.shape, static_cast<int>(o.warmup), static_cast<int>(o.steps), o.graphs,
-                                         static_cast<uint64_t>(o.seed), rig.dev, o.verbose, rig.attention, {}, profile);
+                                         static_cast<uint64_t>(o.seed), rig.dev, o.verbose, rig.attention, {}, profile,
+                                         DiTGpu::parse_gemm(o.gemm));
     printf("layers %2d: median %10.2f ms/step (mean %.2f, min %.2f; %lld timed after %lld warm-up, %s)  "
            "create %.1f s, warm-up %.1f s\n",
            n, r.median_ms, r.mean_ms, r.min_ms, o.steps, o.warmup, o.graphs ? "graph replay" : "eager", r.create_s,
@@ -665,6 +674,7 @@ int bench_single(const BenchSettings& o) {
   const StepRig rig = setup_device(o);
   nlohmann::json J;
   put_header(J, rig.bd, o.task, o.geo, rig.shape, o.graphs, rig.attention_used, o.full, rig.target_layers);
+  J["gemm"] = o.gemm;
   print_intro(o, rig);
   const cuda::IsolatedTimings iso = run_breakdown(o, rig);
   // The step runs as a graph replay: the graph-captured breakdown is the one to compare with it.
@@ -762,6 +772,7 @@ const api::CommandSpec& bench_spec() {
                     "ring attention over R GPUs (Ulysses inside, ring across). None of the three: automatic (cfg "
                     "first, then Ulysses, then ring)"),
     };
+    api::add_gemm_rows(c.options);
     return c;
   }();
   return s;
@@ -776,6 +787,7 @@ int cmd_bench(int argc, char** argv) {
   WAN_THROW("wan bench: this wan was built without CUDA; rebuild with a CUDA toolkit (WAN_ENABLE_CUDA=ON)");
 #else
   WAN_CHECK(cuda::device_count() > 0, "wan bench: no CUDA device is visible");
+  WAN_CHECK(o.gemm == "bf16" || !wants_parallel(args), "wan bench --gemm fp8 runs on one GPU, not with --gpus");
   if (wants_parallel(args)) return bench_parallel(args, o);
   return bench_single(o);
 #endif

@@ -538,7 +538,8 @@ IsolatedTimings time_ops_isolated(const DiTConfig& cfg, const DiTShape& shape, i
 
 ForwardTiming time_forward(const DiTConfig& cfg, const DiTShape& shape, int warmup, int steps, bool graphs,
                            uint64_t seed, int device, bool verbose, DiTGpu::Attention attention,
-                           const DiTGpu::Options::Parallel& parallel, const AfterSteps& after_steps) {
+                           const DiTGpu::Options::Parallel& parallel, const AfterSteps& after_steps,
+                           DiTGpu::Gemm gemm) {
   WAN_CHECK(warmup >= 1, "bench: --warmup must be >= 1 (the first forward builds the plans)");
   WAN_CHECK(steps >= 1, "bench: --steps must be >= 1");
   CUDA_CHECK(cudaSetDevice(device));
@@ -555,6 +556,7 @@ ForwardTiming time_forward(const DiTConfig& cfg, const DiTShape& shape, int warm
   opt.verbose = verbose;
   opt.attention = attention;
   opt.parallel = parallel;
+  opt.gemm = gemm;
   DiTGpu gpu = DiTGpu::create(cfg, {DiTWeightSource::random_weights(seed)}, shape, opt);
   r.plan = gpu.memory_plan();
 

@@ -95,6 +95,7 @@ using AfterSteps = std::function<void(DiTGpu& gpu, const DiTInputs& in, float* o
 ForwardTiming time_forward(const DiTConfig& cfg, const DiTShape& shape, int warmup, int steps, bool graphs,
                            uint64_t seed, int device, bool verbose,
                            DiTGpu::Attention attention = DiTGpu::Attention::Auto,
-                           const DiTGpu::Options::Parallel& parallel = {}, const AfterSteps& after_steps = {});
+                           const DiTGpu::Options::Parallel& parallel = {}, const AfterSteps& after_steps = {},
+                           DiTGpu::Gemm gemm = DiTGpu::Gemm::Bf16);
 
 }  // namespace wan::cuda

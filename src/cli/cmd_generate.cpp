@@ -339,6 +339,8 @@ int cmd_generate(int argc, char** argv) {
   const bool quiet = a.flag("quiet");
   ParallelArgs pa;
   GenerateOptions o = api::generate_options(a, &pa);
+  // (on the CPU the plan refuses FP8 in one line of its own)
+  if (a.str("precision") == "fp8" && !quiet && o.device != "cpu") fprintf(stderr, "%s\n", api::kPrecisionFp8Note);
   const bool stopping = o.stop_after_steps > 0;
   // Several GPUs: checked (flags, layout products) before anything else; sets o.device.
   const ParallelRequest par = parse_parallel_request(pa, &o);

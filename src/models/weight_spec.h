@@ -84,7 +84,8 @@ struct NormalDraw {
 NormalDraw normal_draw(const InitRule& r);
 uint64_t random_weight_key(uint64_t seed, std::string_view official_name);
 // One tensor exactly as the GPU draws it, in f32: fp32 rows n·scale + offset, bf16 rows rounded once
-// (after the offset is added). Separate multiply and add, as the GPU's _rn intrinsics.
+// (after the offset is added); e4m3 rows (the GPU DiT's FP8 GEMM weights) unrounded, the values the GPU
+// then merges and quantises. Separate multiply and add, as the GPU's _rn intrinsics.
 Tensor draw_random_weight(const WeightSpec& w, uint64_t seed);
 
 // Finds a row by name (throws wan::Error naming the table and the tensor).

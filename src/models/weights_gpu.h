@@ -7,6 +7,8 @@
 // tables, norm3, time MLP/projection, head). Fused GEMMs are made by placement, not by copies: the
 // self-attention q, k, v weights are consecutive ([3D, D] rows q|k|v) as are their biases ([3D]), and
 // the cross-attention k, v weights and biases ([2D, D], [2D]), so one GEMM computes all three (two).
+// FP8 GEMM weights (dtype F8E4M3, DiTGemm::Fp8): e4m3 bytes [N, K] plus fp32 scales [N] (core/fp8_rows.h);
+// a fusion group's scale ranges follow its weights, back to back in the same order, so one GEMM reads them.
 // Invariants: every range starts 16-byte aligned (256 for a new group); shapes are the official ones
 // (patch embedding [D, C, pt, ph, pw] is the flattened [D, C·pt·ph·pw] the GEMM reads).
 #pragma once
@@ -46,6 +48,10 @@ struct DeviceEntry {
   Shape shape;
   size_t offset = 0, bytes = 0;
   float scale = 0.0f, offset_value = 0.0f;  // random init: normal·scale + offset_value (normal_draw)
+  size_t scale_offset = 0;  // F8E4M3: the fp32 row scales [shape[0]] at this byte offset
+  bool fp8() const { return dtype == DType::F8E4M3; }
+  int64_t rows() const { return shape[0]; }                 // F8E4M3: [rows, cols]
+  int64_t cols() const { return shape.numel() / shape[0]; }
 };
 
 // A model's weight table (models/*/weights.h) placed in one allocation.
@@ -61,7 +67,8 @@ constexpr size_t kGroupAlign = 256;  // a new group of tensors starts on this bo
 
 // Places the rows of `rows` (shared by the GPU DiT and the GPU text encoder): each row not in a fusion
 // group starts a new kGroupAlign-aligned range; the rows of one fusion group are placed back to back
-// (16-byte aligned, in table order) where the group's first row falls.
+// (16-byte aligned, in table order) where the group's first row falls. F8E4M3 rows (2-D) take
+// shape[0]·4 more bytes of scales, placed after the group's data.
 DeviceTable place_weights(const WeightTable& rows);
 
 
@@ -72,7 +79,8 @@ DeviceTable place_weights(const WeightTable& rows);
 // only adds the tensors to it as completion group `group`; the caller starts it and waits for it.
 // Errors name the tensor ("<what> weight <name>").
 // With `merge`, every tensor it gives a hook for is merged in fp32 before its one rounding (load_gpu.h
-// LoadTarget::merge), on either path.
+// LoadTarget::merge), on either path. F8E4M3 entries are quantised by rows from the fp32 values (host
+// path: ops::quantize_rows_fp8; streamed: the GPU quantiser, bit-identical).
 void upload_weights(const DeviceTable& table, void* dev, const WeightGetter& get, const char* what = "DiT",
                     const WeightSpanFn& span = {}, DeviceLoader* loader = nullptr, int group = 0,
                     const WeightMergeFn& merge = {});
@@ -83,12 +91,16 @@ std::vector<LoadTarget> weight_targets(const DeviceTable& table, void* dev, cons
 // Merges the tensors `merge` gives hooks for into weights already on the device (after a random draw),
 // in place: fp32 and bf16 tensors go to the hook as they are (bf16: a second rounding after the
 // draw's), others are widened to an fp32 work buffer (stream-ordered) and rounded back. Enqueued on
-// `stream`. Returns the number of tensors merged.
+// `stream`. Returns the number of tensors merged. F8E4M3 entries are skipped: draw_random_weights
+// merges them before their quantisation.
 int apply_weight_merges(const DeviceTable& table, void* dev, const WeightMergeFn& merge, cudaStream_t stream);
 // Draws every tensor on the GPU (random_weight_key of the row name, normal_draw of its rule); scratch holds at least max_small_floats()
-// floats (staging of the bf16 tensors that have an offset).
+// floats (staging of the bf16 tensors that have an offset, and of one row of every F8E4M3 tensor).
+// F8E4M3 tensors: the fp32 values n·scale + offset, merged by `merge`'s hook when it gives one (whole
+// tensor in a stream-ordered work buffer), then quantised by rows (without a hook: in row chunks of the
+// scratch).
 void draw_random_weights(const DeviceTable& table, void* dev, uint64_t seed, float* scratch, size_t scratch_floats,
-                         cudaStream_t stream);
+                         cudaStream_t stream, const WeightMergeFn& merge = {});
 size_t max_small_floats(const DeviceTable& table);
 Tensor download_weight(const DeviceTable& table, const void* dev, const std::string& name);
 

@@ -121,6 +121,7 @@ DenoiserSpec pipeline_detail::denoiser_spec(const GeneratePlan& p) {
   spec.first_frame_t = p.task == Task::TI2V_5B && p.image.defined();
   spec.verbose = p.verbose;
   spec.attention = p.attention;
+  spec.gemm = p.gemm;
   spec.random_weights = p.random_weights;
   spec.seed_high = random_expert_seed(p.weights_seed, p.task, true);
   spec.seed_low = random_expert_seed(p.weights_seed, p.task, false);

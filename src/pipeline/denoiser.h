@@ -100,6 +100,8 @@ struct DenoiserSpec {
   bool fused_sampler = true;
   // GPU attention kernel: "auto" (the engine's own on sm_90, cuDNN elsewhere) | "own" | "cudnn".
   std::string attention = "auto";
+  // GPU block GEMMs: "bf16" (exact) | "fp8" (cuda::DiTGemm::Fp8; refused where cuda::fp8_supported is false).
+  std::string gemm = "bf16";
   // GPU fast start: the experts' weights are added to this not yet started loader as
   // completion group `loader_group` instead of being loaded by make_denoiser (the caller starts the
   // loader and waits for it before the first step), and the activation arena is allocated in
@@ -128,7 +130,7 @@ struct GpuDiTMemory {
   std::function<size_t(int64_t latent_frames)> bytes_at_frames;
 };
 // Throws one clear wan::Error unless the CUDA path can run `spec` on this machine (built with CUDA, the
-// device exists, the task and the attention kernel are supported there), else returns the DiT's memory
+// device exists, the task, the attention kernel and the GEMM kind are supported there), else returns the DiT's memory
 // plan and the device's free memory. Host arithmetic and one cudaMemGetInfo: no allocation.
 GpuDiTMemory plan_gpu_dit_memory(const CheckpointInfo& ckpt, const DenoiserSpec& spec);
 

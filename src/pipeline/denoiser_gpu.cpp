@@ -11,6 +11,7 @@
 #include <cuda_runtime.h>
 
 #include "kernels/check.h"
+#include "kernels/gemm.h"
 #include "lora/lora_gpu.h"
 #include "models/dit/dit_gpu.h"
 #include "runtime/load_gpu.h"
@@ -83,6 +84,7 @@ class GpuDenoiser : public Denoiser {
     opt.device = device;
     opt.verbose = spec.verbose;
     opt.attention = cuda::DiTGpu::parse_attention(spec.attention);
+    opt.gemm = cuda::DiTGpu::parse_gemm(spec.gemm);
     opt.defer_arena = spec.loader != nullptr && !spec.random_weights;
     opt.planned = spec.dit_plan;
     dit_ = std::make_unique<cuda::DiTGpu>(cuda::DiTGpu::create(ckpt.dit, sources, max_shape(spec), opt));
@@ -154,10 +156,15 @@ GpuDiTMemory plan_gpu_dit_memory(const CheckpointInfo& ckpt, const DenoiserSpec&
   WAN_CHECK(device < n, "--device ", spec.device, ": this machine has ", n, " CUDA device(s)");
   GpuDiTMemory m;
   m.experts = static_cast<int>(expert_roles(ckpt, spec).size());
-  auto plan = std::make_shared<cuda::MemoryPlan>(cuda::DiTGpu::plan(ckpt.dit, max_shape(spec), m.experts, 0, spec.parallel));
+  const cuda::DiTGpu::Gemm gemm = cuda::DiTGpu::parse_gemm(spec.gemm);
+  auto plan = std::make_shared<cuda::MemoryPlan>(
+      cuda::DiTGpu::plan(ckpt.dit, max_shape(spec), m.experts, 0, spec.parallel, gemm));
   CUDA_CHECK(cudaSetDevice(device));
-  // --attention own on a device without the sm_90a kernel: one clear error before any work.
+  // --attention own on a device without the sm_90a kernel, --gemm fp8 on one without FP8 GEMMs: one
+  // clear error before any work.
   (void)cuda::DiTGpu::resolve_attention(cuda::DiTGpu::parse_attention(spec.attention));
+  WAN_CHECK(gemm == cuda::DiTGpu::Gemm::Bf16 || cuda::fp8_supported(device), "--gemm fp8: device ", spec.device,
+            " has no FP8 GEMMs through cuBLASLt (they need an sm_90 GPU); use --gemm bf16");
   size_t total_b = 0;
   CUDA_CHECK(cudaMemGetInfo(&m.free_bytes, &total_b));
   m.weight_bytes = plan->weight_bytes;
@@ -169,7 +176,8 @@ GpuDiTMemory plan_gpu_dit_memory(const CheckpointInfo& ckpt, const DenoiserSpec&
   m.bytes_at_frames = [cfg = ckpt.dit, spec, experts = m.experts](int64_t frames) {
     DenoiserSpec s = spec;
     s.latent_shape = Shape{spec.latent_shape[0], frames, spec.latent_shape[2], spec.latent_shape[3]};
-    return cuda::DiTGpu::plan(cfg, max_shape(s), experts, 0, s.parallel).total_bytes() + sampler_bytes(s, cfg.in_dim);
+    const cuda::DiTGpu::Gemm g = cuda::DiTGpu::parse_gemm(s.gemm);
+    return cuda::DiTGpu::plan(cfg, max_shape(s), experts, 0, s.parallel, g).total_bytes() + sampler_bytes(s, cfg.in_dim);
   };
   return m;
 }

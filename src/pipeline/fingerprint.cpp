@@ -32,7 +32,7 @@ std::string exact(double v) {
 namespace pipeline_detail {
 std::string fingerprint_numerics(const GeneratePlan& p) {
   return parse_device(p.device) < 0 ? std::string("cpu float32")
-         : p.parallel.empty()       ? std::string("cuda bf16")
+         : p.parallel.empty()       ? std::string(p.gemm == "fp8" ? "cuda bf16, fp8 block GEMMs" : "cuda bf16")
                                     : cat("cuda bf16, ", p.parallel);
 }
 }  // namespace pipeline_detail

@@ -167,6 +167,10 @@ std::future<void> plan_device(const GenerateOptions& o, GeneratePlan& p) {
                    "{}: expected auto, own or cudnn, got '", o.attention, "'");
   WAN_CHECK_OPTION("attention", on_gpu || o.attention == "auto", "{} ", o.attention, " applies to --device cuda only");
   p.attention = o.attention;
+  WAN_CHECK_OPTION("gemm", o.gemm == "bf16" || o.gemm == "fp8", "{}: expected bf16 or fp8, got '", o.gemm, "'");
+  WAN_CHECK_OPTION("gemm", on_gpu || o.gemm == "bf16", "{} fp8: FP8 GEMMs run in the GPU DiT only (--device cuda)");
+  WAN_CHECK_OPTION("gemm", !o.parallel || o.gemm == "bf16", "{} fp8 runs on one GPU, not on several (use --gemm bf16)");
+  p.gemm = o.gemm;
   // The CUDA context is created while the checkpoint is read (the future waits for it on return).
   return on_gpu ? gpu_prewarm(parse_device(o.device)) : std::future<void>();
 }
@@ -437,6 +441,8 @@ GeneratePlan plan_generate(const GenerateOptions& o) {
   GeneratePlan p;
   const std::future<void> cuda_context = plan_device(o, p);  // waits for the context on return
   const std::optional<ModelPreset> sizes = plan_weights(o, p);
+  WAN_CHECK_OPTION("gemm", p.gemm == "bf16" || !p.ckpt.gguf,
+                   "{} fp8: a GGUF DiT is not quantised to FP8 (use --gemm bf16)");
   plan_text(o, sizes, p);
   plan_video(o, sizes, p);
   plan_sampling(o, p);
@@ -463,6 +469,7 @@ std::string GeneratePlan::describe() const {
   } else {
     os << "device   " << device << " (" << (text_on_gpu ? "text encoder, " : "") << "DiT and VAE decode in bf16";
     os << "; attention " << (attention == "auto" ? "auto: own on sm_90, else cuDNN" : attention);
+    if (gemm == "fp8") os << "; FP8 block GEMMs (e4m3 weights, per-token inputs)";
     if (text_on_gpu)
       os << (keep_text_encoder ? "; text encoder resident next to the DiT"
              : fast_start      ? "; text encoder freed before the DiT's activations"

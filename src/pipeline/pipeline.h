@@ -89,6 +89,7 @@ struct GenerateOptions {
   std::string device = "cpu";              // "cpu" | "cuda" | "cuda:<i>" (text encoder, DiT and VAE decode)
   bool verbose = false;                    // print the GPU memory plan
   std::string attention = "auto";          // GPU attention kernel: auto (own on sm_90, else cuDNN) | own | cudnn
+  std::string gemm = "bf16";               // the GPU DiT's block GEMMs: bf16 (exact) | fp8 (cuda::DiTGemm, one GPU)
   bool decode = true;                      // false: latents only (the VAE is not checked for the device)
   // Weights. random_weights: every weight drawn from the engine RNG (no checkpoint files needed);
   // without `model` the sizes are those of make-checkpoint config `config` (default: the task's name,
@@ -149,6 +150,7 @@ struct GeneratePlan {
   int64_t weights_peak_bytes = 0;          // largest set of f32 weights held at once
   std::string device = "cpu";              // where the DiT runs: "cpu" | "cuda[:i]"
   std::string attention = "auto";          // GPU attention kernel (GenerateOptions::attention)
+  std::string gemm = "bf16";               // GenerateOptions::gemm
   bool verbose = false;                    // print the run's GPU memory plan (describe())
   // Weights (GenerateOptions::random_weights). Without a model, ckpt is a stand-in with no components
   // (root names the configuration) that carries the task, the DiT config and the VAE version.
@@ -190,7 +192,8 @@ GeneratePlan plan_generate(const GenerateOptions& o);
 // What must be equal for a saved state to continue in another process: a JSON object of strings
 // ("task", "weights", "numerics", "video", "latents", "noise", "steps", "sampler", "schedule", "shift",
 // "guide", "boundary", "prompt", "negative"; prompts and embeddings by a 64-bit FNV-1a hash). Numerics:
-// "cpu float32", "cuda bf16" (one GPU) or "cuda bf16, <GeneratePlan::parallel>" (several GPUs).
+// "cpu float32", "cuda bf16" / "cuda bf16, fp8 block GEMMs" (one GPU) or "cuda bf16, <GeneratePlan::parallel>"
+// (several GPUs).
 std::string plan_fingerprint(const GeneratePlan& p);
 // The keys whose values differ, as "key: saved vs now" parts joined by "; " (empty when equal).
 std::string fingerprint_differences(const std::string& saved, const std::string& now);

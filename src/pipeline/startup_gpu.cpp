@@ -70,7 +70,15 @@ RunMemoryPlan run_memory(const GeneratePlan& p, const GpuDiTMemory& m, bool fast
   size_t lora = 0;
   for (const auto& s : {p.lora_high, p.lora_low})
     if (s) lora = std::max(lora, lora_merge_bytes(*s));
-  if (lora > 0) run.add(dev, "LoRA merge (fp32 work, during the load)", lora, loading | denoise);
+  // FP8 GEMMs: each block GEMM weight is assembled in fp32 before its quantisation (load_gpu.h), in
+  // the LoRA merge's work buffers; as many in flight.
+  const bool fp8 = p.gemm == "fp8";
+  const size_t largest = static_cast<size_t>(p.ckpt.dit.ffn_dim) * static_cast<size_t>(p.ckpt.dit.dim) * 4;
+  if (fp8) lora = std::max(lora, largest * 4);
+  if (lora > 0)
+    run.add(dev, fp8 ? "LoRA merge / FP8 quantisation (fp32 work, during the load)"
+                     : "LoRA merge (fp32 work, during the load)",
+            lora, loading | denoise);
   run.add(dev, "DiT activations", m.arena_bytes, denoise);
   run.add(dev, "sampler state", m.sampler_bytes, denoise);
   run.add(dev, "DiT reserve", m.reserve_bytes, loading | denoise);

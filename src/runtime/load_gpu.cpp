@@ -30,6 +30,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "kernels/check.h"
+#include "kernels/fp8_quant.h"
 #include "kernels/gguf_dequant.h"
 
 namespace wan::cuda {
@@ -38,8 +39,20 @@ namespace {
 
 size_t round64(size_t b) { return std::max<size_t>(64, b / 64 * 64); }
 
+// The tensor is assembled in fp32 before it reaches dst: merged, or quantised by rows (e4m3).
+bool assembles_f32(const LoadTarget& t) { return t.merge || t.dtype == DType::F8E4M3; }
+
 bool needs_conversion(const LoadTarget& t) {
-  return t.span && (t.span->dtype != t.dtype || t.span->scaled || t.merge || t.span->ggml_type != 0);
+  return t.span && (t.span->dtype != t.dtype || t.span->scaled || assembles_f32(t) || t.span->ggml_type != 0);
+}
+
+// A whole fp32 tensor in `work` (device) -> the target: merged, then rounded once or quantised by rows.
+void finish_f32(const LoadTarget& t, float* work, cudaStream_t s) {
+  if (t.merge) t.merge(work, s);
+  if (t.dtype == DType::F8E4M3)
+    quantize_rows_fp8(work, t.shape[0], t.shape.numel() / t.shape[0], static_cast<uint8_t*>(t.dst), t.scale_dst, s);
+  else
+    convert_weights(work, DType::F32, false, 1.0f, t.dst, t.dtype, t.shape.numel(), s);
 }
 
 // What the load thread allocates; the destructor quiesces both streams first, never throws.
@@ -253,7 +266,7 @@ void DeviceLoader::Impl::upload_fallbacks(Resources& r) {
     WAN_CHECK(src.defined(), t.name, ": missing");
     WAN_CHECK(src.shape() == t.shape, t.name, ": shape ", src.shape().str(), ", expected ", t.shape.str());
     WAN_CHECK(dtype_is_float(src.dtype()), t.name, ": dtype ", dtype_name(src.dtype()), " is not a float type");
-    if (t.merge) {
+    if (assembles_f32(t)) {
       upload_merged_fallback(r, t, src);
     } else {
       const std::vector<uint8_t> bytes = host_bytes(t, src);
@@ -265,15 +278,15 @@ void DeviceLoader::Impl::upload_fallbacks(Resources& r) {
   }
 }
 
-// A fallback tensor with a merge: f32 on the device, merged, rounded once into dst.
+// A fallback tensor with a merge or an e4m3 destination: f32 on the device, merged, rounded once (or
+// quantised) into dst.
 void DeviceLoader::Impl::upload_merged_fallback(Resources& r, const LoadTarget& t, const Tensor& src) {
   const Tensor f = (src.dtype() == DType::F32 && src.view().is_contiguous()) ? src : src.to_f32();
   const int64_t n = t.shape.numel();
   void* work = nullptr;
   CUDA_CHECK(cudaMallocAsync(&work, static_cast<size_t>(n) * 4, r.copy));
   CUDA_CHECK(cudaMemcpyAsync(work, f.data(), static_cast<size_t>(n) * 4, cudaMemcpyHostToDevice, r.copy));
-  t.merge(static_cast<float*>(work), r.copy);
-  convert_weights(work, DType::F32, false, 1.0f, t.dst, t.dtype, n, r.copy);
+  finish_f32(t, static_cast<float*>(work), r.copy);
   CUDA_CHECK(cudaFreeAsync(work, r.copy));
   CUDA_CHECK(cudaStreamSynchronize(r.copy));
 }
@@ -396,14 +409,13 @@ void DeviceLoader::Impl::StreamJob::issue(const Chunk& c, const void* host) {
     CUDA_CHECK(cudaStreamWaitEvent(r.conv, r.copy_events[b], 0));
     if (s.ggml_type != 0) {
       issue_quantised(c, t, slot);
-    } else if (t.merge) {
+    } else if (assembles_f32(t)) {
       float*& w = work[c.tensor];
       const int64_t numel = t.shape.numel();
       if (!w) CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&w), static_cast<size_t>(numel) * 4, r.conv));
       convert_weights(slot, s.dtype, s.scaled, s.scale, w + first, DType::F32, n, r.conv);
       if (--chunks_left[c.tensor] == 0) {  // the whole tensor is in (chunks may come in any order)
-        t.merge(w, r.conv);
-        convert_weights(w, DType::F32, false, 1.0f, t.dst, t.dtype, numel, r.conv);
+        finish_f32(t, w, r.conv);
         CUDA_CHECK(cudaFreeAsync(w, r.conv));
         w = nullptr;
       }
@@ -425,12 +437,11 @@ void DeviceLoader::Impl::StreamJob::issue_quantised(const Chunk& c, const LoadTa
   CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(q) + c.offset, slot, c.length, cudaMemcpyDeviceToDevice, r.conv));
   if (--chunks_left[c.tensor] != 0) return;
   const int64_t numel = t.shape.numel();
-  if (t.merge) {
+  if (assembles_f32(t)) {
     float* w = nullptr;
     CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&w), static_cast<size_t>(numel) * 4, r.conv));
     gguf_dequantize_gpu(s.ggml_type, q, numel, w, DType::F32, r.conv);
-    t.merge(w, r.conv);
-    convert_weights(w, DType::F32, false, 1.0f, t.dst, t.dtype, numel, r.conv);
+    finish_f32(t, w, r.conv);
     CUDA_CHECK(cudaFreeAsync(w, r.conv));
   } else {
     gguf_dequantize_gpu(s.ggml_type, q, numel, t.dst, t.dtype, r.conv);
@@ -500,9 +511,12 @@ void DeviceLoader::add(LoadTarget t) {
   std::lock_guard<std::mutex> lk(m.m);
   WAN_CHECK(m.state == Impl::State::Idle, "weight loader: add() after start()");
   WAN_CHECK(t.dst != nullptr, t.name, ": no device destination");
-  WAN_CHECK(t.dtype == DType::BF16 || t.dtype == DType::F32, t.name, ": destination dtype ", dtype_name(t.dtype),
-            " (expected bf16 or f32)");
+  WAN_CHECK(t.dtype == DType::BF16 || t.dtype == DType::F32 || t.dtype == DType::F8E4M3, t.name,
+            ": destination dtype ", dtype_name(t.dtype), " (expected bf16, f32 or f8_e4m3)");
   WAN_CHECK(reinterpret_cast<uintptr_t>(t.dst) % 16 == 0, t.name, ": device destination is not 16-byte aligned");
+  if (t.dtype == DType::F8E4M3)
+    WAN_CHECK(t.shape.ndim == 2 && t.scale_dst && reinterpret_cast<uintptr_t>(t.scale_dst) % 16 == 0, t.name,
+              ": an e4m3 destination needs a matrix shape and 16-byte aligned row scales");
   if (t.span) {
     const RawSpan& s = *t.span;
     WAN_CHECK(s.shape == t.shape, t.name, ": shape ", s.shape.str(), ", expected ", t.shape.str());

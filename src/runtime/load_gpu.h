@@ -73,7 +73,11 @@ struct LoadTarget {
   std::optional<RawSpan> span;       // the stored bytes; nullopt: `fallback` supplies the tensor
   std::function<Tensor()> fallback;  // host tensor of any float dtype; used when !span
   void* dst = nullptr;               // device memory: shape.numel() elements of dtype, 16-byte aligned
-  DType dtype = DType::BF16;         // BF16 or F32
+  DType dtype = DType::BF16;         // BF16, F32 or F8E4M3 (then shape is [rows, K] and scale_dst is set)
+  // F8E4M3: the tensor is assembled in fp32 as for `merge` (merged first when it has a hook), then
+  // quantised by rows (kernels/fp8_quant.h, the scheme of core/fp8_rows.h) into dst and the fp32 row
+  // scales scale_dst [rows] (16-byte aligned). A fallback tensor goes up in fp32 and takes the same kernel.
+  float* scale_dst = nullptr;
   Shape shape;                       // the source's shape must equal it
   int group = 0;                     // completion group (one per component)
   // Optional: a change to the tensor's fp32 values before they are rounded to `dtype` (the LoRA merge,

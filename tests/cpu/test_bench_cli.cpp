@@ -43,6 +43,17 @@ void expect_one_clear_error(const std::vector<std::string>& args, const std::vec
   }
 }
 
+// FP8 block GEMMs (--gemm fp8, or --precision fp8): listed in the help; a bad value or a contradiction is
+// one clear error before any device work.
+TEST(BenchCli, GemmAndPrecisionOptions) {
+  const Result r = run_wan({"bench", "--help"});
+  EXPECT_EQ(r.code, 0);
+  EXPECT_NE(r.out.find("--gemm G"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("--precision P"), std::string::npos) << r.out;
+  expect_one_clear_error({"bench", "--gemm"}, {{"fp16", "--gemm"}});
+  expect_one_clear_error({"bench", "--gemm", "bf16", "--precision"}, {{"fp8", "contradicts --precision fp8"}});
+}
+
 TEST(BenchCli, HelpListsProfileReps) {
   const Result r = run_wan({"bench", "--help"});
   ASSERT_EQ(r.code, 0) << r.err;

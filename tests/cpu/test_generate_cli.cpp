@@ -247,6 +247,10 @@ TEST(GenerateCli, BadInputExitsTwoWithOneLineAndNoOutput) {
       {with(g, "--device", "cuda:99"), "CUDA"},
       {with(g, "--device", "gpu"), "is not cpu, cuda"},
       {with(g, "--bogus", "1"), "unknown option --bogus"},
+      {with(g, "--gemm", "fp16"), "--gemm"},
+      {with(g, "--gemm", "fp8"), "--gemm fp8: FP8 GEMMs run in the GPU DiT only"},
+      {with(g, "--precision", "fp8"), "--gemm fp8: FP8 GEMMs run in the GPU DiT only"},
+      {with(with(g, "--gemm", "bf16"), "--precision", "fp8"), "--gemm bf16 contradicts --precision fp8"},
       {with(g, "--prompt-embeds", t / "empty.safetensors"), "empty.safetensors"},
       {with(g, "--prompt-embeds", t / "nope.safetensors"), "no such file"},
       {with(g, "--negative-prompt-embeds", t / "lat16x2.safetensors"), "no tensor \"prompt_embeds\""},
@@ -365,7 +369,7 @@ TEST(GenerateCli, HelpDocumentsTheFiles) {
   Result r = run_wan({"generate", "--help"});
   EXPECT_EQ(r.code, 0);
   for (const char* s : {"--prompt-embeds", "--init-latents", "\"prompt_embeds\" [L, text_dim]", "\"latents\" [16",
-                        "--json FILE", "130"})
+                        "--json FILE", "130", "--gemm G", "--precision P"})
     EXPECT_NE(r.out.find(s), std::string::npos) << s;
   r = run_wan({"--help"});
   EXPECT_EQ(r.code, 0);

@@ -332,6 +332,35 @@ TEST(Options, GenerateTableGivesTheSameOptionsFromArgvAndJson) {
   }
 }
 
+// --gemm / --precision: the GEMM kind from either (default bf16), both must agree; argv and JSON alike.
+TEST(Options, GemmAndPrecisionGiveTheGemmKind) {
+  auto gemm_of = [](std::vector<std::string> extra) {
+    std::vector<std::string> args = {"generate", "--model", "m", "--prompt", "x"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    std::vector<char*> p;
+    for (std::string& a : args) p.push_back(a.data());
+    wan::ParallelArgs pa;
+    return generate_options(parse_argv(generate_spec(), static_cast<int>(p.size()), p.data()), &pa).gemm;
+  };
+  EXPECT_EQ(gemm_of({}), "bf16");
+  EXPECT_EQ(gemm_of({"--gemm", "fp8"}), "fp8");
+  EXPECT_EQ(gemm_of({"--precision", "fp8"}), "fp8");
+  EXPECT_EQ(gemm_of({"--precision", "exact"}), "bf16");
+  EXPECT_EQ(gemm_of({"--precision", "fp8", "--gemm", "fp8"}), "fp8");
+  EXPECT_THROW(gemm_of({"--gemm", "fp16"}), OptionError);
+  EXPECT_THROW(gemm_of({"--precision", "int8"}), OptionError);
+  try {
+    gemm_of({"--precision", "exact", "--gemm", "fp8"});
+    ADD_FAILURE() << "a contradiction accepted";
+  } catch (const OptionError& e) {
+    EXPECT_NE(std::string(e.what()).find("--gemm fp8 contradicts --precision exact"), std::string::npos) << e.what();
+  }
+  wan::ParallelArgs pa;
+  EXPECT_EQ(generate_options(parse_json(generate_spec(), {{"model", "m"}, {"prompt", "x"}, {"precision", "fp8"}}), &pa)
+                .gemm,
+            "fp8");
+}
+
 // ---- through the binary ----
 
 const char* const kCommands[] = {"generate", "encode-prompt", "decode",    "inspect",         "make-checkpoint",

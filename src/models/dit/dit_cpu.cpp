@@ -8,9 +8,11 @@
 #include <cstring>
 #include <map>
 
+#include "core/dtype.h"
 #include "core/error.h"
 #include "models/dit/weights.h"
 #include "ops/cpu_ops.h"
+#include "ops/fp8_ref.h"
 
 namespace wan {
 
@@ -65,6 +67,19 @@ void linear(const float* x, const DiTLinear& l, float* y, int64_t rows) {
   ops::linear(x, fp(l.weight), fp(l.bias), y, rows, in, out);
 }
 
+// The GPU's FP8 block GEMM (dit_forward's fp8_block_gemms): x rounded to bf16 and quantised per row, the
+// weight per output row, the exact scaled sum of ops::linear_fp8_ref.
+void linear_fp8(const float* x, const DiTLinear& l, float* y, int64_t rows) {
+  const int64_t out = l.weight.dim(0), in = l.weight.dim(1);
+  std::vector<float> xb(x, x + rows * in);
+  for (float& v : xb) v = bf16_to_f32(f32_to_bf16(v));
+  std::vector<uint8_t> xq(static_cast<size_t>(rows * in)), wq(static_cast<size_t>(out * in));
+  std::vector<float> xs(static_cast<size_t>(rows)), ws(static_cast<size_t>(out));
+  ops::quantize_rows_fp8(xb.data(), rows, in, xq.data(), xs.data());
+  ops::quantize_rows_fp8(fp(l.weight), out, in, wq.data(), ws.data());
+  ops::linear_fp8_ref(xq.data(), xs.data(), wq.data(), ws.data(), fp(l.bias), y, rows, in, out, false);
+}
+
 }  // namespace
 
 DiTWeights load_dit_weights(const DiTConfig& cfg, const DiTWeightFn& get) {
@@ -105,7 +120,8 @@ size_t dit_forward_bytes(const DiTConfig& cfg, int64_t B, int64_t S, int64_t Lt,
 }
 
 Tensor dit_forward(const DiTConfig& cfg, const DiTWeights& w, const Tensor& x, const Tensor& t, const Tensor& context,
-                   const std::vector<int64_t>& context_lens, int64_t seq_len, const DiTHook& hook) {
+                   const std::vector<int64_t>& context_lens, int64_t seq_len, const DiTHook& hook,
+                   bool fp8_block_gemms) {
   // ---- shapes ----
   WAN_CHECK(x.dtype() == DType::F32 && x.ndim() == 5, "dit_forward: x must be f32 [B, C, T, H, W], got ",
             dtype_name(x.dtype()), " ", x.shape().str());
@@ -204,6 +220,10 @@ Tensor dit_forward(const DiTConfig& cfg, const DiTWeights& w, const Tensor& x, c
     }
   };
 
+  // the blocks' GEMMs: fp32, or the GPU's FP8 arithmetic
+  auto blin = [fp8_block_gemms](const float* in, const DiTLinear& l, float* out, int64_t n) {
+    (fp8_block_gemms ? linear_fp8 : linear)(in, l, out, n);
+  };
   for (int64_t i = 0; i < cfg.num_layers; ++i) {
     const DiTBlock& blk = w.blocks[i];
     // m = modulation + e0 (fp32), [B·Lt, 6D]
@@ -215,35 +235,35 @@ Tensor dit_forward(const DiTConfig& cfg, const DiTWeights& w, const Tensor& x, c
     ops::layer_norm(xs.data(), nullptr, nullptr, h.data(), rows, D, cfg.eps);
     modulate(h.data(), 0, 1, h.data());
     const DiTAttention& sa = blk.self_attn;
-    linear(h.data(), sa.q, q.data(), rows);
+    blin(h.data(), sa.q, q.data(), rows);
     ops::rms_norm(q.data(), fp(sa.norm_q), q.data(), rows, D, cfg.eps);
-    linear(h.data(), sa.k, k.data(), rows);
+    blin(h.data(), sa.k, k.data(), rows);
     ops::rms_norm(k.data(), fp(sa.norm_k), k.data(), rows, D, cfg.eps);
-    linear(h.data(), sa.v, v.data(), rows);
+    blin(h.data(), sa.v, v.data(), rows);
     ops::rope_apply(q.data(), B, S, NH, HD, f, gh, gw, rope);
     ops::rope_apply(k.data(), B, S, NH, HD, f, gh, gw, rope);
     ops::attention(q.data(), k.data(), v.data(), att.data(), B, S, S, NH, HD, self_lens.data(), scale);
-    linear(att.data(), sa.o, y.data(), rows);
+    blin(att.data(), sa.o, y.data(), rows);
     gate_add(y.data(), 2);
 
     // cross-attention: affine pre-norm, no modulation, no gate, all text_len keys
     const DiTAttention& ca = blk.cross_attn;
     ops::layer_norm(xs.data(), fp(blk.norm3_weight), fp(blk.norm3_bias), h.data(), rows, D, cfg.eps);
-    linear(h.data(), ca.q, q.data(), rows);
+    blin(h.data(), ca.q, q.data(), rows);
     ops::rms_norm(q.data(), fp(ca.norm_q), q.data(), rows, D, cfg.eps);
-    linear(ctx.data(), ca.k, ck.data(), B * TL);
+    blin(ctx.data(), ca.k, ck.data(), B * TL);
     ops::rms_norm(ck.data(), fp(ca.norm_k), ck.data(), B * TL, D, cfg.eps);
-    linear(ctx.data(), ca.v, cv.data(), B * TL);
+    blin(ctx.data(), ca.v, cv.data(), B * TL);
     ops::attention(q.data(), ck.data(), cv.data(), att.data(), B, S, TL, NH, HD, nullptr, scale);
-    linear(att.data(), ca.o, y.data(), rows);
+    blin(att.data(), ca.o, y.data(), rows);
     ops::add_inplace(xs.data(), y.data(), rows * D);
 
     // feed-forward
     ops::layer_norm(xs.data(), nullptr, nullptr, h.data(), rows, D, cfg.eps);
     modulate(h.data(), 3, 4, h.data());
-    linear(h.data(), blk.ffn_0, ffn.data(), rows);
+    blin(h.data(), blk.ffn_0, ffn.data(), rows);
     ops::gelu_tanh(ffn.data(), ffn.data(), rows * F);
-    linear(ffn.data(), blk.ffn_2, y.data(), rows);
+    blin(ffn.data(), blk.ffn_2, y.data(), rows);
     gate_add(y.data(), 5);
     emit(hook, cat("block.", i), xs.data(), {B, S, D});
   }

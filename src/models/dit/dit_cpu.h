@@ -73,7 +73,11 @@ size_t dit_forward_bytes(const DiTConfig& cfg, int64_t B, int64_t S, int64_t Lt,
 //            (the model zero-pads each prompt to text_len and attends to all text_len slots)
 //   seq_len  >= f·h·w tokens (0: exactly f·h·w); padding tokens are computed but never attended to
 // Returns [B, out_dim, T, H, W] f32.
+// fp8_block_gemms: the blocks' 7 GEMMs' linears (q, k, v, o of both attentions, ffn.0, ffn.2) as the GPU
+// DiT's DiTGemm::Fp8 computes them: input rows rounded to bf16 (as the GPU holds them) and quantised per
+// row, weights quantised per output row (ops/fp8_ref.h), then ops::linear_fp8_ref; all else unchanged.
 Tensor dit_forward(const DiTConfig& cfg, const DiTWeights& w, const Tensor& x, const Tensor& t, const Tensor& context,
-                   const std::vector<int64_t>& context_lens, int64_t seq_len = 0, const DiTHook& hook = {});
+                   const std::vector<int64_t>& context_lens, int64_t seq_len = 0, const DiTHook& hook = {},
+                   bool fp8_block_gemms = false);
 
 }  // namespace wan

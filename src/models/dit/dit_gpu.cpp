@@ -18,6 +18,7 @@
 #include "models/dit/dit_gpu_geometry.h"
 #include "models/weights_gpu.h"
 #include "kernels/dit_kernels.h"
+#include "kernels/fp8_quant.h"
 #include "kernels/seq_parallel_kernels.h"
 #include "models/dit/seq_attention_gpu.h"
 #include "kernels/gemm.h"
@@ -37,73 +38,29 @@ namespace wan::cuda {
 // output, head rows and the cuBLASLt / cuDNN workspaces.
 // Numerics per step follow spec §2.7/§2.10; where the reference rounds, the kernels round (see
 // dit_kernels.h); the one documented deviation is the fused GELU epilogue of the FFN and text MLP,
-// which skips the reference's bf16 rounding of the pre-activation.
+// which skips the reference's bf16 rounding of the pre-activation. DiTGemm::Fp8 (opt-in) replaces the
+// blocks' 7 GEMMs by e4m3 GEMMs whose inputs are quantised per token into arena views (block_linear).
 
 using dit_gpu_detail::DeviceTable;
 using namespace dit_gpu_detail;  // Geometry, geometry(), the arena constants (dit_gpu_geometry.h)
 
 namespace {
 
+// DiTGemm::Fp8's preconditions, checked before anything is planned or allocated.
+void check_fp8(const DiTGpu::Options& opt, const std::vector<DiTWeightSource>& experts) {
+  WAN_CHECK(!opt.parallel.degrees().active(), "DiT GPU: FP8 GEMMs (--gemm fp8) run on one GPU, not over a "
+            "parallel layout");
+  for (const DiTWeightSource& e : experts)
+    WAN_CHECK(!e.external, "DiT GPU: FP8 GEMMs do not take externally filled (sharded) weights");
+  WAN_CHECK(fp8_supported(opt.device), "DiT GPU: --gemm fp8 needs FP8 GEMMs through cuBLASLt (an sm_90 GPU); "
+            "device ", opt.device, " has none (use --gemm bf16)");
+}
+
 // Samples 1 .. B-1 of a [B, per_sample] buffer become copies of sample 0 (the one-latent CFG batch).
 void copy_first_sample(void* p, size_t per_sample_bytes, int64_t B, cudaStream_t s) {
   auto* base = static_cast<char*>(p);
   for (int64_t b = 1; b < B; ++b)
     CUDA_CHECK(cudaMemcpyAsync(base + b * per_sample_bytes, base, per_sample_bytes, cudaMemcpyDeviceToDevice, s));
-}
-
-// Device pointers of one expert's weights, resolved once from the table.
-struct BlockPtrs {
-  const float* mod;                      // [6D] f32
-  const bf16 *qkv_w, *qkv_b;             // [3D, D], [3D]
-  const bf16 *o_w, *o_b, *nq, *nk;       // [D, D], [D], [D], [D]
-  const float *n3w, *n3b;                // [D] f32
-  const bf16 *cq_w, *cq_b;               // [D, D], [D]
-  const bf16 *ckv_w, *ckv_b;             // [2D, D], [2D]
-  const bf16 *co_w, *co_b, *cnq, *cnk;   // [D, D], [D], [D], [D]
-  const bf16 *f0_w, *f0_b, *f2_w, *f2_b; // [F, D], [F], [D, F], [D]
-};
-struct ExpertPtrs {
-  const bf16 *pe_w, *pe_b;                                    // [D, K], [D]
-  const bf16 *te0_w, *te0_b, *te2_w, *te2_b;                  // [D, TD], [D], [D, D], [D]
-  TimeMlp time;                                               // fp32 time MLP and projection
-  std::vector<BlockPtrs> blocks;
-  const float *hmod, *head_w, *head_b;                        // [2D], [OP, D], [OP]
-};
-
-ExpertPtrs resolve(const DeviceTable& t, const void* base, int layers) {
-  auto at = [&](const std::string& n) { return static_cast<const char*>(base) + t.at(n).offset; };
-  auto b = [&](const std::string& n) { return reinterpret_cast<const bf16*>(at(n)); };
-  auto f = [&](const std::string& n) { return reinterpret_cast<const float*>(at(n)); };
-  ExpertPtrs e;
-  e.pe_w = b("patch_embedding.weight"), e.pe_b = b("patch_embedding.bias");
-  e.te0_w = b("text_embedding.0.weight"), e.te0_b = b("text_embedding.0.bias");
-  e.te2_w = b("text_embedding.2.weight"), e.te2_b = b("text_embedding.2.bias");
-  e.time = {f("time_embedding.0.weight"), f("time_embedding.0.bias"), f("time_embedding.2.weight"),
-            f("time_embedding.2.bias"),      f("time_projection.1.weight"), f("time_projection.1.bias")};
-  for (int i = 0; i < layers; ++i) {
-    const std::string p = cat("blocks.", i, ".");
-    BlockPtrs k;
-    k.mod = f(p + "modulation");
-    k.qkv_w = b(p + "self_attn.q.weight"), k.qkv_b = b(p + "self_attn.q.bias");
-    k.o_w = b(p + "self_attn.o.weight"), k.o_b = b(p + "self_attn.o.bias");
-    k.nq = b(p + "self_attn.norm_q.weight"), k.nk = b(p + "self_attn.norm_k.weight");
-    k.n3w = f(p + "norm3.weight"), k.n3b = f(p + "norm3.bias");
-    k.cq_w = b(p + "cross_attn.q.weight"), k.cq_b = b(p + "cross_attn.q.bias");
-    k.ckv_w = b(p + "cross_attn.k.weight"), k.ckv_b = b(p + "cross_attn.k.bias");
-    k.co_w = b(p + "cross_attn.o.weight"), k.co_b = b(p + "cross_attn.o.bias");
-    k.cnq = b(p + "cross_attn.norm_q.weight"), k.cnk = b(p + "cross_attn.norm_k.weight");
-    k.f0_w = b(p + "ffn.0.weight"), k.f0_b = b(p + "ffn.0.bias");
-    k.f2_w = b(p + "ffn.2.weight"), k.f2_b = b(p + "ffn.2.bias");
-    // The fused GEMMs rely on the table's placement (weights_gpu.h).
-    WAN_ASSERT(b(p + "self_attn.v.weight") == k.qkv_w + 2 * t.at(p + "self_attn.q.weight").shape.numel() &&
-                   b(p + "self_attn.v.bias") == k.qkv_b + 2 * t.at(p + "self_attn.q.bias").shape.numel() &&
-                   b(p + "cross_attn.v.weight") == k.ckv_w + t.at(p + "cross_attn.k.weight").shape.numel() &&
-                   b(p + "cross_attn.v.bias") == k.ckv_b + t.at(p + "cross_attn.k.bias").shape.numel(),
-               "fused q|k|v / k|v weights are not contiguous");
-    e.blocks.push_back(k);
-  }
-  e.hmod = f("head.modulation"), e.head_w = f("head.head.weight"), e.head_b = f("head.head.bias");
-  return e;
 }
 
 }  // namespace
@@ -171,6 +128,7 @@ struct DiTGpu::Impl {
   // arena buffers
   float *x_in, *t, *ctx_f32, *sinus, *temb, *e, *e_silu, *e0, *rope, *resid, *head_out, *out;
   float *t_first, *e_first, *e0_first;  // DiTShape::first_frame_t
+  float* x_scale = nullptr;             // DiTGemm::Fp8: the quantised GEMM input's row scales
   bf16 *ctx_in, *ctx_hidden, *ctx, *ckv, *ck, *h, *att, *big;
   void *gemm_ws, *attn_ws;
 
@@ -204,6 +162,7 @@ struct DiTGpu::Impl {
     h = buf<bf16>("h"), att = buf<bf16>("att"), big = buf<bf16>("big");
     head_out = buf<float>("head_out"), out = buf<float>("out");
     gemm_ws = buf<void>("cublaslt_workspace"), attn_ws = buf<void>("cudnn_workspace");
+    if (plan.gemm == Gemm::Fp8) x_scale = buf<float>("fp8.x_scale");
   }
   // The parallel part of create(): checks the groups against each other, creates the split
   // self-attention and binds its arena buffers (after bind_buffers).
@@ -220,6 +179,18 @@ struct DiTGpu::Impl {
     const size_t b = prof->mark(s);
     gemm->linear(x, w, bias, y, M, K, N, act, s);
     prof->spans.push_back({OpCat::Gemm, b, prof->mark(s)});
+  }
+  // A block GEMM y = act(x·wᵀ + bias): bf16, or with w_scale (DiTGemm::Fp8: w is e4m3 rows) x's rows
+  // quantised into xq (an arena view free at this point, see block()) and x_scale first; one profiled
+  // GEMM interval either way.
+  void block_linear(const bf16* x, const bf16* w, const float* w_scale, const bf16* bias, bf16* y, int64_t M,
+                    int64_t K, int64_t N, Act act, void* xq, cudaStream_t s) {
+    if (!w_scale) return linear_op(x, w, bias, y, M, K, N, act, s);
+    const size_t b = prof ? prof->mark(s) : 0;
+    auto* q = static_cast<uint8_t*>(xq);
+    quantize_rows_fp8(x, M, K, q, x_scale, s);
+    gemm->linear_fp8(q, x_scale, reinterpret_cast<const uint8_t*>(w), w_scale, bias, y, M, K, N, act, s);
+    if (prof) prof->spans.push_back({OpCat::Gemm, b, prof->mark(s)});
   }
   void attention_op(OpCat cat, const AttentionShape& sh, const AttentionArgs& a, cudaStream_t s) {
     if (!prof) return run_attention(sh, a, s);
@@ -296,11 +267,16 @@ void DiTGpu::Impl::block(const BlockPtrs& w, const BlockPtrs* next, const Geomet
   bf16* q = big + rows * 3 * D;    // [rows, D]; once its attention has run, the o GEMM's output
   bf16* k = big + rows * 4 * D;    // [rows, D]
   bf16* ffn = big;                 // [rows, F]
+  // DiTGemm::Fp8: each GEMM's quantised input goes where nothing live is (dit_gpu_plan.cpp's fp8.* views):
+  // k's region (dead outside the self-attention), ck before its norm writes it, att before the FFN
+  // writes it, and the bytes of big past the FFN hidden.
+  void* xq = k;
+  void* xq_ffn2 = reinterpret_cast<char*>(big) + rows * g.F * 2;
 
   // self-attention on h = norm1(resid), computed before this block (run_body or the previous block);
   // shared: for sample 0's rows only
   const int64_t sa_rows = shared ? g.S : rows;
-  linear_op(h, w.qkv_w, w.qkv_b, qkv, sa_rows, D, 3 * D, Act::None, s);
+  block_linear(h, w.qkv_w, w.qkv_s, w.qkv_b, qkv, sa_rows, D, 3 * D, Act::None, xq, s);
   const RmsNormJob jq{qkv, 3 * D, w.nq, q, sa_rows}, jk{qkv + D, 3 * D, w.nk, k, sa_rows};
   qk_rmsnorm_rope(jq, &jk, D, eps, &rope_args, s);
   if (spa) {  // the sequence is split over ranks: Ulysses / Ring / 2D (models/dit/seq_attention_gpu.h)
@@ -313,29 +289,29 @@ void DiTGpu::Impl::block(const BlockPtrs& w, const BlockPtrs* next, const Geomet
     sa.q = q, sa.k = k, sa.v = qkv + 2 * D, sa.o = att;
     attention_op(OpCat::SelfAttention, ss, sa, s);
   }
-  linear_op(att, w.o_w, w.o_b, q, sa_rows, D, D, Act::None, s);
+  block_linear(att, w.o_w, w.o_s, w.o_b, q, sa_rows, D, D, Act::None, xq, s);
   if (shared) copy_first_sample(q, static_cast<size_t>(g.S * D) * sizeof(bf16), g.B, s);  // the others' o rows
   // resid += o·gate_sa, and the cross-attention's affine pre-norm (norm3) of it, in one pass
   const ModVec gate_sa = chunk(2);
   residual_add_layernorm_affine(resid, q, &gate_sa, w.n3w, w.n3b, h, rows, D, eps, s);
 
   // cross-attention: no modulation or gate, all text_len keys
-  linear_op(h, w.cq_w, w.cq_b, q, rows, D, D, Act::None, s);
-  linear_op(ctx, w.ckv_w, w.ckv_b, ckv, crow, D, 2 * D, Act::None, s);
+  block_linear(h, w.cq_w, w.cq_s, w.cq_b, q, rows, D, D, Act::None, xq, s);
+  block_linear(ctx, w.ckv_w, w.ckv_s, w.ckv_b, ckv, crow, D, 2 * D, Act::None, ck, s);
   const RmsNormJob cq{q, D, w.cnq, q, rows}, cjk{ckv, 2 * D, w.cnk, ck, crow};
   qk_rmsnorm_rope(cq, &cjk, D, eps, nullptr, s);
   const AttentionShape cs = cross_attn_shape(g);
   AttentionArgs ca;
   ca.q = q, ca.k = ck, ca.v = ckv + D, ca.o = att;
   attention_op(OpCat::CrossAttention, cs, ca, s);
-  linear_op(att, w.co_w, w.co_b, q, rows, D, D, Act::None, s);
+  block_linear(att, w.co_w, w.co_s, w.co_b, q, rows, D, D, Act::None, xq, s);
   // resid += o, and the FFN's pre-norm (norm2) of it, in one pass
   residual_add_layernorm_modulate(resid, q, nullptr, h, rows, D, chunk(3), chunk(4), eps, s);
 
   // feed-forward; resid += y·gate_ff, fused with the next block's norm1 (the last block's add is
   // plain: the head norm reads the residual in head_and_output)
-  linear_op(h, w.f0_w, w.f0_b, ffn, rows, D, g.F, Act::GeluTanh, s);
-  linear_op(ffn, w.f2_w, w.f2_b, att, rows, g.F, D, Act::None, s);
+  block_linear(h, w.f0_w, w.f0_s, w.f0_b, ffn, rows, D, g.F, Act::GeluTanh, att, s);
+  block_linear(ffn, w.f2_w, w.f2_s, w.f2_b, att, rows, g.F, D, Act::None, xq_ffn2, s);
   const ModVec gate_ff = chunk(5);
   if (next)
     residual_add_layernorm_modulate(resid, att, &gate_ff, h, rows, D, block_mod(*next, 0, g), block_mod(*next, 1, g),
@@ -464,6 +440,9 @@ void DiTGpu::Impl::allocate_arena() {
 void DiTGpu::Impl::capture(const Key& key, const ExpertPtrs& w, const Geometry& g, cudaStream_t s) {
   if (graphs.count(key)) return;
   WAN_ASSERT(!prof, "DiT GPU: a graph capture while the op profiler is on");
+  // FP8 GEMMs learn at their first launch whether cuBLASLt takes their fused epilogue (gemm.h): that
+  // launch must not be captured, so warm_up's first capture of a shape runs the body eagerly before it.
+  if (opt.gemm == Gemm::Fp8 && !warmed.count(key)) run_body(w, g, s);
   cudaGraph_t graph = nullptr;
   CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
   try {
@@ -502,12 +481,14 @@ DiTGpu DiTGpu::create(const DiTConfig& cfg, const std::vector<DiTWeightSource>& 
                       const Options& opt) {
   WAN_CHECK(!experts.empty(), "DiT GPU: no expert weights given");
   const int n = static_cast<int>(experts.size());
+  if (opt.gemm == Gemm::Fp8) check_fp8(opt, experts);
   // Everything checkable on the host first: config, shape, the plan without cuDNN's workspace.
   const dist::Layout par = opt.parallel.degrees();
   if (opt.planned)
-    WAN_ASSERT(opt.planned->shape == max_shape && opt.planned->experts == n && opt.planned->parallel == par,
-               "DiT GPU: the given plan is for another shape, expert count or layout");
-  MemoryPlan p = opt.planned ? *opt.planned : plan(cfg, max_shape, n, 0, par);
+    WAN_ASSERT(opt.planned->shape == max_shape && opt.planned->experts == n && opt.planned->parallel == par &&
+                   opt.planned->gemm == opt.gemm,
+               "DiT GPU: the given plan is for another shape, expert count, layout or GEMM kind");
+  MemoryPlan p = opt.planned ? *opt.planned : plan(cfg, max_shape, n, 0, par, opt.gemm);
   if (opt.defer_arena)
     for (const DiTWeightSource& e : experts)
       WAN_CHECK(!e.random, "DiT GPU: defer_arena needs loaded weights (random weights draw into the arena)");
@@ -523,7 +504,7 @@ DiTGpu DiTGpu::create(const DiTConfig& cfg, const std::vector<DiTWeightSource>& 
                 gib(p.reserve_bytes), " GiB reserve need ", gib(need), " GiB, but only ", gib(free_bytes),
                 " GiB is free on device ", opt.device);
     } else {
-      check_fit(cfg, max_shape, n, 0, free_bytes, opt.device, par);
+      check_fit(cfg, max_shape, n, 0, free_bytes, opt.device, par, opt.gemm);
     }
   }
 
@@ -532,7 +513,7 @@ DiTGpu DiTGpu::create(const DiTConfig& cfg, const std::vector<DiTWeightSource>& 
   im->max_shape = max_shape;
   im->max_geo = geometry(cfg, max_shape, par);
   im->opt = opt;
-  im->table = dit_gpu_detail::build_weight_table(cfg);
+  im->table = dit_gpu_detail::build_weight_table(cfg, opt.gemm);
   // cuDNN's workspace for the largest attentions (builds their plans), then the exact plan. The own
   // kernel needs no workspace and no plans.
   im->opt.attention = resolve_attention(opt.attention);
@@ -545,8 +526,8 @@ DiTGpu DiTGpu::create(const DiTConfig& cfg, const std::vector<DiTWeightSource>& 
   }
   if (!opt.planned) {
     CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
-    if (!opt.defer_arena) check_fit(cfg, max_shape, n, im->attn_ws_bytes, free_bytes, opt.device, par);
-    p = plan(cfg, max_shape, n, im->attn_ws_bytes, par);
+    if (!opt.defer_arena) check_fit(cfg, max_shape, n, im->attn_ws_bytes, free_bytes, opt.device, par, opt.gemm);
+    p = plan(cfg, max_shape, n, im->attn_ws_bytes, par, opt.gemm);
   } else if (im->attn_ws_bytes > 0) {
     // The caller checked its plan without cuDNN's workspace: one comparison that it still fits with it
     // (a deferred arena is checked when it is allocated).
@@ -574,7 +555,7 @@ DiTGpu DiTGpu::create(const DiTConfig& cfg, const std::vector<DiTWeightSource>& 
       const size_t scratch = p.get("big").bytes / 4;  // free until the first forward
       WAN_ASSERT(dit_gpu_detail::max_small_floats(im->table) <= scratch, "random weight scratch");
       dit_gpu_detail::draw_random_weights(im->table, w, experts[i].seed, reinterpret_cast<float*>(im->big), scratch,
-                                          im->stream);
+                                          im->stream, experts[i].merge);
       dit_gpu_detail::apply_weight_merges(im->table, w, experts[i].merge, im->stream);
     } else {
       const DiTWeightSource& src = experts[i];
@@ -711,6 +692,7 @@ DiTGpu::Attention DiTGpu::resolve_attention(Attention a) {
 }
 
 DiTGpu::Attention DiTGpu::attention() const { return impl_->opt.attention; }
+DiTGpu::Gemm DiTGpu::gemm() const { return impl_->opt.gemm; }
 
 const MemoryPlan& DiTGpu::memory_plan() const { return impl_->plan; }
 const DiTConfig& DiTGpu::config() const { return impl_->cfg; }
@@ -735,18 +717,10 @@ void* DiTGpu::weight_allocation(int expert, size_t* bytes) const {
   return m.weights[static_cast<size_t>(expert)];
 }
 
-std::vector<std::pair<size_t, size_t>> DiTGpu::weight_ranges(const DiTConfig& cfg, size_t* total_bytes) {
-  const DeviceTable table = dit_gpu_detail::build_weight_table(cfg);
-  std::vector<std::pair<size_t, size_t>> ranges;
-  ranges.reserve(table.entries.size());
-  for (const dit_gpu_detail::DeviceEntry& e : table.entries) ranges.emplace_back(e.offset, e.bytes);
-  if (total_bytes) *total_bytes = table.bytes;
-  return ranges;
-}
-
 int DiTGpu::add_weight_loads(int expert, size_t begin, size_t end, const DiTWeightGetter& get,
                              const DiTWeightSpan& span, DeviceLoader& loader, int group,
                              const WeightMergeFn& merge) const {
+  WAN_CHECK(impl_->opt.gemm == Gemm::Bf16, "DiT GPU: sharded loading (multi-GPU) does not run FP8 GEMMs");
   size_t bytes = 0;
   char* base = static_cast<char*>(weight_allocation(expert, &bytes));
   const std::string what = cat("DiT expert ", expert);

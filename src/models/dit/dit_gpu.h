@@ -150,6 +150,13 @@ struct SeqSplit {
 };
 SeqSplit seq_split(int64_t tokens, int seq_ranks);
 
+// The block GEMMs' arithmetic (DiTGpu::Options::gemm). Bf16: the reference's bf16 GEMMs (exact). Fp8 (opt-in,
+// sm_90): the 7 GEMMs of every block (q|k|v, o, cross q, cross k|v, cross o, ffn.0, ffn.2) store their
+// weights as e4m3 rows [N, K] with one fp32 scale per output row (core/fp8_rows.h), quantised once as
+// they load (after any LoRA merge), and quantise their bf16 input rows per token before each GEMM
+// (GemmRunner::linear_fp8). Biases, norms, modulation, embeddings and the head stay as in Bf16.
+enum class DiTGemm : uint8_t { Bf16, Fp8 };
+
 // The arena layout of one (config, shape): every buffer's byte offset and size. Views alias a region
 // whose live ranges never overlap (e.g. the FFN hidden reuses the QKV region).
 struct MemoryPlan {
@@ -160,6 +167,7 @@ struct MemoryPlan {
   };
   DiTShape shape;
   int experts = 1;
+  DiTGemm gemm = DiTGemm::Bf16;
   dist::Layout parallel;  // the plan of one rank of this layout (all 1: one GPU)
   std::vector<Buffer> buffers;
   size_t arena_bytes = 0;   // activations + workspaces
@@ -190,7 +198,8 @@ struct DiTInputs {
 struct OpProfile {
   int layers = 0;
   int gemms = 0;             // GEMM intervals: 7 per block (q|k|v, o, cross q, cross k|v, cross o, FFN up,
-                             // FFN down) + 7 outside (patch embedding, time MLP 2 + projection, text MLP 2, head)
+                             // FFN down; with DiTGemm::Fp8 each includes its input's quantisation)
+                             // + 7 outside (patch embedding, time MLP 2 + projection, text MLP 2, head)
                              // + 3 with DiTShape::first_frame_t (the time MLP and projection of t_first)
   int self_attentions = 0;   // 1 per block
   int cross_attentions = 0;  // 1 per block
@@ -206,11 +215,14 @@ class DiTGpu {
  public:
   // Attention kernel: Auto = the engine's own Hopper kernel (attention_own.h) on sm_90, cuDNN elsewhere.
   enum class Attention { Auto, Cudnn, Own };
+  using Gemm = DiTGemm;
   struct Options {
     int device = 0;
     bool use_graphs = true;
     bool verbose = false;  // print the memory plan (MiB) to stderr at create
     Attention attention = Attention::Auto;
+    // Fp8: create() refuses a device without cuda::fp8_supported, a parallel layout and an external source.
+    Gemm gemm = Gemm::Bf16;
     // Allocate the activation arena in warm_up() (or the first forward) instead of create(), so that a
     // text encoder loaded next to the weights can be freed first; create() then checks only
     // the weights against the free memory. Loaded weights only (random ones are drawn into the arena).
@@ -241,6 +253,9 @@ class DiTGpu {
   // The kernel `a` resolves to on the current device (never Auto); Own on a non-sm_90 device throws.
   static Attention resolve_attention(Attention a);
   Attention attention() const;  // what this object runs
+  // "bf16" | "fp8"; throws wan::Error otherwise.
+  static Gemm parse_gemm(const std::string& s);
+  Gemm gemm() const;
 
   // Plans the arena for max_shape, checks that experts.size() weight sets plus the arena fit the free
   // device memory (throws before allocating anything when they do not, naming the frames that fit;
@@ -255,8 +270,10 @@ class DiTGpu {
   // asks cuDNN; 0 is the usual value on Hopper). Pure host arithmetic.
   // `par`: the per-rank plan of a parallel forward (activations of this rank's sample(s) and token slice
   // plus the communication buffers); shape stays the global one.
+  // `gemm`: Fp8 counts the e4m3 block weights (1 byte per element + 4 per output row) and the
+  // quantised GEMM inputs (views of the arena where their live ranges allow, see dit_gpu_plan.cpp).
   static MemoryPlan plan(const DiTConfig& cfg, const DiTShape& shape, int experts, size_t attn_workspace = 0,
-                         const dist::Layout& par = {});
+                         const dist::Layout& par = {}, Gemm gemm = Gemm::Bf16);
 
   DiTGpu(DiTGpu&&) noexcept;
   DiTGpu& operator=(DiTGpu&&) noexcept;
@@ -285,7 +302,7 @@ class DiTGpu {
   void set_use_graphs(bool on);   // off: every forward runs eagerly (for tests and profiling)
   size_t graphs_captured() const; // distinct (expert, shape) graphs instantiated so far
   // A copy of one weight as stored on the device, converted to an F32 host tensor with its official
-  // shape (for CPU references of random-weight models).
+  // shape (for CPU references of random-weight models); an e4m3 weight comes back dequantised.
   Tensor download_weight(int expert, const std::string& official_name) const;
   // Expert `expert`'s weight allocation (laid out as weights_gpu.h's DeviceTable) and its size in
   // *bytes: for filling an external source and for collectives over the weights.
@@ -295,6 +312,7 @@ class DiTGpu {
   // weight_ranges: the (byte offset, bytes) of every tensor of one expert's weight allocation for
   // `cfg`, ascending by offset (every expert of a config has this layout), and the allocation's size in
   // *total_bytes. Pure host arithmetic.
+  // (The bf16 layout: sharded loading is multi-GPU, which FP8 GEMMs do not run.)
   static std::vector<std::pair<size_t, size_t>> weight_ranges(const DiTConfig& cfg, size_t* total_bytes = nullptr);
   // Adds to `loader` (not started) the tensors of expert `expert` whose first byte lies in [begin, end)
   // of its weight allocation, as completion group `group`: streamed from the files where `span` gives

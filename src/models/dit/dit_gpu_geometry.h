@@ -1,7 +1,8 @@
-// Internal to the GPU DiT (dit_gpu.cpp, dit_gpu_plan.cpp, dit_gpu_time.cpp): the geometry of one forward
-// (everything derived from config, shape and parallel layout), the arena constants, the memory-plan
-// helpers the creation uses, the attention shapes of a geometry, and the time side of the forward
-// (timestep checks, time MLP, the modulation vectors that pick a token's timestep row).
+// Internal to the GPU DiT (dit_gpu.cpp, dit_gpu_plan.cpp, dit_gpu_time.cpp, dit_gpu_weights.cpp): the
+// geometry of one forward (everything derived from config, shape and parallel layout), the arena
+// constants, the memory-plan helpers the creation uses, the attention shapes of a geometry, the device
+// pointers of an expert's weights, and the time side of the forward (timestep checks, time MLP, the
+// modulation vectors that pick a token's timestep row).
 // Invariant: DiTGpu::plan() and the forward derive every size from the same Geometry.
 #pragma once
 #include <cuda_runtime.h>
@@ -56,13 +57,14 @@ SeqParallelAttention::Geometry spa_geometry(const Geometry& g);
 
 // Checks the parts of cfg this engine relies on (head_dim 128, widths multiples of 8, ...).
 void check_config(const DiTConfig& cfg);
-DeviceTable build_weight_table(const DiTConfig& cfg);  // check_config, then the placed dit_weight_table
+// check_config, then the placed dit_weight_table; with Fp8 the blocks' GEMM weights stored as e4m3 rows.
+DeviceTable build_weight_table(const DiTConfig& cfg, DiTGemm gemm = DiTGemm::Bf16);
 
 std::string gib(size_t bytes);  // "12.34" (GiB, two decimals)
 
 // Throws when the plan of (shape, experts) does not fit `free_bytes`, naming the frames that would.
 void check_fit(const DiTConfig& cfg, const DiTShape& shape, int experts, size_t attn_ws, size_t free_bytes,
-               int device, const dist::Layout& par = {});
+               int device, const dist::Layout& par = {}, DiTGemm gemm = DiTGemm::Bf16);
 // `p` (a plan without cuDNN's workspace) with the workspace: plan() adds it last, so no other buffer
 // moves and the result equals plan(..., attn_ws, ...).
 MemoryPlan with_attention_workspace(MemoryPlan p, size_t attn_ws);
@@ -75,11 +77,37 @@ AttentionShape cross_attn_shape(const Geometry& g);
 // shares or not (create() sizes cuDNN's workspace for any forward up to its maximal geometry).
 std::vector<AttentionShape> attention_shapes(const Geometry& g, bool any_sharing);
 
+// ---- an expert's weights (dit_gpu_weights.cpp) ----
+// Device pointers of one block's weights. With DiTGemm::Fp8 the seven GEMM weights (*_w of qkv, o, cq,
+// ckv, co, f0, f2) point to e4m3 bytes and their *_s to the fp32 row scales; in Bf16 every *_s is null.
+struct BlockPtrs {
+  const float* mod;                      // [6D] f32
+  const bf16 *qkv_w, *qkv_b;             // [3D, D], [3D]
+  const bf16 *o_w, *o_b, *nq, *nk;       // [D, D], [D], [D], [D]
+  const float *n3w, *n3b;                // [D] f32
+  const bf16 *cq_w, *cq_b;               // [D, D], [D]
+  const bf16 *ckv_w, *ckv_b;             // [2D, D], [2D]
+  const bf16 *co_w, *co_b, *cnq, *cnk;   // [D, D], [D], [D], [D]
+  const bf16 *f0_w, *f0_b, *f2_w, *f2_b; // [F, D], [F], [D, F], [D]
+  const float *qkv_s, *o_s, *cq_s, *ckv_s, *co_s, *f0_s, *f2_s;  // [3D], [D], [D], [2D], [D], [F], [D]
+};
+struct TimeMlp;
+struct ExpertPtrs;
+// Resolves every pointer once from the table (checks that fused weights and scales are contiguous).
+ExpertPtrs resolve(const DeviceTable& t, const void* base, int layers);
+
 // ---- the time side of the forward (dit_gpu_time.cpp; spec §2.4, §2.7, §2.9, §7.5.3) ----
 // One expert's fp32 time MLP and projection: time_embedding.0 [D, FQ], [D]; .2 [D, D], [D];
 // time_projection.1 [6D, D], [6D].
 struct TimeMlp {
   const float *w0, *b0, *w2, *b2, *wp, *bp;
+};
+struct ExpertPtrs {
+  const bf16 *pe_w, *pe_b;                                    // [D, K], [D]
+  const bf16 *te0_w, *te0_b, *te2_w, *te2_b;                  // [D, TD], [D], [D, D], [D]
+  TimeMlp time;                                               // fp32 time MLP and projection
+  std::vector<BlockPtrs> blocks;
+  const float *hmod, *head_w, *head_b;                        // [2D], [OP, D], [OP]
 };
 // A forward's time embedding on the device: e [B, D] and e0 [B, 6D] of t, e_first and e0_first of t_first
 // (read only with Geometry::first_frame); token0: the sequence index of this rank's first row of a sample.

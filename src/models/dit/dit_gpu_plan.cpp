@@ -30,11 +30,6 @@ void check_config(const DiTConfig& c) {
   WAN_CHECK(c.eps > 0.0f, "DiT GPU: eps must be positive");
 }
 
-DeviceTable build_weight_table(const DiTConfig& c) {
-  check_config(c);
-  return place_weights(dit_weight_table(c));
-}
-
 Geometry geometry(const DiTConfig& c, const DiTShape& s, const dist::Layout& par) {
   Geometry g{};
   g.B = s.batch, g.C = c.in_dim, g.Co = c.out_dim, g.T = s.frames, g.H = s.height, g.W = s.width;
@@ -121,14 +116,14 @@ std::string gib(size_t b) {
 }
 
 void check_fit(const DiTConfig& cfg, const DiTShape& shape, int experts, size_t attn_ws, size_t free_bytes,
-               int device, const dist::Layout& par) {
-  const MemoryPlan p = DiTGpu::plan(cfg, shape, experts, attn_ws, par);
+               int device, const dist::Layout& par, DiTGemm gemm) {
+  const MemoryPlan p = DiTGpu::plan(cfg, shape, experts, attn_ws, par, gemm);
   if (p.total_bytes() <= free_bytes) return;
   const int64_t pt = cfg.patch[0];
   auto fits = [&](int64_t frames) {
     DiTShape s = shape;
     s.frames = frames;
-    return DiTGpu::plan(cfg, s, experts, attn_ws, par).total_bytes() <= free_bytes;
+    return DiTGpu::plan(cfg, s, experts, attn_ws, par, gemm).total_bytes() <= free_bytes;
   };
   // Largest multiple of pt below the request that fits (the plan grows with the frames).
   int64_t lo = 0, hi = shape.frames / pt;  // fits(lo·pt) unknown for lo = 0 (means none), !fits(hi·pt)
@@ -180,7 +175,7 @@ const MemoryPlan::Buffer& MemoryPlan::get(const std::string& name) const {
 
 std::string MemoryPlan::str() const {
   std::string s = cat("DiT GPU memory plan (batch ", shape.batch, ", latent ", shape.frames, "x", shape.height, "x",
-                      shape.width, ", ", experts, " expert(s)",
+                      shape.width, ", ", experts, " expert(s)", gemm == DiTGemm::Fp8 ? ", FP8 block GEMMs" : "",
                       parallel.active() ? cat(", this rank of cfg ", parallel.cfg, " x Ulysses ", parallel.ulysses,
                                               " x Ring ", parallel.ring)
                                         : std::string(),
@@ -216,12 +211,14 @@ dist::Layout DiTGpu::Options::Parallel::degrees() const {
 }
 
 MemoryPlan DiTGpu::plan(const DiTConfig& cfg, const DiTShape& shape, int experts, size_t attn_workspace,
-                        const dist::Layout& par) {
+                        const dist::Layout& par, Gemm gemm) {
   WAN_CHECK(experts >= 1, "DiT GPU: at least one expert");
-  const DeviceTable wt = dit_gpu_detail::build_weight_table(cfg);  // also checks the config
+  const DeviceTable wt = dit_gpu_detail::build_weight_table(cfg, gemm);  // also checks the config
   const Geometry g = geometry(cfg, shape, par);
+  const bool fp8 = gemm == Gemm::Fp8;
   MemoryPlan p;
   p.shape = shape;
+  p.gemm = gemm;
   p.parallel = par;
   p.experts = experts;
   p.weight_bytes = wt.bytes;
@@ -237,7 +234,7 @@ MemoryPlan DiTGpu::plan(const DiTConfig& cfg, const DiTShape& shape, int experts
   a.add("ctx_hidden", ctx_rows * D * b2);
   a.add("ctx", ctx_rows * D * b2);
   a.add("ckv", ctx_rows * 2 * D * b2);
-  a.add("ck", ctx_rows * D * b2);
+  const size_t ck = a.add("ck", ctx_rows * D * b2);
   a.add("sinus", static_cast<size_t>(g.B * g.FQ) * f4);
   a.add("temb", static_cast<size_t>(g.B) * D * f4);
   a.add("e", static_cast<size_t>(g.B) * D * f4);
@@ -251,9 +248,13 @@ MemoryPlan DiTGpu::plan(const DiTConfig& cfg, const DiTShape& shape, int experts
   a.add("rope", static_cast<size_t>(kRopeMaxPos) * 128 * f4);  // [max_pos][64 pairs][cos, sin]
   a.add("resid", rows * D * f4);
   a.add("h", rows * D * b2);
-  a.add("att", rows * D * b2);
-  const size_t big_bytes = std::max({rows * 5 * D * b2, rows * static_cast<size_t>(g.F) * b2, rows * D * f4,
-                                     rows * static_cast<size_t>(g.K) * b2});
+  const size_t att = a.add("att", rows * D * b2);
+  const size_t F = static_cast<size_t>(g.F);
+  // FP8: the FFN-down input's e4m3 rows [rows, F] after the FFN hidden (nothing else in big is live
+  // then); at least one fp32 row of F for the random draw's scratch (create())
+  const size_t big_bytes = std::max({rows * 5 * D * b2, rows * F * b2, rows * D * f4,
+                                     rows * static_cast<size_t>(g.K) * b2, fp8 ? rows * F * (b2 + 1) : 0,
+                                     fp8 ? F * f4 : 0});
   const size_t big = a.add("big", big_bytes);
   a.view("big.qkv", big, 0, rows * 3 * D * b2);
   a.view("big.q", big, rows * 3 * D * b2, rows * D * b2);
@@ -261,6 +262,16 @@ MemoryPlan DiTGpu::plan(const DiTConfig& cfg, const DiTShape& shape, int experts
   a.view("big.ffn", big, 0, rows * static_cast<size_t>(g.F) * b2);
   a.view("big.patch_rows", big, 0, rows * static_cast<size_t>(g.K) * b2);
   a.view("big.head_in", big, 0, rows * D * f4);
+  if (fp8) {
+    // Each block GEMM's quantised input (e4m3 [M, K]) in a region dead while it lives (DiTGpu::Impl::block):
+    // k's (q|k|v, o, cross q, cross o), ck's (cross k|v, before its norm), att's (FFN up, before the
+    // FFN-down output), and past the FFN hidden (FFN down). Only the row scales need a buffer.
+    a.view("fp8.xq", big, rows * 4 * D * b2, rows * D);
+    a.view("fp8.xq_ctx", ck, 0, ctx_rows * D);
+    a.view("fp8.xq_ffn_up", att, 0, rows * D);
+    a.view("fp8.xq_ffn_down", big, rows * F * b2, rows * F);
+    a.add("fp8.x_scale", std::max(rows, ctx_rows) * f4);
+  }
   // head rows: with a split sequence, all ranks' rows [P][B·S] (this rank's written in place, then
   // all-gathered) and, for B > 1, the same rows in sample order [B][P·S]
   const size_t P = static_cast<size_t>(par.seq());
