@@ -172,6 +172,13 @@ struct GemmRunner::Impl {
     plans.erase(it);
   }
 
+  // A stream of the runner's own for the first launch of an FP8 fused-epilogue plan made while the
+  // caller's stream is being captured: a refusal must not reach the capture (created on first need).
+  cudaStream_t trial = nullptr;
+  cudaStream_t trial_stream() {
+    if (!trial) CUDA_CHECK(cudaStreamCreateWithFlags(&trial, cudaStreamNonBlocking));
+    return trial;
+  }
   // FP8 state: fused (bias / GELU) keys cuBLASLt refused, the epilogue mode, separate-epilogue calls.
   std::set<PlanKey> fp8_unfused;
   Fp8Epilogue fp8_epilogue = Fp8Epilogue::Auto;
@@ -189,6 +196,7 @@ GemmRunner::GemmRunner(void* workspace, size_t workspace_bytes) : impl_(std::mak
 GemmRunner::~GemmRunner() {
   for (auto& [k, p] : impl_->plans) p.destroy();
   if (impl_->handle) cublasLtDestroy(impl_->handle);
+  if (impl_->trial) cudaStreamDestroy(impl_->trial);
 }
 
 size_t GemmRunner::plan_count() const { return impl_->plans.size(); }
@@ -231,21 +239,30 @@ void GemmRunner::run_fp8(const uint8_t* xq, const float* scale_x, const uint8_t*
     WAN_CHECK(alignment_of(ptr) >= 16, "GemmRunner (fp8): every pointer must be 16-byte aligned (cuBLASLt FP8)");
   PlanKey key{M, N, K, DType::F8E4M3, out_type, bias != nullptr, act, alignment_of(xq), alignment_of(wq),
               alignment_of(y), CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F};
-  auto launch = [&](Plan& p) {
+  auto launch = [&](Plan& p, cudaStream_t on) {
     for (auto [attr, ptr] : {std::pair{CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, static_cast<const void*>(scale_w)},
                              std::pair{CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, static_cast<const void*>(scale_x)}})
       CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, attr, &ptr, sizeof(ptr)));
     const float alpha = 1.0f, beta = 0.0f;
     return cublasLtMatmul(impl_->handle, p.desc, &alpha, wq, p.a, xq, p.b, &beta, y, p.d, y, p.d, &p.algo,
-                          impl_->workspace, impl_->workspace_bytes, stream);
+                          impl_->workspace, impl_->workspace_bytes, on);
   };
   const bool epilogue = bias != nullptr || act != Act::None;
   if (epilogue && impl_->fp8_epilogue == Fp8Epilogue::Auto && !impl_->fp8_unfused.count(key)) {
+    const bool tried = impl_->plans.count(key) != 0;
     if (Plan* p = impl_->plan_for(key, bias, scale_w, scale_x, true)) {
       if (bias)
         CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
-      const cublasStatus_t st = launch(*p);
-      if (st == CUBLAS_STATUS_SUCCESS) return;
+      // A new plan's first launch, while `stream` is captured, runs on the trial stream (the same
+      // buffers, whose contents a capture does not care about); the captured launch follows it.
+      cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+      if (!tried) CUDA_CHECK(cudaStreamIsCapturing(stream, &cap));
+      const bool trial = cap != cudaStreamCaptureStatusNone;
+      const cublasStatus_t st = launch(*p, trial ? impl_->trial_stream() : stream);
+      if (st == CUBLAS_STATUS_SUCCESS) {
+        if (trial) CUBLAS_CHECK(launch(*p, stream));
+        return;
+      }
       if (st != CUBLAS_STATUS_NOT_SUPPORTED && st != CUBLAS_STATUS_INVALID_VALUE) CUBLAS_CHECK(st);
       impl_->drop(key);  // planned, but refused at launch: the separate epilogue from now on
     }
@@ -253,7 +270,7 @@ void GemmRunner::run_fp8(const uint8_t* xq, const float* scale_x, const uint8_t*
   }
   key.bias = false;
   key.act = Act::None;
-  CUBLAS_CHECK(launch(*impl_->plan_for(key, nullptr, scale_w, scale_x, false)));
+  CUBLAS_CHECK(launch(*impl_->plan_for(key, nullptr, scale_w, scale_x, false), stream));
   if (!epilogue) return;
   const auto* b = static_cast<const __nv_bfloat16*>(bias);
   if (out_type == DType::BF16) bias_act_rows(static_cast<__nv_bfloat16*>(y), b, M, N, act == Act::GeluTanh, stream);

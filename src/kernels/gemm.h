@@ -9,8 +9,9 @@
 // cublasLtMatmul is deterministic for a fixed plan. Not thread-safe: one runner per stream owner.
 // FP8 (opt-in, sm_90): e4m3 operands with per-row fp32 scales (kernels/fp8_quant.h) through cuBLASLt's
 // outer-vector scaling; fp8_supported() says whether a device runs it. A shape's first FP8 call with bias
-// or GELU may find the fused epilogue refused at launch and switch to the separate one: make it outside
-// CUDA-graph capture (warm-up), as the heuristic queries should be anyway.
+// or GELU may find the fused epilogue refused at launch and switch to the separate one; when that first
+// call comes during a CUDA-graph capture, the trial launch runs on a stream of the runner's own, so a
+// refusal never reaches the capture.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>

@@ -440,9 +440,6 @@ void DiTGpu::Impl::allocate_arena() {
 void DiTGpu::Impl::capture(const Key& key, const ExpertPtrs& w, const Geometry& g, cudaStream_t s) {
   if (graphs.count(key)) return;
   WAN_ASSERT(!prof, "DiT GPU: a graph capture while the op profiler is on");
-  // FP8 GEMMs learn at their first launch whether cuBLASLt takes their fused epilogue (gemm.h): that
-  // launch must not be captured, so warm_up's first capture of a shape runs the body eagerly before it.
-  if (opt.gemm == Gemm::Fp8 && !warmed.count(key)) run_body(w, g, s);
   cudaGraph_t graph = nullptr;
   CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
   try {
