@@ -679,24 +679,15 @@ GenerateResult run_generate(const GeneratePlan& p, const RunHooks& hooks, bool d
   Tensor cond = p.prompt_embeds, uncond = p.negative_embeds;
   std::unique_ptr<GpuTextEncoder> te_gpu;
   std::unique_ptr<Denoiser> dit_model;
-  // The decode's inputs got ready on a host thread while the text encoder and the DiT run: the VAE's
-  // weights read (or drawn) and, on a GPU, the decoder planned (host work: ~1 s at 720p, measured).
+  // The decode's inputs get ready on a host thread while the DiT denoises: the VAE's weights read (or
+  // drawn) and, on a GPU, the decoder planned (host work: ~1 s at 720p, measured). Started with the
+  // sampling, not earlier: its cuDNN queries beside the text encoder and the DiT load slowed those.
   std::future<pipeline_detail::VaeAhead> vae_ahead;
   // I2V / TI2V: the image is encoded first (VAE weights kept for the decode), before the DiT's memory
   // is taken; on the CPU after the text encoder is released.
   VaeWeights vae_weights;
   LatentCondition condition;
   if (p.image.defined() && p.fast_start) condition = pipeline_detail::encode_condition(p, hooks, &vae_weights, &tm);
-  if (decode && p.stop_after_steps == 0 && !p.image.defined() && (p.fast_start || gpu >= 0))
-    vae_ahead = std::async(std::launch::async, [&p, gpu] {
-      pipeline_detail::VaeAhead a;
-      const auto t0 = Clock::now();
-      a.weights = pipeline_detail::run_vae_weights(p);
-      a.read_s = seconds_since(t0);
-      if (gpu >= 0)
-        a.decoder = plan_gpu_vae_decoder(p.vae, a.weights, p.latent_shape[2], p.latent_shape[3], gpu);
-      return a;
-    });
   if (p.fast_start) {
     // 1-3. Text encoder and experts stream in together; encoding and warm-up overlap the load.
     FastStart fs = gpu_fast_start(p, spec, uses, hooks);
@@ -742,6 +733,16 @@ GenerateResult run_generate(const GeneratePlan& p, const RunHooks& hooks, bool d
                                         : seeded_latents(p.latent_shape, p.seed);
 
   // 4. Sampling (the loop every run shares; --resume: from the saved sampler state).
+  if (decode && p.stop_after_steps == 0 && !p.image.defined() && (p.fast_start || gpu >= 0))
+    vae_ahead = std::async(std::launch::async, [&p, gpu] {
+      pipeline_detail::VaeAhead a;
+      const auto t0 = Clock::now();
+      a.weights = pipeline_detail::run_vae_weights(p);
+      a.read_s = seconds_since(t0);
+      if (gpu >= 0)
+        a.decoder = plan_gpu_vae_decoder(p.vae, a.weights, p.latent_shape[2], p.latent_shape[3], gpu);
+      return a;
+    });
   dit_model->set_condition(condition);
   pipeline_detail::denoise(p, *dit_model, cond, uncond, x, p.resume ? &p.resume->sampler : nullptr, hooks, probe, &r);
   dit_model.reset();  // frees the experts before the VAE decoder is built
