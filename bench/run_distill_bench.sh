@@ -28,6 +28,12 @@ for e in high low; do
   seed=1; [ $e = low ] && seed=2
   "$WAN" make-lora --config t2v-A14B --rank 64 --alpha 64 --dtype bf16 --seed $seed --output "$WORK/$e.safetensors" || exit 1
 done
+# One throwaway CUDA process first: on an idle machine the first process to open the device pays the
+# driver's one-time initialisation (~0.2 s measured; persistence mode avoids it), which no timed run
+# should carry.
+"$WAN" generate --weights random --config tiny --device cuda --prompt warm --size 64x64 --frames 5 --steps 2 \
+  --output "$WORK/warm.y4m" --quiet \
+  >/dev/null 2>&1 || echo "warning: the warm-up process failed"
 PROMPT="A red fox trotting through fresh snow at dawn, cinematic lighting"
 run() {  # name, then extra generate options
   local name=$1
