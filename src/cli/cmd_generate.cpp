@@ -357,7 +357,8 @@ int cmd_generate(int argc, char** argv) {
   const int code = write_outputs(run, *run.plan, o, par, out, overwrite_frames, interrupt, quiet, t_start);
   // A one-process GPU run that has written everything ends here: tearing down the CUDA context, the
   // library handles and what is still allocated is work the driver and the OS do anyway at exit, and
-  // it cost ~0.3 s of wall time after the video was written. Several processes (MPI) exit normally.
+  // it cost ~0.1 s of wall time after the video was written (the 720p run's wall minus its in-process
+  // total went from 0.35 to 0.25 s). Several processes (MPI) exit normally.
   if (code == 0 && !par.active() && run.plan->device != "cpu") {
     std::fflush(nullptr);
     std::_Exit(0);
