@@ -16,6 +16,7 @@
 
 #include "core/error.h"
 #include "kernels/check.h"
+#include "kernels/sm90_ptx.cuh"
 
 namespace wan::cuda {
 
@@ -59,75 +60,8 @@ struct Params {
   float scale_log2;       // scale · log2(e)
 };
 
-#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define WAN_OWN_ATTN_SM90A 1
-#endif
-
-#if defined(WAN_OWN_ATTN_SM90A)
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
-}
-__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  asm volatile(
-      "{\n.reg .pred done;\n"
-      "WAIT_%=:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra WAIT_%=;\n}\n" ::"r"(bar),
-      "r"(parity)
-      : "memory");
-}
-// One TMA box (64 dims, 1 head, 128 tokens, 1 sample) into shared memory, completing on `bar`.
-__device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap* map, uint32_t bar, int d0, int h, int t0,
-                                         int b) {
-  asm volatile(
-      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], "
-      "[%6];\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(d0), "r"(h), "r"(t0), "r"(b), "r"(bar)
-      : "memory");
-}
-// wgmma shared-memory descriptor, 128-byte swizzle.
-__device__ __forceinline__ uint64_t desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
-  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>(lbo >> 4) << 16) |
-         (static_cast<uint64_t>(sbo >> 4) << 32) | (uint64_t{1} << 62);
-}
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void wgmma_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
-// Keeps the compiler from moving accesses of accumulator registers across wgmma waits.
-template <int N>
-__device__ __forceinline__ void reg_fence(float (&d)[N]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
-// Named barriers 1 and 2 (0 is __syncthreads): the consumers' turns at the tensor cores (see below).
-__device__ __forceinline__ void named_bar_sync(int id, int threads) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-__device__ __forceinline__ void named_bar_arrive(int id, int threads) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-__device__ __forceinline__ float ex2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  uint32_t r;
-  asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-  return r;
-}
+#if defined(WAN_SM90A)
+using namespace sm90;
 // wgmma wrappers (generated operand lists).
 // S[64 x N] (+)= A[64 x 16] (shared, K-major) · B[16 x N] (shared, K-major); scale_d 0 overwrites S.
 template <int N>
@@ -160,25 +94,6 @@ __device__ __forceinline__ void wgmma_rs_tn(float (&d)[64], const uint32_t (&a)[
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
 }
 
-// Lane q of a quad holds a[i] = element q of 4-element group i (i = 0..3); stores, through a 4x4
-// transpose over the quad (two xor-butterfly stages, 4 shuffles), lane q's uint4 {group q from lanes 0..3}
-// at dst (if `store`): the quad's 4 lanes then write 4 whole, consecutive 16-byte chunks. Every lane of
-// the warp must call it (full-warp shuffles).
-__device__ __forceinline__ void store_quad_transposed(uint4* dst, const uint32_t (&a)[4], int lane, bool store) {
-  const bool b0 = lane & 1, b1 = lane & 2;
-  const uint32_t r0 = __shfl_xor_sync(0xffffffffu, b0 ? a[0] : a[1], 1);
-  const uint32_t r1 = __shfl_xor_sync(0xffffffffu, b0 ? a[2] : a[3], 1);
-  const uint32_t c0 = b0 ? r0 : a[0], c1 = b0 ? a[1] : r0, c2 = b0 ? r1 : a[2], c3 = b0 ? a[3] : r1;
-  const uint32_t u0 = __shfl_xor_sync(0xffffffffu, b1 ? c0 : c2, 2);
-  const uint32_t u1 = __shfl_xor_sync(0xffffffffu, b1 ? c1 : c3, 2);
-  if (store) *dst = b1 ? make_uint4(u0, u1, c2, c3) : make_uint4(c0, c1, u0, u1);
-}
-
-// Online-softmax state of the two rows a thread owns (r0 = 16·warp + lane/4 and r0 + 8).
-struct RowState {
-  float m[2];  // running max of the scaled scores, in log2 units
-  float l[2];  // running sum of exp2(s − m) over this thread's columns (reduced over the quad at the end)
-};
 
 // Softmax of one [64 x BN] tile in place (accumulator layout): s becomes exp2(s·scale_log2 − m_new);
 // alpha gets the factors exp2(m_old − m_new) that rescale the previous accumulator. Columns >= valid
@@ -260,7 +175,7 @@ __device__ __forceinline__ void decode_item(int w, int num_q_tiles, int H, int& 
   h = bh % H;
   b = bh / H;
 }
-#endif  // WAN_OWN_ATTN_SM90A
+#endif  // WAN_SM90A
 
 // Persistent kernel: CTA k runs work items k, k + gridDim.x, ... The producer runs ahead across items:
 // the K/V ring's stages and phases continue over items, and Q of the next item goes into the other Q
@@ -287,7 +202,7 @@ template <int BN, bool PP>
 __global__ void __launch_bounds__(kThreads, 1)
     attn_fwd_sm90(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                   const __grid_constant__ CUtensorMap tv, const Params p) {
-#if defined(WAN_OWN_ATTN_SM90A)
+#if defined(WAN_SM90A)
   constexpr uint32_t kKVHalf = BN * 128;  // bytes of one [BN][64] half
   constexpr uint32_t kKVTile = 2 * kKVHalf;
   constexpr int kQB = q_buffers(BN);
@@ -568,28 +483,12 @@ __global__ void __launch_bounds__(kThreads, 1)
       last_pv_and_epilogue();
     }
   }
-#endif  // WAN_OWN_ATTN_SM90A
+#endif  // WAN_SM90A
 }
 
 }  // namespace
 
 namespace {
-
-PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
-  static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
-  static std::once_flag once;
-  std::call_once(once, [] {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) == cudaSuccess &&
-        q == cudaDriverEntryPointSuccess)
-      fn = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
-    else
-      (void)cudaGetLastError();
-  });
-  WAN_CHECK(fn != nullptr, "attention_own: the CUDA driver has no cuTensorMapEncodeTiled");
-  return fn;
-}
 
 // Tensor map over a token-major [B, L, H, 128] bf16 tensor with token stride ld (elements): dims
 // (dim, head, token, sample), box (64, 1, box_rows, 1), 128-byte swizzle, zero fill out of bounds.
@@ -601,9 +500,9 @@ CUtensorMap make_map(const void* base, int64_t B, int64_t L, int64_t H, int64_t 
                                  static_cast<cuuint64_t>(L * ld * 2)};
   const cuuint32_t box[4] = {64, 1, box_rows, 1};
   const cuuint32_t estr[4] = {1, 1, 1, 1};
-  const CUresult r = encode_fn()(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<void*>(base), dims, strides, box,
-                                 estr, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  const CUresult r = sm90::encode_fn()(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<void*>(base), dims,
+                                       strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                       CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   WAN_CHECK(r == CUDA_SUCCESS, "attention_own: cuTensorMapEncodeTiled failed (error ", static_cast<int>(r),
             ") for B=", B, " L=", L, " H=", H, " token stride ", ld);
   return m;

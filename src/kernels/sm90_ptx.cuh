@@ -1,0 +1,134 @@
+// Hopper (sm_90a) device primitives shared by the engine's attention kernels (attention_own.cu, bf16;
+// attention_fp8.cu, e4m3): mbarriers, TMA tile loads, wgmma descriptors/fences, named barriers, the quad
+// transpose store, the online-softmax row state, and the host-side tensor-map encoder. Written from the
+// PTX ISA: wgmma (9.7.15), cp.async.bulk.tensor (9.7.9.25), mbarrier (9.7.13.15). Include only from .cu
+// files; the device part exists only in the sm_90a compilation pass (WAN_SM90A).
+#pragma once
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <cudaTypedefs.h>
+
+#include <cstdint>
+#include <mutex>
+
+#include "core/error.h"
+
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define WAN_SM90A 1
+#endif
+
+namespace wan::cuda::sm90 {
+
+#if defined(WAN_SM90A)
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
+}
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred done;\n"
+      "WAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT_%=;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+// One TMA box (64 dims, 1 head, 128 tokens, 1 sample) into shared memory, completing on `bar`.
+__device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap* map, uint32_t bar, int d0, int h, int t0,
+                                         int b) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], "
+      "[%6];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(d0), "r"(h), "r"(t0), "r"(b), "r"(bar)
+      : "memory");
+}
+// wgmma shared-memory descriptor, 128-byte swizzle.
+__device__ __forceinline__ uint64_t desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>(lbo >> 4) << 16) |
+         (static_cast<uint64_t>(sbo >> 4) << 32) | (uint64_t{1} << 62);
+}
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// Keeps the compiler from moving accesses of accumulator registers across wgmma waits.
+template <int N>
+__device__ __forceinline__ void reg_fence(float (&d)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+// Named barriers 1 and 2 (0 is __syncthreads): the consumers' turns at the tensor cores (see below).
+__device__ __forceinline__ void named_bar_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_bar_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  uint32_t r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+// One TMA box of a 3-D tensor map (coordinates innermost first) into shared memory, completing on `bar`.
+__device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1,
+                                            int c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], "
+      "[%5];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+      : "memory");
+}
+// Lane q of a quad holds a[i] = element q of 4-element group i (i = 0..3); stores, through a 4x4
+// transpose over the quad (two xor-butterfly stages, 4 shuffles), lane q's uint4 {group q from lanes 0..3}
+// at dst (if `store`): the quad's 4 lanes then write 4 whole, consecutive 16-byte chunks. Every lane of
+// the warp must call it (full-warp shuffles).
+__device__ __forceinline__ void store_quad_transposed(uint4* dst, const uint32_t (&a)[4], int lane, bool store) {
+  const bool b0 = lane & 1, b1 = lane & 2;
+  const uint32_t r0 = __shfl_xor_sync(0xffffffffu, b0 ? a[0] : a[1], 1);
+  const uint32_t r1 = __shfl_xor_sync(0xffffffffu, b0 ? a[2] : a[3], 1);
+  const uint32_t c0 = b0 ? r0 : a[0], c1 = b0 ? a[1] : r0, c2 = b0 ? r1 : a[2], c3 = b0 ? a[3] : r1;
+  const uint32_t u0 = __shfl_xor_sync(0xffffffffu, b1 ? c0 : c2, 2);
+  const uint32_t u1 = __shfl_xor_sync(0xffffffffu, b1 ? c1 : c3, 2);
+  if (store) *dst = b1 ? make_uint4(u0, u1, c2, c3) : make_uint4(c0, c1, u0, u1);
+}
+
+// Online-softmax state of the two rows a thread owns (r0 = 16·warp + lane/4 and r0 + 8).
+struct RowState {
+  float m[2];  // running max of the scaled scores, in log2 units
+  float l[2];  // running sum of exp2(s − m) over this thread's columns (reduced over the quad at the end)
+};
+#endif  // WAN_SM90A
+
+// The driver's cuTensorMapEncodeTiled, fetched once at run time (no link against libcuda).
+inline PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) == cudaSuccess &&
+        q == cudaDriverEntryPointSuccess)
+      fn = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+    else
+      (void)cudaGetLastError();
+  });
+  WAN_CHECK(fn != nullptr, "attention_own: the CUDA driver has no cuTensorMapEncodeTiled");
+  return fn;
+}
+
+}  // namespace wan::cuda::sm90
