@@ -164,8 +164,9 @@ std::vector<Option> generate_options_table() {
       flag_option("keep-text-encoder", "cuda: keep the text encoder resident next to the DiT (counted in the fit)"));
   t.push_back(flag_option("verbose", "print the GPU memory plan"));
   Option att = option("attention", Kind::Enum, "K", "auto",
-                      "GPU attention kernel: auto (the engine's own on sm_90, cuDNN elsewhere) | own | cudnn");
-  att.choices = {"auto", "own", "cudnn"};
+                      "GPU attention kernel: auto (the engine's own on sm_90, cuDNN elsewhere) | own | cudnn | own-fp8 "
+                      "(the own kernel with e4m3 Q/K/V/P, sm_90, opt-in, lossy; --precision fp8 picks it)");
+  att.choices = {"auto", "own", "cudnn", "own-fp8"};
   t.push_back(att);
   add_gemm_rows(t);
   Option gpus =
@@ -350,7 +351,8 @@ const CommandSpec& inspect_spec() {
 }
 
 const char* const kPrecisionFp8Note =
-    "note: --precision fp8 runs the DiT blocks' GEMMs in FP8; attention stays bf16 (no FP8 attention kernel yet)";
+    "note: --precision fp8 runs the DiT blocks' GEMMs and attention in FP8 (e4m3): faster, not the reference's "
+    "numbers (error bounds: bench/results/fp8-*.json)";
 
 void add_gemm_rows(std::vector<Option>& t) {
   Option gemm = option("gemm", Kind::Enum, "G", "bf16",
@@ -359,7 +361,7 @@ void add_gemm_rows(std::vector<Option>& t) {
   gemm.choices = {"bf16", "fp8"};
   t.push_back(gemm);
   Option precision = option("precision", Kind::Enum, "P", "exact",
-                            "exact (bf16 GEMMs and attention) | fp8 (= --gemm fp8; attention stays bf16)");
+                            "exact (bf16 GEMMs and attention) | fp8 (= --gemm fp8 --attention own-fp8)");
   precision.choices = {"exact", "fp8"};
   t.push_back(precision);
 }
@@ -370,6 +372,14 @@ std::string gemm_from(const Values& v) {
   if (v.has("gemm") && v.has("precision") && gemm != from_precision)
     throw OptionError("gemm", cat("{} ", gemm, " contradicts --precision ", precision));
   return v.has("gemm") ? gemm : from_precision;
+}
+
+std::string attention_from(const Values& v) {
+  const std::string precision = v.str("precision"), attention = v.str("attention");
+  if (precision != "fp8") return attention;
+  if (v.has("attention") && attention != "own-fp8")
+    throw OptionError("attention", cat("{} ", attention, " contradicts --precision fp8 (FP8 attention: own-fp8)"));
+  return "own-fp8";
 }
 
 GenerateOptions generate_options(const Values& v, ParallelArgs* parallel) {
@@ -400,7 +410,7 @@ GenerateOptions generate_options(const Values& v, ParallelArgs* parallel) {
   if (v.has("seed") && v.get_int("seed", -1) >= 0) o.seed = static_cast<uint64_t>(v.get_int("seed", -1));
   o.device = v.str("device");
   o.verbose = v.flag("verbose");
-  o.attention = v.str("attention");
+  o.attention = attention_from(v);
   o.gemm = gemm_from(v);
   o.prompt_embeds_file = v.get_or("prompt-embeds", "");
   o.negative_embeds_file = v.get_or("negative-prompt-embeds", "");

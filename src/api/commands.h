@@ -26,6 +26,8 @@ std::string default_video_output();
 // both are given). kPrecisionFp8Note: the one line a front end prints for --precision fp8.
 void add_gemm_rows(std::vector<Option>& t);
 std::string gemm_from(const Values& v);
+// --attention, or own-fp8 for --precision fp8 (a contradicting --attention is an OptionError).
+std::string attention_from(const Values& v);
 extern const char* const kPrecisionFp8Note;
 
 // A generate request's options as the pipeline takes them; `parallel` receives the multi-GPU options

@@ -80,14 +80,22 @@ BenchSettings parse_settings(const api::Values& args) {
   o.first_frame_t = o.task == "ti2v-5B" && !args.flag("uniform-t");
   o.json_path = args.get_or("json", "");
   if (!o.json_path.empty()) check_output_path(o.json_path, "--json");  // before any work
-  o.attention_name = args.str("attention");
+  o.attention_name = api::attention_from(args);
   o.gemm = api::gemm_from(args);
   if (args.str("precision") == "fp8") printf("%s\n", api::kPrecisionFp8Note);
-  if (o.gemm == "fp8") o.breakdown = false;  // its isolated ops run bf16 GEMMs
+  if (o.gemm == "fp8" || o.attention_name == "own-fp8") o.breakdown = false;  // its isolated ops run bf16
   return o;
 }
 
 #ifdef WAN_HAVE_CUDA
+
+const char* attention_label(cuda::DiTGpu::Attention a) {
+  switch (a) {
+    case cuda::DiTGpu::Attention::Own: return "own";
+    case cuda::DiTGpu::Attention::OwnFp8: return "own-fp8";
+    default: return "cudnn";
+  }
+}
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 // ANCHORS.md rates (H100, measured): FA3-class attention and cuBLAS bf16 GEMM; cuDNN SDPA.
@@ -177,7 +185,7 @@ ParallelRuns run_parallel(const api::Values& args, const BenchSettings& o, const
     const DiTGpu::Attention attention = DiTGpu::resolve_attention(attention_req);
     if (ctx.rank == 0) {
       p.layout = l, p.rank0 = true, p.bd = bench_device(ctx.device);
-      p.attention_used = attention == DiTGpu::Attention::Own ? "own" : "cudnn";
+      p.attention_used = attention_label(attention);
       printf("wan bench: %s %lldx%lld, %lld frames, %lld tokens/sample, batch %lld, %d GPUs: %s, %s attention\n",
              o.task.c_str(), (long long)geo.width, (long long)geo.height, (long long)geo.frames, (long long)geo.tokens,
              o.batch, ctx.world, dist::describe(l).c_str(), p.attention_used.c_str());
@@ -315,7 +323,7 @@ StepRig setup_device(const BenchSettings& o) {
   r.bd = bench_device(r.dev);
   CUDA_CHECK(cudaSetDevice(r.dev));
   r.attention = DiTGpu::resolve_attention(DiTGpu::parse_attention(o.attention_name));
-  r.attention_used = r.attention == DiTGpu::Attention::Own ? "own" : "cudnn";
+  r.attention_used = attention_label(r.attention);
   WAN_CHECK(o.gemm == "bf16" || fp8_supported(r.dev), "wan bench --gemm fp8: device ", r.dev,
             " has no FP8 GEMMs through cuBLASLt (they need an sm_90 GPU)");
   r.shape = step_shape(o);
@@ -717,8 +725,9 @@ const api::CommandSpec& bench_spec() {
       return (std::stoll(f) - 1) % 4 == 0 ? std::string() : cat("{} ", f, ": must be 4n+1");
     };
     api::Option attention = api::option("attention", Kind::Enum, "K", "auto",
-                                        "auto (the engine's own kernel on sm_90, cuDNN elsewhere) | own | cudnn");
-    attention.choices = {"auto", "own", "cudnn"};
+                                        "auto (the engine's own kernel on sm_90, cuDNN elsewhere) | own | cudnn | "
+                                        "own-fp8 (e4m3, opt-in; --precision fp8 picks it)");
+    attention.choices = {"auto", "own", "cudnn", "own-fp8"};
     Option profile = bench_int_option("profile-reps", "2", 0, 100,
                                       "eager forwards of the step with events around every GEMM and attention after "
                                       "the timed steps (median; 0: no in-step breakdown; one GPU)");

@@ -32,6 +32,7 @@
 
 #ifdef WAN_HAVE_CUDA
 #include "kernels/attention_cudnn.h"
+#include "kernels/attention_fp8.h"
 #include "kernels/attention_own.h"
 #include "kernels/check.h"
 #include "bench/dit_bench_gpu.h"
@@ -87,6 +88,7 @@ struct AttnSettings {
   long long reps = 0, warmup = 0, device = 0;
   double input_std = 1;
   std::string json_path;
+  bool fp8 = false;  // --attention own-fp8: the "own" slot times the FP8 kernel (quantisation passes included)
 };
 
 // --cases in the order given (a repeated name once), or all of them.
@@ -112,6 +114,7 @@ AttnSettings parse_settings(const api::Values& args) {
   s.device = args.device("device");
   s.input_std = args.get_double("input-std", 1.0);
   s.json_path = args.get_or("json", "");
+  s.fp8 = args.str("attention") == "own-fp8";
   if (!s.json_path.empty()) check_output_path(s.json_path, "--json");  // before any work
   return s;
 }
@@ -195,6 +198,7 @@ void print_intro(const AttnSettings& s, const AttnDevice& d) {
   printf("wan bench-attention: B=%lld H=%lld D=%lld bf16 inputs ~ N(0, %g^2), %lld warm-up + %lld timed calls per "
          "kernel (interleaved own/cuDNN), CUDA events, median\n",
          (long long)kB, (long long)kH, (long long)kD, s.input_std, s.warmup, s.reps);
+  if (s.fp8) printf("own = the FP8 kernel (--attention own-fp8): e4m3 Q/K/V/P, its quantisation passes timed too\n");
   printf("device %d: %s (sm_%d%d), %d SMs, %.1f GiB; driver %d, runtime %d, cuDNN %d\n", d.dev, d.bd.name.c_str(),
          d.prop.major, d.prop.minor, d.bd.sm_count, d.bd.total_bytes / (1024.0 * 1024.0 * 1024.0),
          d.bd.driver_version, d.bd.runtime_version, d.bd.cudnn_version);
@@ -309,6 +313,7 @@ struct CaseRun {
   KernelTimes t_own, t_cudnn;
   std::string cudnn_engine;
   size_t ws = 0;  // the cuDNN workspace
+  size_t fp8_ws = 0;  // the FP8 kernel's (--attention own-fp8)
   Compare cmp;
   int64_t row_step = 37;  // the sampled output rows
   bool bad() const { return cmp.nonfinite_own || cmp.nonfinite_cudnn; }
@@ -324,6 +329,7 @@ CaseRun run_case(const CaseDef& c, size_t ci, const AttnDevice& d, AttnRig& rig,
   WAN_ASSERT(!masked || static_cast<int64_t>(c.k_lens.size()) == kB, "bench-attention: k_lens of ", c.name);
   run.seed = 0xA770 + 16 * ci;
   run.own = d.own_ok, run.cudnn = rig.cudnn.has_value();
+  const bool fp8 = set.fp8;
   const cudaStream_t st = rig.stream.s;
 
   const AttentionShape s = case_shape(c);
@@ -337,12 +343,14 @@ CaseRun run_case(const CaseDef& c, size_t ci, const AttnDevice& d, AttnRig& rig,
   {
     size_t free_b = 0, total_b = 0;
     CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
-    const size_t need = (q_elems + kv_elems + 2 * o_elems) * sizeof(uint16_t) + run.ws + (size_t{256} << 20);
+    if (fp8) run.fp8_ws = OwnAttentionFp8::workspace_size(s);
+    const size_t need =
+        (q_elems + kv_elems + 2 * o_elems) * sizeof(uint16_t) + run.ws + run.fp8_ws + (size_t{256} << 20);
     WAN_CHECK(need <= free_b, "bench-attention: case ", c.name, " needs about ", need >> 20, " MiB of device memory, ",
               free_b >> 20, " MiB free");
   }
   DevMem<uint16_t> qbuf(q_elems), kvbuf(kv_elems), o_own(o_elems), o_cudnn(o_elems);
-  DevMem<uint8_t> dws(run.ws);
+  DevMem<uint8_t> dws(run.ws), dws_fp8(run.fp8_ws);
   DevMem<int32_t> dklens(masked ? static_cast<size_t>(kB) : 0);
   cuda::philox_normal_fill_bf16(qbuf.p, qbuf.n, run.seed, 0, rig.case_std, st);
   if (!c.self) cuda::philox_normal_fill_bf16(kvbuf.p, kvbuf.n, run.seed + 1, 0, rig.case_std, st);
@@ -358,11 +366,12 @@ CaseRun run_case(const CaseDef& c, size_t ci, const AttnDevice& d, AttnRig& rig,
   AttentionArgs a_own = a, a_cudnn = a;
   a_own.o = o_own.p;
   a_cudnn.o = o_cudnn.p;
-  if (d.own_ok) OwnAttention::validate(s);
+  if (d.own_ok) fp8 ? OwnAttentionFp8::validate(s) : OwnAttention::validate(s);
   run.flops = case_flops(c);
 
   auto launch = [&](bool own) {
-    if (own) OwnAttention::run(s, a_own, st);
+    if (own && fp8) OwnAttentionFp8::run(s, a_own, dws_fp8.p, run.fp8_ws, st);
+    else if (own) OwnAttention::run(s, a_own, st);
     else rig.cudnn->run(s, a_cudnn, dws.p, run.ws, st);
   };
   std::vector<bool> order;
@@ -437,6 +446,7 @@ nlohmann::json result_json(const AttnSettings& s, const AttnDevice& d, const nlo
   J["device"] = bench_device_json(d.bd);
   J["device"]["sm"] = cat(d.prop.major, d.prop.minor);
   J["own_supported"] = d.own_ok;
+  J["own_kernel"] = s.fp8 ? "own-fp8 (e4m3 Q/K/V/P, quantisation passes included in the time)" : "own (bf16)";
   J["env"] = nlohmann::json::object();  // the own kernel's experiment switches (attention_own.cu), when set
   for (const char* k : kOwnSwitches)
     if (const char* v = std::getenv(k)) J["env"][k] = v;
@@ -476,12 +486,17 @@ const api::CommandSpec& bench_attention_spec() {
       const double v = std::strtod(t.c_str(), nullptr);
       return v > 0 && v <= 64 ? std::string() : cat("{} ", t, ": expected a value in (0, 64]");
     };
+    api::Option attention = api::option("attention", Kind::Enum, "K", "own",
+                                        "the engine kernel in the \"own\" columns: own (bf16, exact) | own-fp8 (e4m3 "
+                                        "Q/K/V/P with its quantisation passes, opt-in, lossy)");
+    attention.choices = {"own", "own-fp8"};
     c.options = {
         api::option("cases", Kind::List, "", "all", "cases to run: " + case_names()),
         bench_int_option("reps", "10", 1, 1000, "timed calls of each kernel, interleaved own/cuDNN (median and min)"),
         bench_int_option("warmup", "2", 0, 100, "untimed calls of each kernel first"),
         bench_device_option(),
         input_std,
+        attention,
         bench_json_option(),
     };
     c.epilog =

@@ -477,7 +477,9 @@ IsolatedTimings time_ops_isolated(const DiTConfig& cfg, const DiTShape& shape, i
                                   DiTGpu::Attention attention) {
   WAN_CHECK(reps >= 1, "bench: breakdown reps must be >= 1");
   CUDA_CHECK(cudaSetDevice(device));
-  const bool own = DiTGpu::resolve_attention(attention) == DiTGpu::Attention::Own;
+  const DiTGpu::Attention resolved = DiTGpu::resolve_attention(attention);
+  WAN_CHECK(resolved != DiTGpu::Attention::OwnFp8, "bench: the isolated per-op breakdown times bf16 ops only");
+  const bool own = resolved == DiTGpu::Attention::Own;
   const Geometry g = breakdown_geometry(cfg, shape);
 
   CudnnAttention attn;

@@ -95,54 +95,6 @@ __device__ __forceinline__ void wgmma_rs_tn(float (&d)[64], const uint32_t (&a)[
 }
 
 
-// Softmax of one [64 x BN] tile in place (accumulator layout): s becomes exp2(s·scale_log2 − m_new);
-// alpha gets the factors exp2(m_old − m_new) that rescale the previous accumulator. Columns >= valid
-// (tile-relative) are masked.
-template <int BN>
-__device__ __forceinline__ void softmax_tile(float (&s)[BN / 2], RowState& st, float scale_log2, int valid, int lane,
-                                             float (&alpha)[2]) {
-  if (valid < BN) {
-    const int c0 = 2 * (lane & 3);
-#pragma unroll
-    for (int i = 0; i < BN / 2; ++i) {
-      const int col = 8 * (i >> 2) + c0 + (i & 1);
-      if (col >= valid) s[i] = -INFINITY;
-    }
-  }
-  // Row maxima and sums over the thread's BN/4 columns per row in 4 independent chains (element i
-  // belongs to row (i >> 1) & 1 and chain (i >> 2) & 3), so the dependent latency between the S tile's
-  // arrival and the first exp2 is ~BN/16 + 2 steps instead of BN/4.
-  float mc[2][4];
-#pragma unroll
-  for (int r = 0; r < 2; ++r)
-#pragma unroll
-    for (int k = 0; k < 4; ++k) mc[r][k] = -INFINITY;
-#pragma unroll
-  for (int i = 0; i < BN / 2; ++i) mc[(i >> 1) & 1][(i >> 2) & 3] = fmaxf(mc[(i >> 1) & 1][(i >> 2) & 3], s[i]);
-  float mx[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) mx[r] = fmaxf(fmaxf(mc[r][0], mc[r][1]), fmaxf(mc[r][2], mc[r][3]));
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-    const float m_new = fmaxf(st.m[r], mx[r] * scale_log2);
-    alpha[r] = ex2(st.m[r] - m_new);  // st.m = -inf on the first tile: alpha = 0
-    st.m[r] = m_new;
-    st.l[r] *= alpha[r];
-  }
-  const float neg_m[2] = {-st.m[0], -st.m[1]};
-  float lc[2][4] = {};
-#pragma unroll
-  for (int i = 0; i < BN / 2; ++i) {
-    const int r = (i >> 1) & 1;
-    s[i] = ex2(fmaf(s[i], scale_log2, neg_m[r]));
-    lc[r][(i >> 2) & 3] += s[i];
-  }
-#pragma unroll
-  for (int r = 0; r < 2; ++r) st.l[r] += (lc[r][0] + lc[r][1]) + (lc[r][2] + lc[r][3]);
-}
-
 template <int BN>
 __device__ __forceinline__ void to_bf16_fragments(const float (&s)[BN / 2], uint32_t (&p)[BN / 4]) {
 #pragma unroll

@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "core/fp8_rows.h"
 #include "kernels/check.h"
+#include "kernels/fp8_cvt.cuh"
 
 namespace wan::cuda {
 namespace {
@@ -19,18 +20,6 @@ constexpr int kChunk = 8;                // elements per chunk: one 16-byte bf16
 constexpr int kRowThreads = 256;         // block size the launcher aims for (enough loads in flight per SM)
 constexpr int kMaxRowThreads = 512;      // with 8 chunks per thread: K <= 32768 stays in registers
 constexpr int kMaxChunksPerThread = 8;   // 64 values in registers per thread at most
-
-// Two scaled values -> two e4m3 bytes (a in the low byte), equal to wan::f32_to_f8e4m3 for |v| <= 464
-// (check_e4m3_conversion proves it on the device): on sm_89+ one cvt instruction per pair; the sign
-// of a zero result is taken from the input, as f32_to_f8e4m3 does (-tiny -> 0x80).
-__device__ __forceinline__ uint32_t cvt_e4m3x2(float a, float b) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-  const uint32_t h = __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3);
-  return h | ((__float_as_uint(a) >> 24) & 0x80u) | ((__float_as_uint(b) >> 16) & 0x8000u);
-#else
-  return static_cast<uint32_t>(f32_to_f8e4m3(a)) | (static_cast<uint32_t>(f32_to_f8e4m3(b)) << 8);
-#endif
-}
 
 // Eight consecutive elements, kept raw between the two passes (4 registers for bf16, 8 for fp32).
 template <typename T>

@@ -163,8 +163,9 @@ std::future<void> plan_device(const GenerateOptions& o, GeneratePlan& p) {
   p.device = o.device;
   p.verbose = o.verbose;
   const bool on_gpu = parse_device(o.device) >= 0;
-  WAN_CHECK_OPTION("attention", o.attention == "auto" || o.attention == "own" || o.attention == "cudnn",
-                   "{}: expected auto, own or cudnn, got '", o.attention, "'");
+  WAN_CHECK_OPTION("attention",
+                   o.attention == "auto" || o.attention == "own" || o.attention == "cudnn" || o.attention == "own-fp8",
+                   "{}: expected auto, own, cudnn or own-fp8, got '", o.attention, "'");
   WAN_CHECK_OPTION("attention", on_gpu || o.attention == "auto", "{} ", o.attention, " applies to --device cuda only");
   p.attention = o.attention;
   WAN_CHECK_OPTION("gemm", o.gemm == "bf16" || o.gemm == "fp8", "{}: expected bf16 or fp8, got '", o.gemm, "'");

@@ -13,6 +13,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "kernels/attention_cudnn.h"
+#include "kernels/attention_fp8.h"
 #include "kernels/attention_own.h"
 #include "kernels/check.h"
 #include "models/dit/dit_gpu_geometry.h"
@@ -169,6 +170,7 @@ struct DiTGpu::Impl {
   void setup_parallel();
   void run_attention(const AttentionShape& sh, const AttentionArgs& a, cudaStream_t s) {
     if (attn) attn->run(sh, a, attn_ws, attn_ws_bytes, s);
+    else if (opt.attention == Attention::OwnFp8) OwnAttentionFp8::run(sh, a, attn_ws, attn_ws_bytes, s);
     else OwnAttention::run(sh, a, s);
   }
   // The forward's GEMMs and (single-GPU / CFG-parallel) attentions, bracketed by events when profiling.
@@ -518,6 +520,11 @@ DiTGpu DiTGpu::create(const DiTConfig& cfg, const std::vector<DiTWeightSource>& 
     im->attn = std::make_unique<CudnnAttention>();
     for (const AttentionShape& a : attention_shapes(im->max_geo, true))
       im->attn_ws_bytes = std::max(im->attn_ws_bytes, im->attn->workspace_size(a));
+  } else if (im->opt.attention == Attention::OwnFp8) {
+    for (const AttentionShape& a : attention_shapes(im->max_geo, true)) {
+      OwnAttentionFp8::validate(a);
+      im->attn_ws_bytes = std::max(im->attn_ws_bytes, OwnAttentionFp8::workspace_size(a));
+    }
   } else {
     for (const AttentionShape& a : attention_shapes(im->max_geo, true)) OwnAttention::validate(a);
   }
@@ -674,11 +681,17 @@ DiTGpu::Attention DiTGpu::parse_attention(const std::string& s) {
   if (s == "auto") return Attention::Auto;
   if (s == "cudnn") return Attention::Cudnn;
   if (s == "own") return Attention::Own;
-  WAN_THROW("--attention: expected auto, cudnn or own, got '", s, "'");
+  if (s == "own-fp8") return Attention::OwnFp8;
+  WAN_THROW("--attention: expected auto, cudnn, own or own-fp8, got '", s, "'");
 }
 
 DiTGpu::Attention DiTGpu::resolve_attention(Attention a) {
   if (a == Attention::Cudnn) return a;
+  if (a == Attention::OwnFp8) {
+    WAN_CHECK(OwnAttentionFp8::supported(), "--attention own-fp8: the FP8 attention kernel needs an sm_90 (Hopper) "
+                                            "GPU built with the sm_90a target");
+    return a;
+  }
   const bool own_ok = OwnAttention::supported();
   if (a == Attention::Own) {
     WAN_CHECK(own_ok, "--attention own: the engine's attention kernel needs an sm_90 (Hopper) GPU built with the "

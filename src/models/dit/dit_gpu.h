@@ -213,8 +213,9 @@ struct OpProfile {
 
 class DiTGpu {
  public:
-  // Attention kernel: Auto = the engine's own Hopper kernel (attention_own.h) on sm_90, cuDNN elsewhere.
-  enum class Attention { Auto, Cudnn, Own };
+  // Attention kernel: Auto = the engine's own Hopper kernel (attention_own.h) on sm_90, cuDNN elsewhere;
+  // OwnFp8 = the own FP8 kernel (attention_fp8.h, opt-in, lossy: its workspace is in the arena's plan).
+  enum class Attention { Auto, Cudnn, Own, OwnFp8 };
   using Gemm = DiTGemm;
   struct Options {
     int device = 0;
@@ -248,9 +249,9 @@ class DiTGpu {
     };
     Parallel parallel;
   };
-  // "auto" | "cudnn" | "own"; throws wan::Error otherwise.
+  // "auto" | "cudnn" | "own" | "own-fp8"; throws wan::Error otherwise.
   static Attention parse_attention(const std::string& s);
-  // The kernel `a` resolves to on the current device (never Auto); Own on a non-sm_90 device throws.
+  // The kernel `a` resolves to on the current device (never Auto); Own / OwnFp8 on a non-sm_90 device throw.
   static Attention resolve_attention(Attention a);
   Attention attention() const;  // what this object runs
   // "bf16" | "fp8"; throws wan::Error otherwise.

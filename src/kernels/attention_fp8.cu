@@ -1,0 +1,430 @@
+// The engine's own FP8 attention forward for Hopper (see attention_fp8.h for the scheme and the contract).
+// The kernel is attention_own.cu's long-key path (one 128-row query tile per CTA, a TMA producer warp,
+// two ping-ponging consumer warpgroups, online softmax in fp32) with e4m3 operands:
+//   S = Q·Kᵀ: wgmma m64n128k32 e4m3, both operands K-major from shared memory (one 128-byte row holds a
+//   whole head of 128 e4m3 values, so a 128-byte-swizzled TMA box is a whole Q or K tile);
+//   softmax: s·f with f = scale·log2(e)·sq·sk per tile, numerators 256·exp2(...) (kExpOffset 8);
+//   O += P·V: P converted to e4m3 in registers in the accumulator's order, V read transposed ([dims][keys],
+//   K-major) with the keys permuted per 16 by the quantiser to match (attention_fp8_quant.cu);
+//   epilogue: O · (1/l) · sv (V's per-channel scale), the LSE with the K-smoothing correction.
+#include "kernels/attention_fp8.h"
+
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+#include <cudaTypedefs.h>
+
+#include <algorithm>
+#include <cmath>
+#include <mutex>
+#include <vector>
+
+#include "core/error.h"
+#include "core/fp8_rows.h"
+#include "kernels/check.h"
+#include "kernels/sm90_ptx.cuh"
+
+namespace wan::cuda {
+namespace {
+
+constexpr int kBlockM = 128;  // query rows per work item (two consumer warpgroups of 64)
+constexpr int kHeadDim = 128;
+constexpr int kBN = 128;      // keys per tile (= the K scale block of the quantiser)
+constexpr int kThreads = 384;
+constexpr int kStages = 2;
+constexpr uint32_t kQBytes = kBlockM * kHeadDim;  // e4m3: one byte per element
+constexpr uint32_t kKBytes = kBN * kHeadDim;
+constexpr uint32_t kVBytes = kHeadDim * kBN;
+constexpr size_t kSmem = kQBytes + size_t{kStages} * (kKBytes + kVBytes) + 1024 /*align*/ + 256 /*barriers*/;
+
+struct Params {
+  int B, Lq, Lk, H;
+  int num_q_tiles, k_blocks;
+  const int32_t* k_lens;  // nullable
+  __nv_bfloat16* o;
+  int64_t o_ld;
+  float* lse;             // nullable [B, H, Lq]
+  float scale_log2;       // scale · log2(e)
+  float scale;
+  const float *q_scale, *k_scale, *q_mean_dot;  // q_mean_dot: with lse
+  const uint32_t* v_amax;
+};
+
+#if defined(WAN_SM90A)
+using namespace sm90;
+
+// S[64 x 128] (+)= Q[64 x 32] (shared, K-major) · K[32 x 128] (shared, K-major); scale_d 0 overwrites S.
+__device__ __forceinline__ void wgmma_ss_e4m3(float (&d)[64], uint64_t da, uint64_t db, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(da), "l"(db), "r"(scale_d));
+}
+// O[64 x 128] += P[64 x 32] (registers, 4 x e4m3x4) · Vᵀ[32 x 128] (shared, K-major).
+__device__ __forceinline__ void wgmma_rs_e4m3(float (&d)[64], const uint32_t (&a)[4], uint64_t db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+}
+
+// Four probabilities (>= 0, <= 256) -> four e4m3 bytes, v0 in the low byte.
+__device__ __forceinline__ uint32_t e4m3x4(float v0, float v1, float v2, float v3) {
+  const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(v0, v1), __NV_SATFINITE, __NV_E4M3);
+  const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(v2, v3), __NV_SATFINITE, __NV_E4M3);
+  return lo | (hi << 16);
+}
+// The softmax tile (accumulator layout: s[i] is row (i>>1)&1, column 8·(i>>2) + 2·(lane&3) + (i&1)) as
+// P·V's A fragments: per 32 keys, register 0 holds row 0's columns {0,1,8,9} + 2·(lane&3) and so on, i.e.
+// fragment position 4t + i of each 16-column half holds column 8·(i/2) + 2t + (i mod 2). The quantiser
+// writes V's keys in that order, so no data moves between lanes.
+__device__ __forceinline__ void to_fp8_fragments(const float (&s)[kBN / 2], uint32_t (&p)[kBN / 8]) {
+#pragma unroll
+  for (int kk = 0; kk < kBN / 32; ++kk) {
+    const int b = 16 * kk;
+    p[4 * kk + 0] = e4m3x4(s[b + 0], s[b + 1], s[b + 4], s[b + 5]);
+    p[4 * kk + 1] = e4m3x4(s[b + 2], s[b + 3], s[b + 6], s[b + 7]);
+    p[4 * kk + 2] = e4m3x4(s[b + 8], s[b + 9], s[b + 12], s[b + 13]);
+    p[4 * kk + 3] = e4m3x4(s[b + 10], s[b + 11], s[b + 14], s[b + 15]);
+  }
+}
+__device__ __forceinline__ void issue_qk(float (&s)[kBN / 2], uint32_t q_base, uint32_t k_base) {
+#pragma unroll
+  for (int kk = 0; kk < kHeadDim / 32; ++kk)
+    wgmma_ss_e4m3(s, desc(q_base + 32 * kk, 16, 1024), desc(k_base + 32 * kk, 16, 1024), kk > 0);
+}
+__device__ __forceinline__ void issue_pv(float (&o)[64], const uint32_t (&p)[kBN / 8], uint32_t v_base) {
+#pragma unroll
+  for (int kk = 0; kk < kBN / 32; ++kk) {
+    const uint32_t a[4] = {p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3]};
+    wgmma_rs_e4m3(o, a, desc(v_base + 32 * kk, 16, 1024));
+  }
+}
+__device__ __forceinline__ void decode_item(int w, int num_q_tiles, int H, int& qt, int& h, int& b) {
+  qt = w % num_q_tiles;
+  const int bh = w / num_q_tiles;
+  h = bh % H;
+  b = bh / H;
+}
+#endif  // WAN_SM90A
+
+template <bool PP>
+__global__ void __launch_bounds__(kThreads, 1)
+    attn_fp8_sm90(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
+                  const __grid_constant__ CUtensorMap tv, const Params p) {
+#if defined(WAN_SM90A)
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
+  const uint32_t sQ = smem_u32(smem);
+  const uint32_t sK = sQ + kQBytes;                  // stage s at sK + s·kKBytes
+  const uint32_t sV = sK + kStages * kKBytes;        // stage s at sV + s·kVBytes
+  const uint32_t bars = sV + kStages * kVBytes;
+  const uint32_t q_full = bars, q_empty = bars + 8;
+  auto k_full = [&](int s) { return bars + 8u * (2 + s); };
+  auto v_full = [&](int s) { return bars + 8u * (2 + kStages + s); };
+  auto k_empty = [&](int s) { return bars + 8u * (2 + 2 * kStages + s); };
+  auto v_empty = [&](int s) { return bars + 8u * (2 + 3 * kStages + s); };
+
+  const int tid = threadIdx.x;
+  const int wg = tid / 128;
+  const int num_items = p.num_q_tiles * p.H * p.B;
+  auto n_valid_of = [&](int b) {
+    const int n = p.k_lens ? p.k_lens[b] : p.Lk;
+    return n < 1 ? 1 : (n > p.Lk ? p.Lk : n);
+  };
+  if (tid == 0) {
+    mbar_init(q_full, 1);
+    mbar_init(q_empty, 256);
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(k_full(s), 1);
+      mbar_init(v_full(s), 1);
+      mbar_init(k_empty(s), 8);
+      mbar_init(v_empty(s), 8);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    // ---- producer ----
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
+    if (tid != 0) return;
+    auto load_kv = [&](bool is_v, uint32_t pos, int n, int bh) {
+      const int s = pos % kStages;
+      const uint32_t full = is_v ? v_full(s) : k_full(s);
+      mbar_wait(is_v ? v_empty(s) : k_empty(s), ((pos / kStages) & 1) ^ 1);
+      mbar_expect_tx(full, is_v ? kVBytes : kKBytes);
+      if (is_v) tma_load_3d(sV + s * kVBytes, &tv, full, n * kBN, 0, bh);
+      else tma_load_3d(sK + s * kKBytes, &tk, full, 0, n * kBN, bh);
+    };
+    uint32_t it = 0, item = 0;
+    for (int w = blockIdx.x; w < num_items; w += gridDim.x, ++item) {
+      int qt, h, b;
+      decode_item(w, p.num_q_tiles, p.H, qt, h, b);
+      const int bh = b * p.H + h;
+      const int n_tiles = (n_valid_of(b) + kBN - 1) / kBN;
+      mbar_wait(q_empty, (item & 1) ^ 1);
+      mbar_expect_tx(q_full, kQBytes);
+      tma_load_3d(sQ, &tq, q_full, 0, qt * kBlockM, bh);
+      load_kv(false, it, 0, bh);
+      for (int n = 0; n < n_tiles; ++n) {
+        if (n + 1 < n_tiles) load_kv(false, it + n + 1, n + 1, bh);
+        load_kv(true, it + n, n, bh);
+      }
+      it += n_tiles;
+    }
+    return;
+  }
+
+  // ---- consumers ----
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
+  const int c = wg - 1;
+  const int t = tid - 128 * wg;
+  const int warp = t / 32, lane = t % 32;
+  auto release = [&](uint32_t bar) {
+    if (lane == 0) mbar_arrive(bar);
+  };
+  auto turn_begin = [&] {
+    if constexpr (PP) named_bar_sync(1 + c, 256);
+  };
+  auto turn_end = [&] {
+    if constexpr (PP) named_bar_arrive(2 - c, 256);
+  };
+  if constexpr (PP) {
+    if (c == 1) named_bar_arrive(1, 256);
+  }
+
+  float s[kBN / 2], o[64];
+  uint32_t pf[kBN / 8];
+  RowState st;
+  float alpha[2] = {0.f, 0.f};
+  uint32_t pend_pos = 0;
+  int qt = 0, h = 0, b = 0, bh = 0, n_valid = 0, n_tiles = 0;
+  uint32_t it = 0, item = 0;
+  float fq = 0.f;  // scale·log2(e)·sq of the item's Q block
+  const uint32_t q_base = sQ + c * (64 * 128);
+
+  auto tile_factor = [&](int n) { return fq * p.k_scale[static_cast<int64_t>(bh) * p.k_blocks + n]; };
+  auto epilogue = [&] {
+    float inv_l[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float l = st.l[r];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      inv_l[r] = 1.f / l;
+      const int row = qt * kBlockM + 64 * c + 16 * warp + (lane >> 2) + 8 * r;
+      if (p.lse && (lane & 3) == 0 && row < p.Lq) {
+        const int64_t bhr = static_cast<int64_t>(bh) * p.Lq + row;
+        p.lse[bhr] = (st.m[r] + __log2f(l) - 8.f) * 0.69314718055994531f + p.scale * p.q_mean_dot[bhr];
+      }
+    }
+    // V's per-channel scales of this thread's 32 columns 8j + 2(lane&3) + e.
+    float sv[16][2];
+#pragma unroll
+    for (int j = 0; j < 16; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e)
+        sv[j][e] = fp8::row_scale(p.v_amax[static_cast<int64_t>(bh) * kHeadDim + 8 * j + 2 * (lane & 3) + e]).scale;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = qt * kBlockM + 64 * c + 16 * warp + (lane >> 2) + 8 * r;
+      const bool in_range = row < p.Lq;
+      uint4* dst = reinterpret_cast<uint4*>(p.o + (static_cast<int64_t>(b) * p.Lq + row) * p.o_ld +
+                                            static_cast<int64_t>(h) * kHeadDim) + (lane & 3);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        uint32_t a[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int j = 4 * k + i;
+          a[i] = pack_bf16(o[4 * j + 2 * r] * inv_l[r] * sv[j][0], o[4 * j + 2 * r + 1] * inv_l[r] * sv[j][1]);
+        }
+        store_quad_transposed(dst + 4 * k, a, lane, in_range);
+      }
+    }
+  };
+  auto rescale_and_issue_pv = [&](int sp) {
+#pragma unroll
+    for (int i = 0; i < 64; ++i) o[i] *= alpha[(i >> 1) & 1];
+    wgmma_fence();
+    issue_pv(o, pf, sV + sp * kVBytes);
+    wgmma_commit();
+  };
+  for (int w = blockIdx.x; w < num_items; w += gridDim.x, ++item) {
+    decode_item(w, p.num_q_tiles, p.H, qt, h, b);
+    bh = b * p.H + h;
+    n_valid = n_valid_of(b);
+    n_tiles = (n_valid + kBN - 1) / kBN;
+    fq = p.scale_log2 * p.q_scale[static_cast<int64_t>(bh) * p.num_q_tiles + qt];
+    st.m[0] = st.m[1] = -INFINITY;
+    st.l[0] = st.l[1] = 0.f;
+#pragma unroll
+    for (int i = 0; i < 64; ++i) o[i] = 0.f;
+    mbar_wait(q_full, item & 1);
+    {  // tile 0: S_0 alone
+      const int s0 = it % kStages;
+      const float f0 = tile_factor(0);
+      mbar_wait(k_full(s0), (it / kStages) & 1);
+      turn_begin();
+      wgmma_fence();
+      issue_qk(s, q_base, sK + s0 * kKBytes);
+      wgmma_commit();
+      turn_end();
+      wgmma_wait<0>();
+      reg_fence(s);
+      release(k_empty(s0));
+      if (n_tiles == 1) mbar_arrive(q_empty);
+      softmax_tile<kBN, 8>(s, st, f0, n_valid, lane, alpha);
+      to_fp8_fragments(s, pf);
+      pend_pos = it;
+    }
+    for (int n = 1; n < n_tiles; ++n) {  // S_n issued, then O += P_{n-1}·V_{n-1} in the same turn
+      const uint32_t cur = it + n;
+      const int sn = cur % kStages, sp = pend_pos % kStages;
+      const float fn = tile_factor(n);
+      mbar_wait(k_full(sn), (cur / kStages) & 1);
+      mbar_wait(v_full(sp), (pend_pos / kStages) & 1);
+      turn_begin();
+      wgmma_fence();
+      issue_qk(s, q_base, sK + sn * kKBytes);
+      wgmma_commit();
+      rescale_and_issue_pv(sp);
+      turn_end();
+      wgmma_wait<1>();
+      reg_fence(s);
+      release(k_empty(sn));
+      if (n == n_tiles - 1) mbar_arrive(q_empty);
+      softmax_tile<kBN, 8>(s, st, fn, n_valid - n * kBN, lane, alpha);
+      wgmma_wait<0>();
+      reg_fence(o);
+      release(v_empty(sp));
+      to_fp8_fragments(s, pf);
+      pend_pos = cur;
+    }
+    it += n_tiles;
+    {  // the last P·V and the epilogue
+      const int sp = pend_pos % kStages;
+      mbar_wait(v_full(sp), (pend_pos / kStages) & 1);
+      turn_begin();
+      rescale_and_issue_pv(sp);
+      turn_end();
+      wgmma_wait<0>();
+      reg_fence(o);
+      release(v_empty(sp));
+      epilogue();
+    }
+  }
+#endif  // WAN_SM90A
+}
+
+// Tensor map over e4m3 bytes [outer][rows][inner] (dense), box (box_inner, box_rows, 1), 128-byte swizzle.
+CUtensorMap make_map(const void* base, int64_t inner, int64_t rows, int64_t outer, uint32_t box_inner,
+                     uint32_t box_rows) {
+  CUtensorMap m;
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(inner), static_cast<cuuint64_t>(rows),
+                              static_cast<cuuint64_t>(outer)};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(inner), static_cast<cuuint64_t>(inner * rows)};
+  const cuuint32_t box[3] = {box_inner, box_rows, 1};
+  const cuuint32_t estr[3] = {1, 1, 1};
+  const CUresult r = sm90::encode_fn()(&m, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, const_cast<void*>(base), dims, strides,
+                                       box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                       CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  WAN_CHECK(r == CUDA_SUCCESS, "attention_fp8: cuTensorMapEncodeTiled failed (error ", static_cast<int>(r),
+            ") for ", inner, " x ", rows, " x ", outer);
+  return m;
+}
+
+template <bool PP>
+void launch(unsigned grid, const CUtensorMap& tq, const CUtensorMap& tk, const CUtensorMap& tv, const Params& p,
+            cudaStream_t stream) {
+  static_assert(kSmem <= 232448, "attention_fp8: shared memory over the sm_90 limit");
+  static std::mutex mu;
+  static std::vector<bool> set_on;
+  int dev = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (set_on.size() <= static_cast<size_t>(dev)) set_on.resize(static_cast<size_t>(dev) + 1, false);
+    if (!set_on[static_cast<size_t>(dev)]) {
+      CUDA_CHECK(cudaFuncSetAttribute(attn_fp8_sm90<PP>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      static_cast<int>(kSmem)));
+      set_on[static_cast<size_t>(dev)] = true;
+    }
+  }
+  attn_fp8_sm90<PP><<<grid, kThreads, kSmem, stream>>>(tq, tk, tv, p);
+}
+
+}  // namespace
+
+bool OwnAttentionFp8::supported() {
+  int dev = 0;
+  cudaDeviceProp prop{};
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaGetDeviceProperties(&prop, dev) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  if (prop.major != 9 || prop.minor != 0) return false;
+  cudaFuncAttributes fa{};
+  if (cudaFuncGetAttributes(&fa, attn_fp8_sm90<true>) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return fa.binaryVersion >= 90;
+}
+
+void OwnAttentionFp8::validate(const AttentionShape& s) {
+  WAN_CHECK(s.D == kHeadDim, "attention_fp8: head dim ", s.D, " unsupported (only 128)");
+  WAN_CHECK(s.out == AttnOutType::BF16, "attention_fp8: only bf16 output is supported");
+  WAN_CHECK(s.B >= 1 && s.Lq >= 1 && s.Lk >= 1 && s.H >= 1, "attention_fp8: bad shape B=", s.B, " Lq=", s.Lq,
+            " Lk=", s.Lk, " H=", s.H);
+  WAN_CHECK(s.B * s.H <= 65535 && s.Lq <= (int64_t{1} << 30) && s.Lk <= (int64_t{1} << 30),
+            "attention_fp8: shape too large B=", s.B, " H=", s.H, " Lq=", s.Lq, " Lk=", s.Lk);
+  for (int64_t ld : {s.q_ld, s.k_ld, s.v_ld, s.o_ld})
+    WAN_CHECK(ld == 0 || (ld >= s.H * s.D && ld % 8 == 0), "attention_fp8: token stride ", ld,
+              " must be >= H*D = ", s.H * s.D, " and a multiple of 8");
+}
+
+void OwnAttentionFp8::run(const AttentionShape& s, const AttentionArgs& a, void* workspace, size_t workspace_bytes,
+                          cudaStream_t stream) {
+  validate(s);
+  WAN_CHECK(a.q && a.k && a.v && a.o, "attention_fp8: null Q/K/V/O pointer");
+  WAN_CHECK(!s.masked || a.k_lens, "attention_fp8: masked shape without k_lens");
+  WAN_CHECK(!s.lse || a.lse, "attention_fp8: lse requested without a buffer");
+  for (const void* ptr : {a.q, a.k, a.v, static_cast<const void*>(a.o)})
+    WAN_CHECK(reinterpret_cast<uintptr_t>(ptr) % 16 == 0, "attention_fp8: pointers must be 16-byte aligned");
+  const Fp8AttentionLayout l = fp8_attention_layout(s);
+  WAN_CHECK(workspace && workspace_bytes >= l.bytes && reinterpret_cast<uintptr_t>(workspace) % 256 == 0,
+            "attention_fp8: workspace of ", workspace_bytes, " B, needs ", l.bytes, " B (256-byte aligned)");
+  auto* ws = static_cast<uint8_t*>(workspace);
+  fp8_attention_quantize(s, a, l, ws, stream);
+  Params p{};
+  p.B = static_cast<int>(s.B), p.Lq = static_cast<int>(s.Lq), p.Lk = static_cast<int>(s.Lk), p.H = static_cast<int>(s.H);
+  p.num_q_tiles = static_cast<int>(l.q_tiles), p.k_blocks = static_cast<int>(l.k_blocks);
+  p.k_lens = s.masked ? a.k_lens : nullptr;
+  p.o = static_cast<__nv_bfloat16*>(a.o);
+  p.o_ld = s.o_ld ? s.o_ld : s.H * kHeadDim;
+  p.lse = s.lse ? a.lse : nullptr;
+  p.scale = a.scale != 0.f ? a.scale : static_cast<float>(1.0 / std::sqrt(static_cast<double>(kHeadDim)));
+  p.scale_log2 = p.scale * 1.4426950408889634f;
+  p.q_scale = reinterpret_cast<const float*>(ws + l.q_scale);
+  p.k_scale = reinterpret_cast<const float*>(ws + l.k_scale);
+  p.q_mean_dot = reinterpret_cast<const float*>(ws + l.q_mean_dot);
+  p.v_amax = reinterpret_cast<const uint32_t*>(ws + l.v_amax);
+  const int64_t items = l.q_tiles * l.BH;
+  WAN_CHECK(items < (int64_t{1} << 31), "attention_fp8: too many work items (", items, ")");
+  const CUtensorMap tq = make_map(ws + l.q, kHeadDim, s.Lq, l.BH, kHeadDim, kBlockM);
+  const CUtensorMap tk = make_map(ws + l.k, kHeadDim, s.Lk, l.BH, kHeadDim, kBN);
+  const CUtensorMap tv = make_map(ws + l.vt, l.Lk16, kHeadDim, l.BH, kBN, kHeadDim);
+  bool pp = true;
+  if (const char* e = std::getenv("WAN_ATTN_PINGPONG")) pp = e[0] != '0';
+  pp ? launch<true>(static_cast<unsigned>(items), tq, tk, tv, p, stream)
+     : launch<false>(static_cast<unsigned>(items), tq, tk, tv, p, stream);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace wan::cuda
