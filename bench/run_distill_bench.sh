@@ -7,7 +7,7 @@
 # Writes bench/results/distill-e2e-<UTC date>.json (a -b, -c suffix when that exists; copied to $OUT) with
 # device, commit, date, rows {name, seconds, ...} and every run's timings JSON.
 # Usage: WAN_COMMIT=<sha> bench/run_distill_bench.sh; carried: .carry/prefix. WAN_BIN skips the build,
-# WAN_DISTILL_SKIP_LOAD=1 the load measurement, WAN_DISTILL_FP8=1 adds the LoRA run with --gemm fp8.
+# WAN_DISTILL_SKIP_LOAD=1 the load measurement, WAN_DISTILL_FP8=1 adds the LoRA run with --precision fp8 (FP8 GEMMs and attention).
 # The device build has no FFmpeg: the video is written as .y4m (the MP4 encode is not in these seconds).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -53,7 +53,7 @@ run base
 [ "$(left)" -gt 200 ] && run lora2 --lora-high "$WORK/high.safetensors" --lora-low "$WORK/low.safetensors"
 # Issue 25's opt-in FP8 row (WAN_DISTILL_FP8=1): the same LoRA run with FP8 block GEMMs.
 [ -n "${WAN_DISTILL_FP8:-}" ] && [ "$(left)" -gt 120 ] &&
-  run fp8 --lora-high "$WORK/high.safetensors" --lora-low "$WORK/low.safetensors" --gemm fp8
+  run fp8 --lora-high "$WORK/high.safetensors" --lora-low "$WORK/low.safetensors" --precision fp8
 
 # The merge at load: one bf16 expert (28.6 GB) in the page cache, loaded with and without the LoRA.
 if [ "$(left)" -gt 200 ] && [ -z "${WAN_DISTILL_SKIP_LOAD:-}" ]; then
@@ -81,7 +81,7 @@ for n in ("lora", "base", "lora2", "fp8"):
     label = {"lora": "T2V-A14B 720p 4-step LoRA end to end (rank-64 LoRA on both experts, y4m)",
              "lora2": "T2V-A14B 720p 4-step LoRA end to end, second run (y4m)",
              "base": "T2V-A14B 720p 4-step end to end without LoRA (y4m)",
-             "fp8": "T2V-A14B 720p 4-step LoRA fp8 end to end (FP8 block GEMMs, bf16 attention, y4m)"}[n]
+             "fp8": "T2V-A14B 720p 4-step LoRA fp8 end to end (FP8 block GEMMs and self-attention, y4m)"}[n]
     target = {"base": None, "fp8": 28.0}.get(n, 44.0)
     rows.append({"name": label, "seconds": w["wall_s"], "target_s": target})
 load_j = load("load")

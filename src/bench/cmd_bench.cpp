@@ -58,7 +58,7 @@ struct BenchSettings {
   Geometry geo;
   std::vector<int> layer_counts;
   long long steps = 0, warmup = 0, batch = 0, seed = 0, reps = 0, device = 0, profile_reps = 0;
-  bool graphs = true, breakdown = true, verbose = false, one_latent = true;
+  bool graphs = true, breakdown = true, verbose = false, one_latent = true, error_vs_exact = false;
   bool first_frame_t = false;  // TI2V image mode: latent frame 0's tokens at t_first = 0 (DiTShape::first_frame_t)
   std::string json_path, attention_name, gemm;  // gemm: "bf16" | "fp8" (api::gemm_from)
 };
@@ -76,6 +76,7 @@ BenchSettings parse_settings(const api::Values& args) {
   o.profile_reps = args.get_int("profile-reps", 2);
   o.graphs = !args.flag("no-graphs"), o.breakdown = !args.flag("no-breakdown");
   o.verbose = args.flag("verbose");
+  o.error_vs_exact = args.flag("error-vs-exact");
   o.one_latent = !args.flag("distinct-latents");
   o.first_frame_t = o.task == "ti2v-5B" && !args.flag("uniform-t");
   o.json_path = args.get_or("json", "");
@@ -88,14 +89,6 @@ BenchSettings parse_settings(const api::Values& args) {
 }
 
 #ifdef WAN_HAVE_CUDA
-
-const char* attention_label(cuda::DiTGpu::Attention a) {
-  switch (a) {
-    case cuda::DiTGpu::Attention::Own: return "own";
-    case cuda::DiTGpu::Attention::OwnFp8: return "own-fp8";
-    default: return "cudnn";
-  }
-}
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 // ANCHORS.md rates (H100, measured): FA3-class attention and cuBLAS bf16 GEMM; cuDNN SDPA.
@@ -185,7 +178,7 @@ ParallelRuns run_parallel(const api::Values& args, const BenchSettings& o, const
     const DiTGpu::Attention attention = DiTGpu::resolve_attention(attention_req);
     if (ctx.rank == 0) {
       p.layout = l, p.rank0 = true, p.bd = bench_device(ctx.device);
-      p.attention_used = attention_label(attention);
+      p.attention_used = cuda::attention_label(attention);
       printf("wan bench: %s %lldx%lld, %lld frames, %lld tokens/sample, batch %lld, %d GPUs: %s, %s attention\n",
              o.task.c_str(), (long long)geo.width, (long long)geo.height, (long long)geo.frames, (long long)geo.tokens,
              o.batch, ctx.world, dist::describe(l).c_str(), p.attention_used.c_str());
@@ -323,7 +316,7 @@ StepRig setup_device(const BenchSettings& o) {
   r.bd = bench_device(r.dev);
   CUDA_CHECK(cudaSetDevice(r.dev));
   r.attention = DiTGpu::resolve_attention(DiTGpu::parse_attention(o.attention_name));
-  r.attention_used = attention_label(r.attention);
+  r.attention_used = cuda::attention_label(r.attention);
   WAN_CHECK(o.gemm == "bf16" || fp8_supported(r.dev), "wan bench --gemm fp8: device ", r.dev,
             " has no FP8 GEMMs through cuBLASLt (they need an sm_90 GPU)");
   r.shape = step_shape(o);
@@ -694,98 +687,18 @@ int bench_single(const BenchSettings& o) {
   if (o.breakdown) report_breakdown(iso, br, rig.target_layers, step_s, J);
   if (!lr.profiles.empty()) report_in_step(o, lr, rig.target_layers, J);
   report_memory(lr, J);
+  if (o.error_vs_exact) {
+    const double e = cuda::forward_error_vs_exact(o.full, rig.shape, static_cast<uint64_t>(o.seed), rig.dev,
+                                                  rig.attention, cuda::DiTGpu::parse_gemm(o.gemm));
+    printf("error vs exact: %d-block forward output, relative L2 %.4e\n", o.full.num_layers, e);
+    J["error_vs_exact"] = {{"layers", o.full.num_layers}, {"rel_l2", e}};
+  }
   if (!o.json_path.empty()) write_json_file(o.json_path, J);
   return 0;
 }
 #endif  // WAN_HAVE_CUDA
 
 }  // namespace
-
-const api::CommandSpec& bench_spec() {
-  static const api::CommandSpec s = [] {
-    using api::Kind;
-    using api::Option;
-    api::CommandSpec c;
-    c.name = "bench";
-    c.summary = "time DiT denoising steps on the GPU with random weights (s/step, breakdown)";
-    c.usage = {"bench [options]", "bench --load PATH [options]   (the load benchmark: see 'wan help bench-load')"};
-    c.about = "Times DiT denoising steps on the GPU with random weights at the real width (batch 2: CFG).";
-    api::Option task =
-        api::option("task", Kind::String, "NAME", "t2v-A14B", "t2v-A14B | i2v-A14B | ti2v-5B (config preset)");
-    task.check = [](const std::string& t) -> std::string {
-      try {
-        (void)task_from_name(t);
-        return "";
-      } catch (const Error& e) {
-        return cat("{}: ", e.what());
-      }
-    };
-    Option frames = bench_int_option("frames", "81, ti2v-5B 121", 1, 1e6, "pixel frames, 4n+1");
-    frames.check = [](const std::string& f) {
-      return (std::stoll(f) - 1) % 4 == 0 ? std::string() : cat("{} ", f, ": must be 4n+1");
-    };
-    api::Option attention = api::option("attention", Kind::Enum, "K", "auto",
-                                        "auto (the engine's own kernel on sm_90, cuDNN elsewhere) | own | cudnn | "
-                                        "own-fp8 (e4m3, opt-in; --precision fp8 picks it)");
-    attention.choices = {"auto", "own", "cudnn", "own-fp8"};
-    Option profile = bench_int_option("profile-reps", "2", 0, 100,
-                                      "eager forwards of the step with events around every GEMM and attention after "
-                                      "the timed steps (median; 0: no in-step breakdown; one GPU)");
-    profile.range_note = "0: no in-step breakdown";
-    Option warmup =
-        bench_int_option("warmup", "2", 1, 100, "untimed forwards first (eager plan building, graph capture)");
-    warmup.range_note = "the first forward builds plans";
-    Option seed = bench_int_option("seed", "0", 0, 9.2e18, "weight and input seed");
-    api::Option gpus =
-        api::option("gpus", Kind::String, "N", "",
-                    "run the step on these GPUs (no per-op breakdown): one thread per GPU, or one process per "
-                    "GPU under mpirun / srun / WAN_RANK");
-    gpus.synopsis = "--gpus N | --devices 0,1,...";
-    api::Option devices = api::option("devices", Kind::String, "0,1,...", "", "");
-    devices.hidden = true;  // documented in the --gpus row
-    c.options = {
-        task,
-        api::option("size", Kind::Size, "", "1280x720, ti2v-5B 1280x704",
-                    "pixel size (multiples of 16, ti2v-5B 32: its VAE strides 16)"),
-        frames,
-        api::option("layers", Kind::String, "N[,M...]", "the preset's: 40, ti2v-5B 30",
-                    "blocks to build. Fewer: the full-depth step is extrapolated (two counts: (t_b - t_a)/(b - a) "
-                    "x the preset's layers)"),
-        bench_int_option("steps", "3", 1, 1000, "timed forwards per layer count"),
-        warmup,
-        bench_int_option("batch", "2", 1, 64, "samples per forward"),
-        api::option("distinct-latents", Kind::Flag, "", "",
-                    "one random latent per sample; default: one latent for all samples, as the samplers' CFG "
-                    "steps run (the first block's self-attention then runs once)"),
-        api::option("uniform-t", Kind::Flag, "", "",
-                    "ti2v-5B: one timestep for every token (its text mode); default: its image mode's per-token "
-                    "timesteps, latent frame 0's tokens at 0 and the rest at t (other tasks: always one)"),
-        seed,
-        api::option("no-graphs", Kind::Flag, "", "", "eager forwards instead of CUDA-graph replay"),
-        api::option("no-breakdown", Kind::Flag, "", "",
-                    "skip the per-op breakdown (it needs an activation arena of its own)"),
-        bench_int_option("breakdown-reps", "3", 1, 100, "repetitions of the isolated op sequence (median)"),
-        profile,
-        bench_device_option(),
-        attention,
-        bench_json_option(),
-        api::option("verbose", Kind::Flag, "", "", "print the memory plan"),
-        api::option("load", Kind::Path, "PATH", "",
-                    "time loading the checkpoint at PATH to the GPU instead (start-up: page-cache read, H2D, "
-                    "file to GPU weights); its options: 'wan help bench-load'"),
-        gpus,
-        devices,
-        api::option("cfg-parallel", Kind::Flag, "", "", "cond and uncond on two halves of the GPUs"),
-        api::option("ulysses", Kind::Int, "U", "", "all-to-all sequence parallel over U GPUs (U divides the heads)"),
-        api::option("ring", Kind::Int, "R", "",
-                    "ring attention over R GPUs (Ulysses inside, ring across). None of the three: automatic (cfg "
-                    "first, then Ulysses, then ring)"),
-    };
-    api::add_gemm_rows(c.options);
-    return c;
-  }();
-  return s;
-}
 
 int cmd_bench(int argc, char** argv) {
   const api::Values args = api::parse_argv(bench_spec(), argc, argv);
@@ -797,6 +710,7 @@ int cmd_bench(int argc, char** argv) {
 #else
   WAN_CHECK(cuda::device_count() > 0, "wan bench: no CUDA device is visible");
   WAN_CHECK(o.gemm == "bf16" || !wants_parallel(args), "wan bench --gemm fp8 runs on one GPU, not with --gpus");
+  WAN_CHECK(!o.error_vs_exact || !wants_parallel(args), "wan bench --error-vs-exact runs on one GPU, not with --gpus");
   if (wants_parallel(args)) return bench_parallel(args, o);
   return bench_single(o);
 #endif

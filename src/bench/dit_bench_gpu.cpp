@@ -636,4 +636,35 @@ ForwardTiming time_forward(const DiTConfig& cfg, const DiTShape& shape, int warm
   return r;
 }
 
+const char* attention_label(DiTGpu::Attention a) {
+  switch (a) {
+    case DiTGpu::Attention::Own: return "own";
+    case DiTGpu::Attention::OwnFp8: return "own-fp8";
+    default: return "cudnn";
+  }
+}
+
+double forward_error_vs_exact(const DiTConfig& cfg, const DiTShape& shape, uint64_t seed, int device,
+                              DiTGpu::Attention attention, DiTGpu::Gemm gemm) {
+  auto output = [&](DiTGpu::Attention a, DiTGpu::Gemm g) {
+    std::vector<float> host;
+    const AfterSteps grab = [&](DiTGpu&, const DiTInputs&, float* out, cudaStream_t s) {
+      host.resize(static_cast<size_t>(shape.batch * cfg.out_dim * shape.frames * shape.height * shape.width));
+      CUDA_CHECK(cudaStreamSynchronize(s));
+      CUDA_CHECK(cudaMemcpy(host.data(), out, host.size() * 4, cudaMemcpyDeviceToHost));
+    };
+    (void)time_forward(cfg, shape, 1, 1, true, seed, device, false, a, {}, grab, g);
+    return host;
+  };
+  const std::vector<float> lossy = output(attention, gemm);
+  const std::vector<float> exact = output(DiTGpu::Attention::Auto, DiTGpu::Gemm::Bf16);
+  double num = 0, den = 0;
+  for (size_t i = 0; i < exact.size(); ++i) {
+    const double d = static_cast<double>(lossy[i]) - exact[i];
+    num += d * d;
+    den += static_cast<double>(exact[i]) * exact[i];
+  }
+  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+
 }  // namespace wan::cuda

@@ -98,4 +98,14 @@ ForwardTiming time_forward(const DiTConfig& cfg, const DiTShape& shape, int warm
                            const DiTGpu::Options::Parallel& parallel = {}, const AfterSteps& after_steps = {},
                            DiTGpu::Gemm gemm = DiTGpu::Gemm::Bf16);
 
+// "own", "own-fp8" or "cudnn": what a resolved attention kernel is called in output and JSON.
+const char* attention_label(DiTGpu::Attention a);
+
+// The relative L2 distance of one forward's output (the bench's random weights and inputs of `seed`, after
+// one graph warm-up) with `attention` and `gemm` from the exact one (bf16 GEMMs, the own bf16 attention,
+// or cuDNN where the own kernel is unsupported): the end-to-end error of a lossy mode at full width. The two
+// models are built one after the other (one fits at a time).
+double forward_error_vs_exact(const DiTConfig& cfg, const DiTShape& shape, uint64_t seed, int device,
+                              DiTGpu::Attention attention, DiTGpu::Gemm gemm);
+
 }  // namespace wan::cuda

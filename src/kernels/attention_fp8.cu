@@ -31,11 +31,13 @@ constexpr int kBlockM = 128;  // query rows per work item (two consumer warpgrou
 constexpr int kHeadDim = 128;
 constexpr int kBN = 128;      // keys per tile (= the K scale block of the quantiser)
 constexpr int kThreads = 384;
-constexpr int kStages = 2;
 constexpr uint32_t kQBytes = kBlockM * kHeadDim;  // e4m3: one byte per element
 constexpr uint32_t kKBytes = kBN * kHeadDim;
 constexpr uint32_t kVBytes = kHeadDim * kBN;
-constexpr size_t kSmem = kQBytes + size_t{kStages} * (kKBytes + kVBytes) + 1024 /*align*/ + 256 /*barriers*/;
+// K/V ring depth 2 or 3 (template parameter STAGES; each stage 32 KiB).
+constexpr size_t smem_bytes(int stages) {
+  return kQBytes + size_t(stages) * (kKBytes + kVBytes) + 1024 /*align*/ + 256 /*barriers*/;
+}
 
 struct Params {
   int B, Lq, Lk, H;
@@ -112,7 +114,8 @@ __device__ __forceinline__ void decode_item(int w, int num_q_tiles, int H, int& 
 }
 #endif  // WAN_SM90A
 
-template <bool PP>
+// POLY > 0: every POLY-th softmax exponential on the FMA pipe (exp2_poly), the rest on the MUFU.
+template <bool PP, int POLY, int STAGES>
 __global__ void __launch_bounds__(kThreads, 1)
     attn_fp8_sm90(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                   const __grid_constant__ CUtensorMap tv, const Params p) {
@@ -121,13 +124,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
   const uint32_t sQ = smem_u32(smem);
   const uint32_t sK = sQ + kQBytes;                  // stage s at sK + s·kKBytes
-  const uint32_t sV = sK + kStages * kKBytes;        // stage s at sV + s·kVBytes
-  const uint32_t bars = sV + kStages * kVBytes;
+  const uint32_t sV = sK + STAGES * kKBytes;        // stage s at sV + s·kVBytes
+  const uint32_t bars = sV + STAGES * kVBytes;
   const uint32_t q_full = bars, q_empty = bars + 8;
   auto k_full = [&](int s) { return bars + 8u * (2 + s); };
-  auto v_full = [&](int s) { return bars + 8u * (2 + kStages + s); };
-  auto k_empty = [&](int s) { return bars + 8u * (2 + 2 * kStages + s); };
-  auto v_empty = [&](int s) { return bars + 8u * (2 + 3 * kStages + s); };
+  auto v_full = [&](int s) { return bars + 8u * (2 + STAGES + s); };
+  auto k_empty = [&](int s) { return bars + 8u * (2 + 2 * STAGES + s); };
+  auto v_empty = [&](int s) { return bars + 8u * (2 + 3 * STAGES + s); };
 
   const int tid = threadIdx.x;
   const int wg = tid / 128;
@@ -139,7 +142,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (tid == 0) {
     mbar_init(q_full, 1);
     mbar_init(q_empty, 256);
-    for (int s = 0; s < kStages; ++s) {
+    for (int s = 0; s < STAGES; ++s) {
       mbar_init(k_full(s), 1);
       mbar_init(v_full(s), 1);
       mbar_init(k_empty(s), 8);
@@ -154,9 +157,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
     if (tid != 0) return;
     auto load_kv = [&](bool is_v, uint32_t pos, int n, int bh) {
-      const int s = pos % kStages;
+      const int s = pos % STAGES;
       const uint32_t full = is_v ? v_full(s) : k_full(s);
-      mbar_wait(is_v ? v_empty(s) : k_empty(s), ((pos / kStages) & 1) ^ 1);
+      mbar_wait(is_v ? v_empty(s) : k_empty(s), ((pos / STAGES) & 1) ^ 1);
       mbar_expect_tx(full, is_v ? kVBytes : kKBytes);
       if (is_v) tma_load_3d(sV + s * kVBytes, &tv, full, n * kBN, 0, bh);
       else tma_load_3d(sK + s * kKBytes, &tk, full, 0, n * kBN, bh);
@@ -267,9 +270,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int i = 0; i < 64; ++i) o[i] = 0.f;
     mbar_wait(q_full, item & 1);
     {  // tile 0: S_0 alone
-      const int s0 = it % kStages;
+      const int s0 = it % STAGES;
       const float f0 = tile_factor(0);
-      mbar_wait(k_full(s0), (it / kStages) & 1);
+      mbar_wait(k_full(s0), (it / STAGES) & 1);
       turn_begin();
       wgmma_fence();
       issue_qk(s, q_base, sK + s0 * kKBytes);
@@ -279,16 +282,16 @@ __global__ void __launch_bounds__(kThreads, 1)
       reg_fence(s);
       release(k_empty(s0));
       if (n_tiles == 1) mbar_arrive(q_empty);
-      softmax_tile<kBN, 8>(s, st, f0, n_valid, lane, alpha);
+      softmax_tile<kBN, 8, POLY>(s, st, f0, n_valid, lane, alpha);
       to_fp8_fragments(s, pf);
       pend_pos = it;
     }
     for (int n = 1; n < n_tiles; ++n) {  // S_n issued, then O += P_{n-1}·V_{n-1} in the same turn
       const uint32_t cur = it + n;
-      const int sn = cur % kStages, sp = pend_pos % kStages;
+      const int sn = cur % STAGES, sp = pend_pos % STAGES;
       const float fn = tile_factor(n);
-      mbar_wait(k_full(sn), (cur / kStages) & 1);
-      mbar_wait(v_full(sp), (pend_pos / kStages) & 1);
+      mbar_wait(k_full(sn), (cur / STAGES) & 1);
+      mbar_wait(v_full(sp), (pend_pos / STAGES) & 1);
       turn_begin();
       wgmma_fence();
       issue_qk(s, q_base, sK + sn * kKBytes);
@@ -299,7 +302,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       reg_fence(s);
       release(k_empty(sn));
       if (n == n_tiles - 1) mbar_arrive(q_empty);
-      softmax_tile<kBN, 8>(s, st, fn, n_valid - n * kBN, lane, alpha);
+      softmax_tile<kBN, 8, POLY>(s, st, fn, n_valid - n * kBN, lane, alpha);
       wgmma_wait<0>();
       reg_fence(o);
       release(v_empty(sp));
@@ -308,8 +311,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     it += n_tiles;
     {  // the last P·V and the epilogue
-      const int sp = pend_pos % kStages;
-      mbar_wait(v_full(sp), (pend_pos / kStages) & 1);
+      const int sp = pend_pos % STAGES;
+      mbar_wait(v_full(sp), (pend_pos / STAGES) & 1);
       turn_begin();
       rescale_and_issue_pv(sp);
       turn_end();
@@ -339,9 +342,10 @@ CUtensorMap make_map(const void* base, int64_t inner, int64_t rows, int64_t oute
   return m;
 }
 
-template <bool PP>
+template <bool PP, int POLY, int STAGES>
 void launch(unsigned grid, const CUtensorMap& tq, const CUtensorMap& tk, const CUtensorMap& tv, const Params& p,
             cudaStream_t stream) {
+  constexpr size_t kSmem = smem_bytes(STAGES);
   static_assert(kSmem <= 232448, "attention_fp8: shared memory over the sm_90 limit");
   static std::mutex mu;
   static std::vector<bool> set_on;
@@ -351,12 +355,12 @@ void launch(unsigned grid, const CUtensorMap& tq, const CUtensorMap& tk, const C
     std::lock_guard<std::mutex> lock(mu);
     if (set_on.size() <= static_cast<size_t>(dev)) set_on.resize(static_cast<size_t>(dev) + 1, false);
     if (!set_on[static_cast<size_t>(dev)]) {
-      CUDA_CHECK(cudaFuncSetAttribute(attn_fp8_sm90<PP>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+      CUDA_CHECK(cudaFuncSetAttribute(attn_fp8_sm90<PP, POLY, STAGES>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       static_cast<int>(kSmem)));
       set_on[static_cast<size_t>(dev)] = true;
     }
   }
-  attn_fp8_sm90<PP><<<grid, kThreads, kSmem, stream>>>(tq, tk, tv, p);
+  attn_fp8_sm90<PP, POLY, STAGES><<<grid, kThreads, kSmem, stream>>>(tq, tk, tv, p);
 }
 
 }  // namespace
@@ -370,7 +374,7 @@ bool OwnAttentionFp8::supported() {
   }
   if (prop.major != 9 || prop.minor != 0) return false;
   cudaFuncAttributes fa{};
-  if (cudaFuncGetAttributes(&fa, attn_fp8_sm90<true>) != cudaSuccess) {
+  if (cudaFuncGetAttributes(&fa, attn_fp8_sm90<true, 0, 2>) != cudaSuccess) {
     (void)cudaGetLastError();
     return false;
   }
@@ -420,10 +424,17 @@ void OwnAttentionFp8::run(const AttentionShape& s, const AttentionArgs& a, void*
   const CUtensorMap tq = make_map(ws + l.q, kHeadDim, s.Lq, l.BH, kHeadDim, kBlockM);
   const CUtensorMap tk = make_map(ws + l.k, kHeadDim, s.Lk, l.BH, kHeadDim, kBN);
   const CUtensorMap tv = make_map(ws + l.vt, l.Lk16, kHeadDim, l.BH, kBN, kHeadDim);
-  bool pp = true;
-  if (const char* e = std::getenv("WAN_ATTN_PINGPONG")) pp = e[0] != '0';
-  pp ? launch<true>(static_cast<unsigned>(items), tq, tk, tv, p, stream)
-     : launch<false>(static_cast<unsigned>(items), tq, tk, tv, p, stream);
+  // Experiments (bench-attention): WAN_ATTN_FP8_POLY=2|4 moves every 2nd / 4th exponential off the MUFU;
+  // WAN_ATTN_FP8_STAGES=3 deepens the K/V ring.
+  int poly = 0;
+  if (const char* e = std::getenv("WAN_ATTN_FP8_POLY")) poly = std::atoi(e);
+  const unsigned grid = static_cast<unsigned>(items);
+  int stages = 2;
+  if (const char* e = std::getenv("WAN_ATTN_FP8_STAGES")) stages = std::atoi(e) == 3 ? 3 : 2;
+  if (poly == 2) launch<true, 2, 2>(grid, tq, tk, tv, p, stream);
+  else if (poly == 4) launch<true, 4, 2>(grid, tq, tk, tv, p, stream);
+  else if (stages == 3) launch<true, 0, 3>(grid, tq, tk, tv, p, stream);
+  else launch<true, 0, 2>(grid, tq, tk, tv, p, stream);
   CUDA_CHECK(cudaGetLastError());
 }
 

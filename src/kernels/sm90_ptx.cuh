@@ -79,6 +79,17 @@ __device__ __forceinline__ float ex2(float x) {
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
   return y;
 }
+// 2^x on the FMA and integer pipes instead of the MUFU (which the softmax saturates once the tensor cores
+// run FP8): round-to-nearest split x = n + f (the 1.5·2^23 trick), a cubic for 2^f on [-0.5, 0.5] (max
+// relative error 1.4e-4: invisible after the e4m3 rounding of P), n added to the exponent bits. x is
+// clamped at -125 (results stay normal; e4m3 flushes them to 0 anyway).
+__device__ __forceinline__ float exp2_poly(float x) {
+  x = fmaxf(x, -125.f);
+  const float j = __fadd_rn(x, 12582912.f);
+  const float f = __fsub_rn(x, __fsub_rn(j, 12582912.f));
+  const float p = fmaf(fmaf(fmaf(0.05502927f, f, 0.24225698f), f, 0.69325304f), f, 0.99995136f);
+  return __int_as_float(__float_as_int(p) + (__float_as_int(j) << 23));
+}
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   uint32_t r;
   asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
@@ -117,7 +128,8 @@ struct RowState {
 // kExpOffset); alpha gets the factors exp2(m_old − m_new) that rescale the previous accumulator. Columns >=
 // valid (tile-relative) are masked. kExpOffset scales the numerators (and l) by 2^kExpOffset (the FP8
 // kernel's 256·P keeps small probabilities normal in e4m3).
-template <int BN, int kExpOffset = 0>
+// kPolyEvery > 0: every kPolyEvery-th element's exp2 runs as exp2_poly (MUFU relief for the FP8 kernel).
+template <int BN, int kExpOffset = 0, int kPolyEvery = 0>
 __device__ __forceinline__ void softmax_tile(float (&s)[BN / 2], RowState& st, float scale_log2, int valid, int lane,
                                              float (&alpha)[2]) {
   if (valid < BN) {
@@ -156,7 +168,9 @@ __device__ __forceinline__ void softmax_tile(float (&s)[BN / 2], RowState& st, f
 #pragma unroll
   for (int i = 0; i < BN / 2; ++i) {
     const int r = (i >> 1) & 1;
-    s[i] = ex2(fmaf(s[i], scale_log2, neg_m[r]));
+    const float x = fmaf(s[i], scale_log2, neg_m[r]);
+    if constexpr (kPolyEvery > 0) s[i] = i % kPolyEvery == kPolyEvery - 1 ? exp2_poly(x) : ex2(x);
+    else s[i] = ex2(x);
     lc[r][(i >> 2) & 3] += s[i];
   }
 #pragma unroll
