@@ -115,11 +115,13 @@ __device__ __forceinline__ void decode_item(int w, int num_q_tiles, int H, int& 
 #endif  // WAN_SM90A
 
 // POLY > 0: every POLY-th softmax exponential on the FMA pipe (exp2_poly), the rest on the MUFU.
-template <bool PP, int POLY, int STAGES>
+// LAZY: lazy rescale (sm90_ptx.cuh softmax_tile): P = 2^(s·f − m + 6) <= 256, O rescaled only on a max move.
+template <bool PP, int POLY, int STAGES, bool LAZY>
 __global__ void __launch_bounds__(kThreads, 1)
     attn_fp8_sm90(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                   const __grid_constant__ CUtensorMap tv, const Params p) {
 #if defined(WAN_SM90A)
+  constexpr int kOff = LAZY ? 6 : 8;  // P = 2^(s·f − m + kOff)
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
   const uint32_t sQ = smem_u32(smem);
@@ -223,7 +225,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int row = qt * kBlockM + 64 * c + 16 * warp + (lane >> 2) + 8 * r;
       if (p.lse && (lane & 3) == 0 && row < p.Lq) {
         const int64_t bhr = static_cast<int64_t>(bh) * p.Lq + row;
-        p.lse[bhr] = (st.m[r] + __log2f(l) - 8.f) * 0.69314718055994531f + p.scale * p.q_mean_dot[bhr];
+        p.lse[bhr] = (st.m[r] + __log2f(l) - kOff) * 0.69314718055994531f + p.scale * p.q_mean_dot[bhr];
       }
     }
     // V's per-channel scales of this thread's 32 columns 8j + 2(lane&3) + e.
@@ -252,8 +254,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   };
   auto rescale_and_issue_pv = [&](int sp) {
+    if (!LAZY || alpha[0] != 1.f || alpha[1] != 1.f) {
 #pragma unroll
-    for (int i = 0; i < 64; ++i) o[i] *= alpha[(i >> 1) & 1];
+      for (int i = 0; i < 64; ++i) o[i] *= alpha[(i >> 1) & 1];
+    }
     wgmma_fence();
     issue_pv(o, pf, sV + sp * kVBytes);
     wgmma_commit();
@@ -282,7 +286,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       reg_fence(s);
       release(k_empty(s0));
       if (n_tiles == 1) mbar_arrive(q_empty);
-      softmax_tile<kBN, 8, POLY>(s, st, f0, n_valid, lane, alpha);
+      softmax_tile<kBN, kOff, POLY, LAZY>(s, st, f0, n_valid, lane, alpha);
       to_fp8_fragments(s, pf);
       pend_pos = it;
     }
@@ -302,7 +306,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       reg_fence(s);
       release(k_empty(sn));
       if (n == n_tiles - 1) mbar_arrive(q_empty);
-      softmax_tile<kBN, 8, POLY>(s, st, fn, n_valid - n * kBN, lane, alpha);
+      softmax_tile<kBN, kOff, POLY, LAZY>(s, st, fn, n_valid - n * kBN, lane, alpha);
       wgmma_wait<0>();
       reg_fence(o);
       release(v_empty(sp));
@@ -342,7 +346,7 @@ CUtensorMap make_map(const void* base, int64_t inner, int64_t rows, int64_t oute
   return m;
 }
 
-template <bool PP, int POLY, int STAGES>
+template <bool PP, int POLY, int STAGES, bool LAZY>
 void launch(unsigned grid, const CUtensorMap& tq, const CUtensorMap& tk, const CUtensorMap& tv, const Params& p,
             cudaStream_t stream) {
   constexpr size_t kSmem = smem_bytes(STAGES);
@@ -355,12 +359,12 @@ void launch(unsigned grid, const CUtensorMap& tq, const CUtensorMap& tk, const C
     std::lock_guard<std::mutex> lock(mu);
     if (set_on.size() <= static_cast<size_t>(dev)) set_on.resize(static_cast<size_t>(dev) + 1, false);
     if (!set_on[static_cast<size_t>(dev)]) {
-      CUDA_CHECK(cudaFuncSetAttribute(attn_fp8_sm90<PP, POLY, STAGES>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+      CUDA_CHECK(cudaFuncSetAttribute(attn_fp8_sm90<PP, POLY, STAGES, LAZY>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       static_cast<int>(kSmem)));
       set_on[static_cast<size_t>(dev)] = true;
     }
   }
-  attn_fp8_sm90<PP, POLY, STAGES><<<grid, kThreads, kSmem, stream>>>(tq, tk, tv, p);
+  attn_fp8_sm90<PP, POLY, STAGES, LAZY><<<grid, kThreads, kSmem, stream>>>(tq, tk, tv, p);
 }
 
 }  // namespace
@@ -374,7 +378,7 @@ bool OwnAttentionFp8::supported() {
   }
   if (prop.major != 9 || prop.minor != 0) return false;
   cudaFuncAttributes fa{};
-  if (cudaFuncGetAttributes(&fa, attn_fp8_sm90<true, 0, 2>) != cudaSuccess) {
+  if (cudaFuncGetAttributes(&fa, attn_fp8_sm90<true, 0, 2, false>) != cudaSuccess) {
     (void)cudaGetLastError();
     return false;
   }
@@ -425,16 +429,21 @@ void OwnAttentionFp8::run(const AttentionShape& s, const AttentionArgs& a, void*
   const CUtensorMap tk = make_map(ws + l.k, kHeadDim, s.Lk, l.BH, kHeadDim, kBN);
   const CUtensorMap tv = make_map(ws + l.vt, l.Lk16, kHeadDim, l.BH, kBN, kHeadDim);
   // Experiments (bench-attention): WAN_ATTN_FP8_POLY=2|4 moves every 2nd / 4th exponential off the MUFU;
-  // WAN_ATTN_FP8_STAGES=3 deepens the K/V ring.
+  // WAN_ATTN_FP8_STAGES=3 deepens the K/V ring; WAN_ATTN_FP8_LAZY=1 rescales O only when a row max moves
+  // by more than 2 (log2), with P offset 6 (ops::Fp8AttentionRefOptions::lazy_rescale).
   int poly = 0;
   if (const char* e = std::getenv("WAN_ATTN_FP8_POLY")) poly = std::atoi(e);
   const unsigned grid = static_cast<unsigned>(items);
   int stages = 2;
   if (const char* e = std::getenv("WAN_ATTN_FP8_STAGES")) stages = std::atoi(e) == 3 ? 3 : 2;
-  if (poly == 2) launch<true, 2, 2>(grid, tq, tk, tv, p, stream);
-  else if (poly == 4) launch<true, 4, 2>(grid, tq, tk, tv, p, stream);
-  else if (stages == 3) launch<true, 0, 3>(grid, tq, tk, tv, p, stream);
-  else launch<true, 0, 2>(grid, tq, tk, tv, p, stream);
+  bool lazy = false;
+  if (const char* e = std::getenv("WAN_ATTN_FP8_LAZY")) lazy = e[0] == '1';
+  if (lazy && poly == 4) launch<true, 4, 2, true>(grid, tq, tk, tv, p, stream);
+  else if (lazy) launch<true, 0, 2, true>(grid, tq, tk, tv, p, stream);
+  else if (poly == 2) launch<true, 2, 2, false>(grid, tq, tk, tv, p, stream);
+  else if (poly == 4) launch<true, 4, 2, false>(grid, tq, tk, tv, p, stream);
+  else if (stages == 3) launch<true, 0, 3, false>(grid, tq, tk, tv, p, stream);
+  else launch<true, 0, 2, false>(grid, tq, tk, tv, p, stream);
   CUDA_CHECK(cudaGetLastError());
 }
 

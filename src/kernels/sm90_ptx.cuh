@@ -129,7 +129,10 @@ struct RowState {
 // valid (tile-relative) are masked. kExpOffset scales the numerators (and l) by 2^kExpOffset (the FP8
 // kernel's 256·P keeps small probabilities normal in e4m3).
 // kPolyEvery > 0: every kPolyEvery-th element's exp2 runs as exp2_poly (MUFU relief for the FP8 kernel).
-template <int BN, int kExpOffset = 0, int kPolyEvery = 0>
+// kLazy: the running max moves only when the tile's exceeds it by more than 2 (log2 units); otherwise
+// alpha = 1 exactly and the caller may skip rescaling the accumulator (numerators then reach
+// 2^(kExpOffset + 2)).
+template <int BN, int kExpOffset = 0, int kPolyEvery = 0, bool kLazy = false>
 __device__ __forceinline__ void softmax_tile(float (&s)[BN / 2], RowState& st, float scale_log2, int valid, int lane,
                                              float (&alpha)[2]) {
   if (valid < BN) {
@@ -157,9 +160,18 @@ __device__ __forceinline__ void softmax_tile(float (&s)[BN / 2], RowState& st, f
   for (int r = 0; r < 2; ++r) {
     mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
     mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-    const float m_new = fmaxf(st.m[r], mx[r] * scale_log2);
-    alpha[r] = ex2(st.m[r] - m_new);  // st.m = -inf on the first tile: alpha = 0
-    st.m[r] = m_new;
+    if constexpr (kLazy) {
+      const float cand = mx[r] * scale_log2;
+      alpha[r] = 1.f;
+      if (cand > st.m[r] + 2.f) {  // always on the first tile (st.m = -inf: alpha = 0)
+        alpha[r] = ex2(st.m[r] - cand);
+        st.m[r] = cand;
+      }
+    } else {
+      const float m_new = fmaxf(st.m[r], mx[r] * scale_log2);
+      alpha[r] = ex2(st.m[r] - m_new);  // st.m = -inf on the first tile: alpha = 0
+      st.m[r] = m_new;
+    }
     st.l[r] *= alpha[r];
   }
   float neg_m[2] = {-st.m[0], -st.m[1]};

@@ -21,6 +21,9 @@ namespace {
 
 constexpr int64_t kD = 128;      // head dim the kernel supports
 constexpr int64_t kBlock = 128;  // tokens per Q / K quantisation block
+// Lazy rescale: the running max moves only when a tile's exceeds it by more than kLazyThreshold (log2
+// units), and P is 2^kLazyOffset-scaled, so P <= 2^(6+2) = 256 stays below e4m3's 448.
+constexpr float kLazyThreshold = 2.0f, kLazyOffset = 6.0f;
 
 // One (sample, head)'s smoothed, quantised and decoded keys and values.
 struct HeadKV {
@@ -75,18 +78,20 @@ float exact_dot(const float* a, const float* b) {
 
 // The online softmax of one query row (steps 8 and 9): s [n] raw scores, fu [K blocks] the score
 // factor f of each K block for this row's Q block, pq [bn] scratch. Writes o [kD]; returns m and l.
-void softmax_row(const float* s, const float* fu, const HeadKV& kv, int64_t bn, float* pq, float* o, float& m_out,
-                 float& l_out) {
+// lazy: the kernel's lazy rescale (Fp8AttentionRefOptions::lazy_rescale).
+void softmax_row(const float* s, const float* fu, const HeadKV& kv, int64_t bn, bool lazy, float* pq, float* o,
+                 float& m_out, float& l_out) {
+  const float offset = lazy ? kLazyOffset : 8.0f;
   float m = -std::numeric_limits<float>::infinity(), l = 0.0f;
   std::array<float, kD> acc{}, pv;
   for (int64_t j0 = 0; j0 < kv.n; j0 += bn) {
     const int64_t j1 = std::min(j0 + bn, kv.n);
     float tile_max = -std::numeric_limits<float>::infinity();
     for (int64_t j = j0; j < j1; ++j) tile_max = std::fmax(tile_max, s[j] * fu[j / kBlock]);
-    const float m_new = std::fmax(m, tile_max);
-    const float alpha = std::exp2(m - m_new);  // exp2(-inf) = 0 on the first tile
-    // P is scaled by 2^8 (the +8) so that small probabilities stay in e4m3's normal range.
-    const float bias = 8.0f - m_new;
+    const float m_new = lazy ? (tile_max > m + kLazyThreshold ? tile_max : m) : std::fmax(m, tile_max);
+    const float alpha = lazy && m_new == m ? 1.0f : std::exp2(m - m_new);  // exp2(-inf) = 0 on the first tile
+    // P is scaled by 2^offset so that small probabilities stay in e4m3's normal range.
+    const float bias = offset - m_new;
     float sum = 0.0f;
     for (int64_t j = j0; j < j1; ++j) {
       const float p = std::exp2(std::fma(s[j], fu[j / kBlock], bias));
@@ -110,8 +115,8 @@ void softmax_row(const float* s, const float* fu, const HeadKV& kv, int64_t bn, 
 
 // One block of nq <= 128 query rows qh (rows `row` floats apart) against one head's K/V: steps 3, 6, 7,
 // the softmax and step 10. lse_h (nullable) points at the block's first row in [Lq].
-void attend_qblock(const float* qh, int64_t row, int64_t nq, const HeadKV& kv, float scale, int64_t bn, float* oh,
-                   float* lse_h) {
+void attend_qblock(const float* qh, int64_t row, int64_t nq, const HeadKV& kv, float scale, int64_t bn, bool lazy,
+                   float* oh, float* lse_h) {
   std::vector<float> qf(static_cast<size_t>(nq * kD)), s(static_cast<size_t>(kv.n)), pq(static_cast<size_t>(bn));
   uint32_t amax = 0;
   for (int64_t i = 0; i < nq; ++i)
@@ -125,13 +130,13 @@ void attend_qblock(const float* qh, int64_t row, int64_t nq, const HeadKV& kv, f
   for (int64_t i = 0; i < nq; ++i) {
     for (int64_t j = 0; j < kv.n; ++j) s[j] = exact_dot(qf.data() + i * kD, kv.kq.data() + j * kD);
     float m = 0.0f, l = 0.0f;
-    softmax_row(s.data(), fu.data(), kv, bn, pq.data(), oh + i * row, m, l);
+    softmax_row(s.data(), fu.data(), kv, bn, lazy, pq.data(), oh + i * row, m, l);
     if (!lse_h) continue;
     // q·mean is the per-row shift the smoothing took out of every score; adding it back makes this the
     // LSE of the unsmoothed scores.
     double dot = 0.0;
     for (int64_t d = 0; d < kD; ++d) dot += static_cast<double>(qh[i * row + d]) * static_cast<double>(kv.mean[d]);
-    lse_h[i] = (m + std::log2(l) - 8.0f) * 0.69314718055994531f + scale * static_cast<float>(dot);
+    lse_h[i] = (m + std::log2(l) - (lazy ? kLazyOffset : 8.0f)) * 0.69314718055994531f + scale * static_cast<float>(dot);
   }
 }
 
@@ -169,7 +174,8 @@ void attention_fp8_ref(const float* q, const float* k, const float* v, float* ou
         const int64_t b = (p0 + a) / H, h = (p0 + a) % H, i0 = qb * kBlock;
         const int64_t off = (b * Lq + i0) * row + h * kD;
         float* lse_h = lse ? lse + (b * H + h) * Lq + i0 : nullptr;
-        attend_qblock(q + off, row, std::min(kBlock, Lq - i0), kv[a], scale, opt.key_tile, out + off, lse_h);
+        attend_qblock(q + off, row, std::min(kBlock, Lq - i0), kv[a], scale, opt.key_tile, opt.lazy_rescale, out + off,
+                      lse_h);
       }
     });
   }

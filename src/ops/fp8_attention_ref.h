@@ -14,6 +14,10 @@ namespace wan::ops {
 
 struct Fp8AttentionRefOptions {
   int key_tile = 128;  // BN of the online softmax: 128 or 256 (the kernel's two tile shapes)
+  // The kernel's lazy rescale: the running row max m moves only when a tile's max exceeds it by more than
+  // 2 (log2 units: the accumulator is then rescaled), and P = 2^(s·f − m + 6) (<= 256) instead of
+  // 2^(s·f − m + 8); the LSE subtracts 6.
+  bool lazy_rescale = false;
 };
 
 // q [B, Lq, H, D], k and v [B, Lk, H, D] dense token-major fp32 (bf16-exact values in practice), D = 128.

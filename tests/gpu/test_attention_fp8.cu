@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
@@ -168,8 +169,11 @@ void run_case(const Case& c, cudaStream_t stream) {
         }
     }
     std::vector<float> eo(q32.size()), lse_e(static_cast<size_t>(B * H * Lq));
+    ops::Fp8AttentionRefOptions ropt;
+    const char* lazy = std::getenv("WAN_ATTN_FP8_LAZY");
+    ropt.lazy_rescale = lazy && lazy[0] == '1';
     ops::attention_fp8_ref(q32.data(), k32.data(), v32.data(), eo.data(), lse_e.data(), B, Lq, Lk, H, D,
-                           masked ? c.klens.data() : nullptr, kAttnScale);
+                           masked ? c.klens.data() : nullptr, kAttnScale, ropt);
     // rows == every row here, in order: got and cref.fp32 are [B, Lq, HD]
     emu_err = rel_l2(round_bf16(eo), cref.fp32);
     own_vs_emu = rel_l2(got, round_bf16(eo));
@@ -210,15 +214,21 @@ TEST(GpuAttentionFp8, SmallOddLengthsEveryRow) {
   };
   // Every kernel variant (attention_fp8.cu's experiment switches): exponentials partly on the FMA pipe,
   // a deeper K/V ring.
-  for (const char* v : {"default", "poly 2", "poly 4", "stages 3"}) {
-    std::printf("variant: %s\n", v);
-    if (std::string(v) == "poly 2") setenv("WAN_ATTN_FP8_POLY", "2", 1);
-    if (std::string(v) == "poly 4") setenv("WAN_ATTN_FP8_POLY", "4", 1);
-    if (std::string(v) == "stages 3") unsetenv("WAN_ATTN_FP8_POLY"), setenv("WAN_ATTN_FP8_STAGES", "3", 1);
+  struct Variant {
+    const char *name, *poly, *stages, *lazy;
+  };
+  for (const Variant& v : {Variant{"default", "0", "2", "0"}, Variant{"poly 2", "2", "2", "0"},
+                           Variant{"poly 4", "4", "2", "0"}, Variant{"stages 3", "0", "3", "0"},
+                           Variant{"lazy", "0", "2", "1"}, Variant{"lazy poly 4", "4", "2", "1"}}) {
+    std::printf("variant: %s\n", v.name);
+    setenv("WAN_ATTN_FP8_POLY", v.poly, 1);
+    setenv("WAN_ATTN_FP8_STAGES", v.stages, 1);
+    setenv("WAN_ATTN_FP8_LAZY", v.lazy, 1);
     for (const Case& c : cases) run_case(c, st.s);
   }
   unsetenv("WAN_ATTN_FP8_POLY");
   unsetenv("WAN_ATTN_FP8_STAGES");
+  unsetenv("WAN_ATTN_FP8_LAZY");
 }
 
 TEST(GpuAttentionFp8, EngineShapesSampledRows) {
