@@ -7,7 +7,9 @@
 # Writes bench/results/distill-e2e-<UTC date>.json (a -b, -c suffix when that exists; copied to $OUT) with
 # device, commit, date, rows {name, seconds, ...} and every run's timings JSON.
 # Usage: WAN_COMMIT=<sha> bench/run_distill_bench.sh; carried: .carry/prefix. WAN_BIN skips the build,
-# WAN_DISTILL_SKIP_LOAD=1 the load measurement, WAN_DISTILL_FP8=1 adds the LoRA run with --precision fp8 (FP8 GEMMs and attention).
+# WAN_DISTILL_SKIP_LOAD=1 the load measurement, WAN_DISTILL_NO_BASE=1 the run without LoRA,
+# WAN_DISTILL_FP8=1 adds the LoRA run with --precision fp8 (FP8 GEMMs and attention) and the relative L2 of
+# its final latents against the exact LoRA run's (bench/compare_latents.py).
 # The device build has no FFmpeg: the video is written as .y4m (the MP4 encode is not in these seconds).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -42,18 +44,23 @@ run() {  # name, then extra generate options
   local t0 t1
   t0=$(date +%s.%N)
   "$WAN" generate --weights random --task t2v-A14B --size 1280x720 --frames 81 --preset lightning-4step \
-    --prompt "$PROMPT" --seed 42 --device cuda --output "$WORK/$name.y4m" --timings-json "$WORK/$name.json" "$@" \
+    --prompt "$PROMPT" --seed 42 --device cuda --output "$WORK/$name.y4m" --timings-json "$WORK/$name.json" \
+    --save-latents "$WORK/$name.latents.safetensors" "$@" \
     >"$WORK/$name.log" 2>&1 || { echo "generate $name FAILED"; tail -20 "$WORK/$name.log"; }
   t1=$(date +%s.%N)
   python3 -c "import json; print(json.dumps({'wall_s': $t1 - $t0}))" >"$WORK/$name.wall.json"
   tail -14 "$WORK/$name.log"
 }
 run lora --lora-high "$WORK/high.safetensors" --lora-low "$WORK/low.safetensors" --verbose
-run base
+[ -z "${WAN_DISTILL_NO_BASE:-}" ] && run base
 [ "$(left)" -gt 200 ] && run lora2 --lora-high "$WORK/high.safetensors" --lora-low "$WORK/low.safetensors"
-# Issue 25's opt-in FP8 row (WAN_DISTILL_FP8=1): the same LoRA run with FP8 block GEMMs.
-[ -n "${WAN_DISTILL_FP8:-}" ] && [ "$(left)" -gt 120 ] &&
+# Issue 25's opt-in FP8 row (WAN_DISTILL_FP8=1): the same LoRA run in FP8, and its final latents' distance
+# from the exact LoRA run's.
+if [ -n "${WAN_DISTILL_FP8:-}" ] && [ "$(left)" -gt 120 ]; then
   run fp8 --lora-high "$WORK/high.safetensors" --lora-low "$WORK/low.safetensors" --precision fp8
+  python3 "$(dirname "$0")/compare_latents.py" "$WORK/lora.latents.safetensors" "$WORK/fp8.latents.safetensors" \
+    --what "final latents, 720p 4-step LoRA run: --precision fp8 vs exact" || echo "latent comparison FAILED"
+fi
 
 # The merge at load: one bf16 expert (28.6 GB) in the page cache, loaded with and without the LoRA.
 if [ "$(left)" -gt 200 ] && [ -z "${WAN_DISTILL_SKIP_LOAD:-}" ]; then
