@@ -168,7 +168,8 @@ std::vector<uint16_t> sample_rows(const uint16_t* d, int64_t rows, int64_t row_e
   return h;
 }
 
-constexpr const char* kOwnSwitches[] = {"WAN_ATTN_BN", "WAN_ATTN_PERSIST", "WAN_ATTN_PINGPONG"};
+constexpr const char* kOwnSwitches[] = {"WAN_ATTN_BN",        "WAN_ATTN_PERSIST",    "WAN_ATTN_PINGPONG",
+                                        "WAN_ATTN_FP8_POLY",  "WAN_ATTN_FP8_STAGES", "WAN_ATTN_FP8_LAZY"};
 
 // The device and what it can time: the own kernel (sm_90 and the sm_90a build), cuDNN, and why not.
 struct AttnDevice {
