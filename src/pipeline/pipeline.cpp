@@ -163,15 +163,15 @@ std::future<void> plan_device(const GenerateOptions& o, GeneratePlan& p) {
   p.device = o.device;
   p.verbose = o.verbose;
   const bool on_gpu = parse_device(o.device) >= 0;
+  WAN_CHECK_OPTION("gemm", o.gemm == "bf16" || o.gemm == "fp8", "{}: expected bf16 or fp8, got '", o.gemm, "'");
+  WAN_CHECK_OPTION("gemm", on_gpu || o.gemm == "bf16", "{} fp8: FP8 GEMMs run in the GPU DiT only (--device cuda)");
+  WAN_CHECK_OPTION("gemm", !o.parallel || o.gemm == "bf16", "{} fp8 runs on one GPU, not on several (use --gemm bf16)");
+  p.gemm = o.gemm;
   WAN_CHECK_OPTION("attention",
                    o.attention == "auto" || o.attention == "own" || o.attention == "cudnn" || o.attention == "own-fp8",
                    "{}: expected auto, own, cudnn or own-fp8, got '", o.attention, "'");
   WAN_CHECK_OPTION("attention", on_gpu || o.attention == "auto", "{} ", o.attention, " applies to --device cuda only");
   p.attention = o.attention;
-  WAN_CHECK_OPTION("gemm", o.gemm == "bf16" || o.gemm == "fp8", "{}: expected bf16 or fp8, got '", o.gemm, "'");
-  WAN_CHECK_OPTION("gemm", on_gpu || o.gemm == "bf16", "{} fp8: FP8 GEMMs run in the GPU DiT only (--device cuda)");
-  WAN_CHECK_OPTION("gemm", !o.parallel || o.gemm == "bf16", "{} fp8 runs on one GPU, not on several (use --gemm bf16)");
-  p.gemm = o.gemm;
   // The CUDA context is created while the checkpoint is read (the future waits for it on return).
   return on_gpu ? gpu_prewarm(parse_device(o.device)) : std::future<void>();
 }

@@ -251,6 +251,8 @@ TEST(GenerateCli, BadInputExitsTwoWithOneLineAndNoOutput) {
       {with(g, "--gemm", "fp8"), "--gemm fp8: FP8 GEMMs run in the GPU DiT only"},
       {with(g, "--precision", "fp8"), "--gemm fp8: FP8 GEMMs run in the GPU DiT only"},
       {with(with(g, "--gemm", "bf16"), "--precision", "fp8"), "--gemm bf16 contradicts --precision fp8"},
+      {with(with(g, "--attention", "own"), "--precision", "fp8"), "--attention own contradicts --precision fp8"},
+      {with(g, "--attention", "own-fp8"), "--attention own-fp8 applies to --device cuda only"},
       {with(g, "--prompt-embeds", t / "empty.safetensors"), "empty.safetensors"},
       {with(g, "--prompt-embeds", t / "nope.safetensors"), "no such file"},
       {with(g, "--negative-prompt-embeds", t / "lat16x2.safetensors"), "no tensor \"prompt_embeds\""},

@@ -218,7 +218,7 @@ TEST(Pipeline, PlanRejectsBadInputBeforeHeavyWork) {
       {[](GenerateOptions& o) { o.device = "cuda:99"; }, "CUDA"},
       {[](GenerateOptions& o) { o.device = "cuda:x"; }, "is not cpu, cuda"},
       {[](GenerateOptions& o) { o.device = "tpu"; }, "is not cpu, cuda"},
-      {[](GenerateOptions& o) { o.attention = "flash"; }, "--attention: expected auto, own or cudnn"},
+      {[](GenerateOptions& o) { o.attention = "flash"; }, "--attention: expected auto, own, cudnn or own-fp8"},
       {[](GenerateOptions& o) { o.attention = "own"; }, "applies to --device cuda only"},
       // FP8 GEMMs (--gemm fp8): the GPU DiT on one device only, refused before anything loads.
       {[](GenerateOptions& o) { o.gemm = "fp16"; }, "--gemm: expected bf16 or fp8"},
