@@ -106,12 +106,6 @@ __device__ __forceinline__ void issue_pv(float (&o)[64], const uint32_t (&p)[kBN
     wgmma_rs_e4m3(o, a, desc(v_base + 32 * kk, 16, 1024));
   }
 }
-__device__ __forceinline__ void decode_item(int w, int num_q_tiles, int H, int& qt, int& h, int& b) {
-  qt = w % num_q_tiles;
-  const int bh = w / num_q_tiles;
-  h = bh % H;
-  b = bh / H;
-}
 #endif  // WAN_SM90A
 
 // POLY > 0: every POLY-th softmax exponential on the FMA pipe (exp2_poly), the rest on the MUFU.

@@ -119,14 +119,6 @@ __device__ __forceinline__ void issue_qk(float (&s)[BN / 2], uint32_t q_base, ui
     wgmma_ss<BN>(s, desc(q_base + qo, 16, 1024), desc(k_base + ko, 16, 1024), kk > 0);
   }
 }
-// Work item w -> (query tile, head, sample), query tile fastest: the CTAs resident at one time work on
-// the same (sample, head), so its K/V stream through L2 once for all of them.
-__device__ __forceinline__ void decode_item(int w, int num_q_tiles, int H, int& qt, int& h, int& b) {
-  qt = w % num_q_tiles;
-  const int bh = w / num_q_tiles;
-  h = bh % H;
-  b = bh / H;
-}
 #endif  // WAN_SM90A
 
 // Persistent kernel: CTA k runs work items k, k + gridDim.x, ... The producer runs ahead across items:

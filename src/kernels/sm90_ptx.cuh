@@ -96,6 +96,14 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
   return r;
 }
+// Work item w -> (query tile, head, sample), query tile fastest: the CTAs resident at one time work on
+// the same (sample, head), so its K/V stream through L2 once for all of them.
+__device__ __forceinline__ void decode_item(int w, int num_q_tiles, int H, int& qt, int& h, int& b) {
+  qt = w % num_q_tiles;
+  const int bh = w / num_q_tiles;
+  h = bh % H;
+  b = bh / H;
+}
 // One TMA box of a 3-D tensor map (coordinates innermost first) into shared memory, completing on `bar`.
 __device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1,
                                             int c2) {
