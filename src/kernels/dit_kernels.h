@@ -86,6 +86,22 @@ void residual_add_layernorm_modulate(float* x, const bf16* a, const ModVec* gate
 void residual_add_layernorm_affine(float* x, const bf16* a, const ModVec* gate, const float* w, const float* b,
                                    bf16* y, int64_t rows, int64_t D, float eps, cudaStream_t stream);
 
+// The LayerNorms that feed a GEMM, writing its FP8 input instead (DiTGemm::Fp8): each output rounded to
+// bf16 as the forms above store it, then the row quantised as kernels/fp8_quant.h's quantize_rows_fp8
+// does (core/fp8_rows.h): e4m3 bytes q [rows, D] (16-byte aligned) and fp32 scale [rows]. Bit-identical
+// to the bf16 form followed by quantize_rows_fp8, without the bf16 rows' write and read.
+struct Fp8Rows {
+  uint8_t* q = nullptr;
+  float* scale = nullptr;
+};
+void layernorm_modulate(const float* x, const Fp8Rows& y, int64_t rows, int64_t D, const ModVec& shift,
+                        const ModVec& scale, float eps, cudaStream_t stream);
+void residual_add_layernorm_modulate(float* x, const bf16* a, const ModVec* gate, const Fp8Rows& y, int64_t rows,
+                                     int64_t D, const ModVec& shift, const ModVec& scale, float eps,
+                                     cudaStream_t stream);
+void residual_add_layernorm_affine(float* x, const bf16* a, const ModVec* gate, const float* w, const float* b,
+                                   const Fp8Rows& y, int64_t rows, int64_t D, float eps, cudaStream_t stream);
+
 // ---- q/k RMSNorm over the full width fused with 3D RoPE (spec §2.6, §2.7, §9.6, §9.7) ----
 // One tensor to normalise: rows of D bf16 values (a GEMM output; x_stride lets q and k be column
 // slices of a fused QKV output [rows, 3·D]) -> y [rows, D] = [B, S, H, head_dim] dense, the layout the

@@ -21,6 +21,7 @@
 #include "kernels/check.h"
 #include "kernels/device_vec.h"
 #include "kernels/dit_kernels.h"
+#include "kernels/fp8_cvt.cuh"
 
 namespace wan::cuda {
 namespace {
@@ -42,10 +43,14 @@ using Resid = std::conditional_t<kAdd == Add::None, const float*, float*>;
 // x fp32 [rows, D] (+= the add) -> y [rows, D]; kAffine: LN·w + b, else LN·(1 + scale) + shift. One
 // block per row. All loads come first (no store can hold them back), the residual is stored in the
 // variance pass, which loads nothing.
+// OutT uint8_t: the FP8 GEMM input (Fp8Rows): each output rounded to bf16 (as the bf16 form stores it),
+// kept in v, then the row quantised with core/fp8_rows.h's scale into y (e4m3) and y_scale[row].
 template <typename OutT, bool kAffine, Add kAdd>
 __global__ void __launch_bounds__(kMaxRowThreads)
     layernorm_kernel(Resid<kAdd> __restrict__ x, OutT* __restrict__ y, int64_t D, float eps, ModVec shift,
-                     ModVec scale, const float* __restrict__ w, const float* __restrict__ b, AddIn add) {
+                     ModVec scale, const float* __restrict__ w, const float* __restrict__ b, AddIn add,
+                     float* __restrict__ y_scale) {
+  constexpr bool kFp8 = std::is_same_v<OutT, uint8_t>;
   __shared__ float smem[32];
   const int64_t r = blockIdx.x;
   const int64_t chunks = D / kChunk;
@@ -92,6 +97,7 @@ __global__ void __launch_bounds__(kMaxRowThreads)
   const float* sh_e = shift.e_row(r);
   const float* sc_e = scale.e_row(r);
   OutT* yr = y + r * D;
+  uint32_t amax = 0;  // kFp8: of the bf16-rounded outputs
 #pragma unroll
   for (int i = 0; i < kMaxChunksPerThread; ++i) {
     const int64_t c = threadIdx.x + static_cast<int64_t>(i) * blockDim.x;
@@ -113,7 +119,25 @@ __global__ void __launch_bounds__(kMaxRowThreads)
         for (int e = 0; e < kChunk; ++e)
           o[e] = __fadd_rn(__fmul_rn(__fmul_rn(__fsub_rn(v[i][e], mean), rstd), __fadd_rn(1.0f, sc[e])), sh[e]);
       }
-      store8(yr + col, o);
+      if constexpr (kFp8) {
+#pragma unroll
+        for (int e = 0; e < kChunk; ++e) {
+          v[i][e] = __bfloat162float(__float2bfloat16_rn(o[e]));
+          amax = max(amax, fp8::abs_bits(v[i][e]));
+        }
+      } else {
+        store8(yr + col, o);
+      }
+    }
+  }
+  if constexpr (kFp8) {
+    __shared__ uint32_t umax[33];
+    const fp8::RowScale rs = fp8::row_scale(block_max_u32(amax, umax));
+    if (threadIdx.x == 0) y_scale[r] = rs.scale;
+#pragma unroll
+    for (int i = 0; i < kMaxChunksPerThread; ++i) {
+      const int64_t c = threadIdx.x + static_cast<int64_t>(i) * blockDim.x;
+      if (c < chunks) *reinterpret_cast<uint2*>(yr + c * kChunk) = quantize8(v[i], rs);
     }
   }
 }
@@ -136,9 +160,10 @@ bool overlap(const void* p, size_t p_bytes, const void* q, size_t q_bytes) {
 template <typename OutT, bool kAffine, Add kAdd = Add::None>
 void launch_layernorm(Resid<kAdd> x, OutT* y, int64_t rows, int64_t D, const ModVec& shift, const ModVec& scale,
                       const float* w, const float* b, float eps, cudaStream_t stream, const char* what,
-                      const AddIn& add = {}) {
+                      const AddIn& add = {}, float* y_scale = nullptr) {
   WAN_CHECK(D > 0 && D % kChunk == 0, what, ": width ", D, " must be a positive multiple of 8");
   WAN_CHECK(aligned16(x) && aligned16(y), what, ": x and y must be 16-byte aligned");
+  if constexpr (std::is_same_v<OutT, uint8_t>) WAN_CHECK(y_scale != nullptr, what, ": FP8 output without scales");
   if constexpr (kAdd != Add::None) {
     WAN_CHECK(add.a && aligned16(add.a), what, ": the added rows must be given and 16-byte aligned");
     if (kAdd == Add::Gated) check_mod(add.gate, D, what);
@@ -150,7 +175,7 @@ void launch_layernorm(Resid<kAdd> x, OutT* y, int64_t rows, int64_t D, const Mod
   if (rows == 0) return;
   const int threads = row_threads(D / kChunk, what);
   layernorm_kernel<OutT, kAffine, kAdd>
-      <<<static_cast<unsigned>(rows), threads, 0, stream>>>(x, y, D, eps, shift, scale, w, b, add);
+      <<<static_cast<unsigned>(rows), threads, 0, stream>>>(x, y, D, eps, shift, scale, w, b, add, y_scale);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -278,37 +303,64 @@ void layernorm_modulate(const float* x, float* y, int64_t rows, int64_t D, const
   check_mod(scale, D, "layernorm_modulate scale");
   launch_layernorm<float, false>(x, y, rows, D, shift, scale, nullptr, nullptr, eps, stream, "layernorm_modulate");
 }
+void layernorm_modulate(const float* x, const Fp8Rows& y, int64_t rows, int64_t D, const ModVec& shift,
+                        const ModVec& scale, float eps, cudaStream_t stream) {
+  check_mod(shift, D, "layernorm_modulate shift");
+  check_mod(scale, D, "layernorm_modulate scale");
+  launch_layernorm<uint8_t, false>(x, y.q, rows, D, shift, scale, nullptr, nullptr, eps, stream, "layernorm_modulate",
+                                   {}, y.scale);
+}
 void layernorm_affine(const float* x, const float* w, const float* b, bf16* y, int64_t rows, int64_t D, float eps,
                       cudaStream_t stream) {
   WAN_CHECK(w && b && aligned16(w) && aligned16(b), "layernorm_affine: weight and bias must be 16-byte aligned");
   launch_layernorm<bf16, true>(x, y, rows, D, ModVec{}, ModVec{}, w, b, eps, stream, "layernorm_affine");
 }
 namespace {
-// The residual add (gated when `gate` is given) fused in front of the LayerNorm: modulated or affine.
-template <bool kAffine>
-void launch_add_layernorm(float* x, const bf16* a, const ModVec* gate, bf16* y, int64_t rows, int64_t D,
+// The residual add (gated when `gate` is given) fused in front of the LayerNorm: modulated or affine;
+// bf16 output, or e4m3 rows with their scales (y_scale given).
+template <bool kAffine, typename OutT>
+void launch_add_layernorm(float* x, const bf16* a, const ModVec* gate, OutT* y, int64_t rows, int64_t D,
                           const ModVec& shift, const ModVec& scale, const float* w, const float* b, float eps,
-                          cudaStream_t stream, const char* what) {
+                          cudaStream_t stream, const char* what, float* y_scale = nullptr) {
   if (gate)
-    launch_layernorm<bf16, kAffine, Add::Gated>(x, y, rows, D, shift, scale, w, b, eps, stream, what, AddIn{a, *gate});
+    launch_layernorm<OutT, kAffine, Add::Gated>(x, y, rows, D, shift, scale, w, b, eps, stream, what, AddIn{a, *gate},
+                                                y_scale);
   else
-    launch_layernorm<bf16, kAffine, Add::Plain>(x, y, rows, D, shift, scale, w, b, eps, stream, what,
-                                                AddIn{a, ModVec{}});
+    launch_layernorm<OutT, kAffine, Add::Plain>(x, y, rows, D, shift, scale, w, b, eps, stream, what,
+                                                AddIn{a, ModVec{}}, y_scale);
+}
+constexpr const char* kAddModulate = "residual_add_layernorm_modulate";
+constexpr const char* kAddAffine = "residual_add_layernorm_affine";
+void check_modulate(const ModVec& shift, const ModVec& scale, int64_t D) {
+  check_mod(shift, D, kAddModulate);
+  check_mod(scale, D, kAddModulate);
+}
+void check_affine(const float* w, const float* b) {
+  WAN_CHECK(w && b && aligned16(w) && aligned16(b), kAddAffine, ": weight and bias must be 16-byte aligned");
 }
 }  // namespace
 
 void residual_add_layernorm_modulate(float* x, const bf16* a, const ModVec* gate, bf16* y, int64_t rows, int64_t D,
                                      const ModVec& shift, const ModVec& scale, float eps, cudaStream_t stream) {
-  const char* what = "residual_add_layernorm_modulate";
-  check_mod(shift, D, what);
-  check_mod(scale, D, what);
-  launch_add_layernorm<false>(x, a, gate, y, rows, D, shift, scale, nullptr, nullptr, eps, stream, what);
+  check_modulate(shift, scale, D);
+  launch_add_layernorm<false>(x, a, gate, y, rows, D, shift, scale, nullptr, nullptr, eps, stream, kAddModulate);
+}
+void residual_add_layernorm_modulate(float* x, const bf16* a, const ModVec* gate, const Fp8Rows& y, int64_t rows,
+                                     int64_t D, const ModVec& shift, const ModVec& scale, float eps,
+                                     cudaStream_t stream) {
+  check_modulate(shift, scale, D);
+  launch_add_layernorm<false>(x, a, gate, y.q, rows, D, shift, scale, nullptr, nullptr, eps, stream, kAddModulate,
+                              y.scale);
 }
 void residual_add_layernorm_affine(float* x, const bf16* a, const ModVec* gate, const float* w, const float* b,
                                    bf16* y, int64_t rows, int64_t D, float eps, cudaStream_t stream) {
-  const char* what = "residual_add_layernorm_affine";
-  WAN_CHECK(w && b && aligned16(w) && aligned16(b), what, ": weight and bias must be 16-byte aligned");
-  launch_add_layernorm<true>(x, a, gate, y, rows, D, ModVec{}, ModVec{}, w, b, eps, stream, what);
+  check_affine(w, b);
+  launch_add_layernorm<true>(x, a, gate, y, rows, D, ModVec{}, ModVec{}, w, b, eps, stream, kAddAffine);
+}
+void residual_add_layernorm_affine(float* x, const bf16* a, const ModVec* gate, const float* w, const float* b,
+                                   const Fp8Rows& y, int64_t rows, int64_t D, float eps, cudaStream_t stream) {
+  check_affine(w, b);
+  launch_add_layernorm<true>(x, a, gate, y.q, rows, D, ModVec{}, ModVec{}, w, b, eps, stream, kAddAffine, y.scale);
 }
 
 std::vector<float> rope_table_f32(int head_dim, int max_pos) {

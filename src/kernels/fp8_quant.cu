@@ -52,27 +52,10 @@ struct Chunk<float> {
 __device__ __forceinline__ float to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
 __device__ __forceinline__ float to_f32(float v) { return v; }
 
-__device__ __forceinline__ uint32_t warp_max(uint32_t v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xFFFFFFFFu, v, o));
-  return v;
-}
-
 // Max over the block (blockDim.x a multiple of 32, at most kMaxRowThreads); every thread gets it.
 __device__ __forceinline__ uint32_t block_max(uint32_t v) {
-  __shared__ uint32_t warp_vals[kMaxRowThreads / 32];
-  __shared__ uint32_t result;
-  v = warp_max(v);
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  if (lane == 0) warp_vals[warp] = v;
-  __syncthreads();
-  if (warp == 0) {
-    uint32_t w = lane < static_cast<int>(blockDim.x >> 5) ? warp_vals[lane] : 0u;
-    w = warp_max(w);
-    if (lane == 0) result = w;
-  }
-  __syncthreads();
-  return result;
+  __shared__ uint32_t smem[33];
+  return block_max_u32(v, smem);
 }
 
 // K % 8 == 0, aligned rows: thread t holds chunks t, t + blockDim, ... (at most kChunks) in registers.
@@ -98,21 +81,13 @@ __global__ void __launch_bounds__(kMaxRowThreads)
   }
   const fp8::RowScale rs = fp8::row_scale(block_max(amax));
   if (threadIdx.x == 0) scale[row] = rs.scale;
-  const uint32_t fill = fp8::fill_byte(rs) * 0x01010101u;
 #pragma unroll
   for (int j = 0; j < kChunks; ++j) {
     const int idx = threadIdx.x + j * blockDim.x;
     if (idx >= chunks) continue;
-    uint2 out = make_uint2(fill, fill);
-    if (rs.kind == fp8::RowKind::Finite) {
-      float v[kChunk];
-      c[j].unpack(v);
-#pragma unroll
-      for (int i = 0; i < kChunk; ++i) v[i] = rn::mul(v[i], rs.inv);
-      out.x = cvt_e4m3x2(v[0], v[1]) | (cvt_e4m3x2(v[2], v[3]) << 16);
-      out.y = cvt_e4m3x2(v[4], v[5]) | (cvt_e4m3x2(v[6], v[7]) << 16);
-    }
-    *reinterpret_cast<uint2*>(qr + static_cast<int64_t>(idx) * kChunk) = out;
+    float v[kChunk];
+    c[j].unpack(v);
+    *reinterpret_cast<uint2*>(qr + static_cast<int64_t>(idx) * kChunk) = quantize8(v, rs);
   }
 }
 

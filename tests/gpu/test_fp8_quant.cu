@@ -4,7 +4,8 @@
 // and magnitudes below the 2^-64 floor. Outputs are poisoned (0xFF bytes: a code the quantiser never
 // writes, and a NaN scale of another bit pattern than its own) so every unwritten byte shows. The
 // hardware conversion is checked against wan::f32_to_f8e4m3 on every fp32 value of magnitude <= 464
-// (ties, e4m3 subnormals, fp32 subnormals and (448, 464] included).
+// (ties, e4m3 subnormals, fp32 subnormals and (448, 464] included). The LayerNorms that write a GEMM's
+// FP8 input (dit_kernels.h Fp8Rows) equal their bf16 form followed by the quantiser, bit for bit.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -16,6 +17,7 @@
 
 #include "core/dtype.h"
 #include "kernels/check.h"
+#include "kernels/dit_kernels.h"
 #include "kernels/fp8_quant.h"
 #include "kernels/rng.h"
 #include "gpu_test_util.h"
@@ -203,4 +205,66 @@ TEST(GpuFp8Quant, BadArgumentsThrow) {
   EXPECT_THROW(cuda::quantize_rows_fp8(dx.p, -1, 8, dq.p, ds.p, nullptr), Error);
   EXPECT_THROW(cuda::quantize_rows_fp8(static_cast<const float*>(nullptr), 2, 8, dq.p, ds.p, nullptr), Error);
   EXPECT_NO_THROW(cuda::quantize_rows_fp8(dx.p, 0, 8, dq.p, ds.p, nullptr));  // no rows: nothing to do
+}
+
+// norm1 / norm3 / norm2 of the FP8 forward: the LayerNorm kernels' Fp8Rows forms against their bf16 forms
+// followed by quantize_rows_fp8 (bytes, scale bits and the updated residual), with a NaN row and a row
+// of large values among random ones, per-sample modulation, every form (plain, gated-add, affine-add).
+TEST(GpuFp8Quant, LayerNormsQuantiseAsTheQuantiserDoes) {
+  REQUIRE_GPU();
+  uint64_t seed = 0xF8A0;
+  for (int64_t D : {5120, 256, 24}) {
+    const int64_t B = 3, S = 37, rows = B * S;
+    std::vector<float> x = randn(++seed, rows * D, 2.0f, 0.5f);
+    for (int64_t i = 0; i < D; ++i) x[5 * D + i] *= 1e15f;  // large row (its statistics stay finite)
+    x[7 * D + D / 2] = std::numeric_limits<float>::quiet_NaN();  // one non-finite row
+    const std::vector<uint16_t> a = to_bf16(randn(++seed, rows * D, 1.0f));
+    const std::vector<float> mod = randn(++seed, 6 * D, 0.05f), e0 = randn(++seed, B * 6 * D, 0.5f);
+    const std::vector<float> w = randn(++seed, D, 0.1f, 1.0f), b = randn(++seed, D, 0.1f);
+    DevBuf<float> dmod(mod.size()), de0(e0.size()), dw(D), db(D);
+    DevBuf<uint16_t> da(a.size());
+    dmod.upload(mod), de0.upload(e0), dw.upload(w), db.upload(b), da.upload(a);
+    auto mv = [&](int k) { return cuda::ModVec{dmod.p + k * D, de0.p + k * D, 6 * D, S}; };
+    const cuda::ModVec gate = mv(2), shift = mv(3), scale = mv(4);
+    auto* ab = reinterpret_cast<const cuda::bf16*>(da.p);
+    for (int form = 0; form < 4; ++form) {  // modulate, add + modulate, gated add + modulate, gated add + affine
+      const std::string what = cat("D ", D, ", form ", form);
+      DevBuf<float> x1(x.size()), x2(x.size()), s1(rows), s2(rows);
+      DevBuf<uint16_t> y2(rows * D);
+      DevBuf<uint8_t> q1(rows * D), q2(rows * D);
+      x1.upload(x), x2.upload(x);
+      q1.poison(), q2.poison(), s1.poison(), s2.poison();
+      auto* yb = reinterpret_cast<cuda::bf16*>(y2.p);
+      const cuda::Fp8Rows out{q1.p, s1.p};
+      const cuda::ModVec* g = form >= 2 ? &gate : nullptr;
+      if (form == 0) {
+        cuda::layernorm_modulate(x1.p, out, rows, D, shift, scale, 1e-6f, nullptr);
+        cuda::layernorm_modulate(x2.p, yb, rows, D, shift, scale, 1e-6f, nullptr);
+      } else if (form < 3) {
+        cuda::residual_add_layernorm_modulate(x1.p, ab, g, out, rows, D, shift, scale, 1e-6f, nullptr);
+        cuda::residual_add_layernorm_modulate(x2.p, ab, g, yb, rows, D, shift, scale, 1e-6f, nullptr);
+      } else {
+        cuda::residual_add_layernorm_affine(x1.p, ab, g, dw.p, db.p, out, rows, D, 1e-6f, nullptr);
+        cuda::residual_add_layernorm_affine(x2.p, ab, g, dw.p, db.p, yb, rows, D, 1e-6f, nullptr);
+      }
+      cuda::quantize_rows_fp8(yb, rows, D, q2.p, s2.p, nullptr);
+      const auto gq = q1.download(), wq = q2.download();
+      const auto gs = s1.download(), ws = s2.download();
+      const auto gx = x1.download(), wx = x2.download();
+      int64_t bad = 0;
+      for (size_t i = 0; i < gq.size(); ++i) bad += gq[i] != wq[i];
+      EXPECT_EQ(bad, 0) << what << ": e4m3 bytes";
+      EXPECT_EQ(std::memcmp(gs.data(), ws.data(), gs.size() * 4), 0) << what << ": row scales";
+      EXPECT_EQ(std::memcmp(gx.data(), wx.data(), gx.size() * 4), 0) << what << ": residual";
+      EXPECT_TRUE(std::isnan(gs[7])) << what << ": the NaN row is marked";
+      int64_t finite = 0;
+      for (float v : gs) finite += std::isfinite(v) && v > 0;
+      EXPECT_EQ(finite, rows - 1) << what;
+    }
+  }
+  DevBuf<float> x(2 * 256);
+  DevBuf<uint8_t> q(2 * 256);
+  EXPECT_THROW(cuda::layernorm_modulate(x.p, cuda::Fp8Rows{q.p, nullptr}, 2, 256, cuda::ModVec{}, cuda::ModVec{},
+                                        1e-6f, nullptr),
+               Error);
 }
