@@ -40,7 +40,8 @@ namespace wan::cuda {
 // Numerics per step follow spec §2.7/§2.10; where the reference rounds, the kernels round (see
 // dit_kernels.h); the one documented deviation is the fused GELU epilogue of the FFN and text MLP,
 // which skips the reference's bf16 rounding of the pre-activation. DiTGemm::Fp8 (opt-in) replaces the
-// blocks' 7 GEMMs by e4m3 GEMMs whose inputs are quantised per token into arena views (block_linear).
+// blocks' 7 GEMMs by e4m3 GEMMs whose inputs are quantised per token: by the LayerNorm that produces
+// them (norm1, norm3, norm2), else into arena views before the GEMM (block_linear).
 
 using dit_gpu_detail::DeviceTable;
 using namespace dit_gpu_detail;  // Geometry, geometry(), the arena constants (dit_gpu_geometry.h)
@@ -48,11 +49,7 @@ using namespace dit_gpu_detail;  // Geometry, geometry(), the arena constants (d
 namespace {
 
 // DiTGemm::Fp8's preconditions, checked before anything is planned or allocated.
-void check_fp8(const DiTGpu::Options& opt, const std::vector<DiTWeightSource>& experts) {
-  WAN_CHECK(!opt.parallel.degrees().active(), "DiT GPU: FP8 GEMMs (--gemm fp8) run on one GPU, not over a "
-            "parallel layout");
-  for (const DiTWeightSource& e : experts)
-    WAN_CHECK(!e.external, "DiT GPU: FP8 GEMMs do not take externally filled (sharded) weights");
+void check_fp8(const DiTGpu::Options& opt) {
   WAN_CHECK(fp8_supported(opt.device), "DiT GPU: --gemm fp8 needs FP8 GEMMs through cuBLASLt (an sm_90 GPU); "
             "device ", opt.device, " has none (use --gemm bf16)");
 }
@@ -168,11 +165,12 @@ struct DiTGpu::Impl {
   // The parallel part of create(): checks the groups against each other, creates the split
   // self-attention and binds its arena buffers (after bind_buffers).
   void setup_parallel();
-  void run_attention(const AttentionShape& sh, const AttentionArgs& a, cudaStream_t s) {
+  // cat: SelfAttention (or a sequence-parallel piece of it) or CrossAttention.
+  void run_attention(OpCat cat, const AttentionShape& sh, const AttentionArgs& a, cudaStream_t s) {
     if (attn) attn->run(sh, a, attn_ws, attn_ws_bytes, s);
     // FP8 for the self-attention; the text cross-attention (512 keys) stays on the bf16 own kernel, where
     // the FP8 quantisation passes cost more than they save (B 2, H 40, 75600 x 512: 5.2 vs 2.7 ms, H100).
-    else if (opt.attention == Attention::OwnFp8 && sh.Lk > 1024)
+    else if (opt.attention == Attention::OwnFp8 && cat == OpCat::SelfAttention)
       OwnAttentionFp8::run(sh, a, attn_ws, attn_ws_bytes, s);
     else OwnAttention::run(sh, a, s);
   }
@@ -197,10 +195,21 @@ struct DiTGpu::Impl {
     gemm->linear_fp8(q, x_scale, reinterpret_cast<const uint8_t*>(w), w_scale, bias, y, M, K, N, act, s);
     if (prof) prof->spans.push_back({OpCat::Gemm, b, prof->mark(s)});
   }
+  // The same GEMM whose FP8 input the LayerNorm before it already wrote (DiTGemm::Fp8, norm_out()).
+  void block_linear_q(const Fp8Rows& x, const bf16* w, const float* w_scale, const bf16* bias, bf16* y, int64_t M,
+                      int64_t K, int64_t N, Act act, cudaStream_t s) {
+    const size_t b = prof ? prof->mark(s) : 0;
+    gemm->linear_fp8(x.q, x.scale, reinterpret_cast<const uint8_t*>(w), w_scale, bias, y, M, K, N, act, s);
+    if (prof) prof->spans.push_back({OpCat::Gemm, b, prof->mark(s)});
+  }
+  // DiTGemm::Fp8: the LayerNorms that feed a GEMM (norm1, norm3, norm2) quantise their rows into h's
+  // bytes and x_scale, which only that GEMM reads.
+  Fp8Rows norm_out() const { return {reinterpret_cast<uint8_t*>(h), x_scale}; }
+  bool fp8() const { return x_scale != nullptr; }
   void attention_op(OpCat cat, const AttentionShape& sh, const AttentionArgs& a, cudaStream_t s) {
-    if (!prof) return run_attention(sh, a, s);
+    if (!prof) return run_attention(cat, sh, a, s);
     const size_t b = prof->mark(s);
-    run_attention(sh, a, s);
+    run_attention(cat, sh, a, s);
     prof->spans.push_back({cat, b, prof->mark(s)});
   }
   // Events one profiled forward of `layers` blocks records at most: 2 around the forward, 2 per interval
@@ -272,8 +281,9 @@ void DiTGpu::Impl::block(const BlockPtrs& w, const BlockPtrs* next, const Geomet
   bf16* q = big + rows * 3 * D;    // [rows, D]; once its attention has run, the o GEMM's output
   bf16* k = big + rows * 4 * D;    // [rows, D]
   bf16* ffn = big;                 // [rows, F]
-  // DiTGemm::Fp8: each GEMM's quantised input goes where nothing live is (dit_gpu_plan.cpp's fp8.* views):
-  // k's region (dead outside the self-attention), ck before its norm writes it, att before the FFN
+  // DiTGemm::Fp8: the inputs of the qkv, cross q and FFN-up GEMMs come quantised out of the LayerNorm
+  // before them (into h, norm_out()); the others' quantised input goes where nothing live is
+  // (dit_gpu_plan.cpp's fp8.* views): k's region (dead outside the self-attention), ck before its norm
   // writes it, and the bytes of big past the FFN hidden.
   void* xq = k;
   void* xq_ffn2 = reinterpret_cast<char*>(big) + rows * g.F * 2;
@@ -281,12 +291,16 @@ void DiTGpu::Impl::block(const BlockPtrs& w, const BlockPtrs* next, const Geomet
   // self-attention on h = norm1(resid), computed before this block (run_body or the previous block);
   // shared: for sample 0's rows only
   const int64_t sa_rows = shared ? g.S : rows;
-  block_linear(h, w.qkv_w, w.qkv_s, w.qkv_b, qkv, sa_rows, D, 3 * D, Act::None, xq, s);
+  const bool fp8_in = fp8();  // h holds the norms' e4m3 rows (norm_out) instead of bf16 ones
+  if (fp8_in) block_linear_q(norm_out(), w.qkv_w, w.qkv_s, w.qkv_b, qkv, sa_rows, D, 3 * D, Act::None, s);
+  else block_linear(h, w.qkv_w, w.qkv_s, w.qkv_b, qkv, sa_rows, D, 3 * D, Act::None, xq, s);
   const RmsNormJob jq{qkv, 3 * D, w.nq, q, sa_rows}, jk{qkv + D, 3 * D, w.nk, k, sa_rows};
   qk_rmsnorm_rope(jq, &jk, D, eps, &rope_args, s);
   if (spa) {  // the sequence is split over ranks: Ulysses / Ring / 2D (models/dit/seq_attention_gpu.h)
     spa->run(spa_geometry(g), q, k, qkv + 2 * D, 3 * D, att,
-             [this](const AttentionShape& sh, const AttentionArgs& a, cudaStream_t st) { run_attention(sh, a, st); },
+             [this](const AttentionShape& sh, const AttentionArgs& a, cudaStream_t st) {
+               run_attention(OpCat::SelfAttention, sh, a, st);
+             },
              s);
   } else {
     const AttentionShape ss = self_attn_shape(g, shared);
@@ -298,10 +312,15 @@ void DiTGpu::Impl::block(const BlockPtrs& w, const BlockPtrs* next, const Geomet
   if (shared) copy_first_sample(q, static_cast<size_t>(g.S * D) * sizeof(bf16), g.B, s);  // the others' o rows
   // resid += o·gate_sa, and the cross-attention's affine pre-norm (norm3) of it, in one pass
   const ModVec gate_sa = chunk(2);
-  residual_add_layernorm_affine(resid, q, &gate_sa, w.n3w, w.n3b, h, rows, D, eps, s);
+  if (fp8_in) {
+    residual_add_layernorm_affine(resid, q, &gate_sa, w.n3w, w.n3b, norm_out(), rows, D, eps, s);
+  } else {
+    residual_add_layernorm_affine(resid, q, &gate_sa, w.n3w, w.n3b, h, rows, D, eps, s);
+  }
 
   // cross-attention: no modulation or gate, all text_len keys
-  block_linear(h, w.cq_w, w.cq_s, w.cq_b, q, rows, D, D, Act::None, xq, s);
+  if (fp8_in) block_linear_q(norm_out(), w.cq_w, w.cq_s, w.cq_b, q, rows, D, D, Act::None, s);
+  else block_linear(h, w.cq_w, w.cq_s, w.cq_b, q, rows, D, D, Act::None, xq, s);
   block_linear(ctx, w.ckv_w, w.ckv_s, w.ckv_b, ckv, crow, D, 2 * D, Act::None, ck, s);
   const RmsNormJob cq{q, D, w.cnq, q, rows}, cjk{ckv, 2 * D, w.cnk, ck, crow};
   qk_rmsnorm_rope(cq, &cjk, D, eps, nullptr, s);
@@ -311,14 +330,19 @@ void DiTGpu::Impl::block(const BlockPtrs& w, const BlockPtrs* next, const Geomet
   attention_op(OpCat::CrossAttention, cs, ca, s);
   block_linear(att, w.co_w, w.co_s, w.co_b, q, rows, D, D, Act::None, xq, s);
   // resid += o, and the FFN's pre-norm (norm2) of it, in one pass
-  residual_add_layernorm_modulate(resid, q, nullptr, h, rows, D, chunk(3), chunk(4), eps, s);
+  if (fp8_in) residual_add_layernorm_modulate(resid, q, nullptr, norm_out(), rows, D, chunk(3), chunk(4), eps, s);
+  else residual_add_layernorm_modulate(resid, q, nullptr, h, rows, D, chunk(3), chunk(4), eps, s);
 
   // feed-forward; resid += y·gate_ff, fused with the next block's norm1 (the last block's add is
   // plain: the head norm reads the residual in head_and_output)
-  block_linear(h, w.f0_w, w.f0_s, w.f0_b, ffn, rows, D, g.F, Act::GeluTanh, att, s);
+  if (fp8_in) block_linear_q(norm_out(), w.f0_w, w.f0_s, w.f0_b, ffn, rows, D, g.F, Act::GeluTanh, s);
+  else block_linear(h, w.f0_w, w.f0_s, w.f0_b, ffn, rows, D, g.F, Act::GeluTanh, att, s);
   block_linear(ffn, w.f2_w, w.f2_s, w.f2_b, att, rows, g.F, D, Act::None, xq_ffn2, s);
   const ModVec gate_ff = chunk(5);
-  if (next)
+  if (next && fp8_in)
+    residual_add_layernorm_modulate(resid, att, &gate_ff, norm_out(), rows, D, block_mod(*next, 0, g),
+                                    block_mod(*next, 1, g), eps, s);
+  else if (next)
     residual_add_layernorm_modulate(resid, att, &gate_ff, h, rows, D, block_mod(*next, 0, g), block_mod(*next, 1, g),
                                     eps, s);
   else
@@ -351,9 +375,12 @@ void DiTGpu::Impl::run_body(const ExpertPtrs& w, const Geometry& g, cudaStream_t
   if (g.seq_parallel()) ra.offset = seq_rank * g.S, ra.total = g.Lpad;  // global positions of the slice (§8)
   // norm1 of the first block; every later one comes out of the previous block's last residual add
   // (shared first block: sample 0's rows only, see block())
-  if (!w.blocks.empty())
-    layernorm_modulate(resid, h, g.share_first() ? g.S : rows, D, block_mod(w.blocks[0], 0, g),
-                       block_mod(w.blocks[0], 1, g), cfg.eps, s);
+  const int64_t n1_rows = g.share_first() ? g.S : rows;
+  if (!w.blocks.empty() && fp8())
+    layernorm_modulate(resid, norm_out(), n1_rows, D, block_mod(w.blocks[0], 0, g), block_mod(w.blocks[0], 1, g),
+                       cfg.eps, s);
+  else if (!w.blocks.empty())
+    layernorm_modulate(resid, h, n1_rows, D, block_mod(w.blocks[0], 0, g), block_mod(w.blocks[0], 1, g), cfg.eps, s);
   for (size_t i = 0; i < w.blocks.size(); ++i)
     block(w.blocks[i], i + 1 < w.blocks.size() ? &w.blocks[i + 1] : nullptr, g, ra, g.share_first() && i == 0, s);
   head_and_output(w, g, s);
@@ -483,7 +510,7 @@ DiTGpu DiTGpu::create(const DiTConfig& cfg, const std::vector<DiTWeightSource>& 
                       const Options& opt) {
   WAN_CHECK(!experts.empty(), "DiT GPU: no expert weights given");
   const int n = static_cast<int>(experts.size());
-  if (opt.gemm == Gemm::Fp8) check_fp8(opt, experts);
+  if (opt.gemm == Gemm::Fp8) check_fp8(opt);
   // Everything checkable on the host first: config, shape, the plan without cuDNN's workspace.
   const dist::Layout par = opt.parallel.degrees();
   if (opt.planned)
@@ -733,7 +760,6 @@ void* DiTGpu::weight_allocation(int expert, size_t* bytes) const {
 int DiTGpu::add_weight_loads(int expert, size_t begin, size_t end, const DiTWeightGetter& get,
                              const DiTWeightSpan& span, DeviceLoader& loader, int group,
                              const WeightMergeFn& merge) const {
-  WAN_CHECK(impl_->opt.gemm == Gemm::Bf16, "DiT GPU: sharded loading (multi-GPU) does not run FP8 GEMMs");
   size_t bytes = 0;
   char* base = static_cast<char*>(weight_allocation(expert, &bytes));
   const std::string what = cat("DiT expert ", expert);
