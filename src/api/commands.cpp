@@ -356,7 +356,7 @@ const char* const kPrecisionFp8Note =
 
 void add_gemm_rows(std::vector<Option>& t) {
   Option gemm = option("gemm", Kind::Enum, "G", "bf16",
-                       "DiT GEMMs (cuda, one GPU): bf16 (exact, the reference's) | fp8 (the blocks' 7 GEMMs with e4m3 "
+                       "DiT GEMMs (cuda): bf16 (exact, the reference's) | fp8 (the blocks' 7 GEMMs with e4m3 "
                        "weights quantised per output channel as they load and inputs per token; sm_90, opt-in)");
   gemm.choices = {"bf16", "fp8"};
   t.push_back(gemm);

@@ -31,9 +31,13 @@ std::string exact(double v) {
 
 namespace pipeline_detail {
 std::string fingerprint_numerics(const GeneratePlan& p) {
-  return parse_device(p.device) < 0 ? std::string("cpu float32")
-         : p.parallel.empty()       ? std::string(p.gemm == "fp8" ? "cuda bf16, fp8 block GEMMs" : "cuda bf16")
-                                    : cat("cuda bf16, ", p.parallel);
+  if (parse_device(p.device) < 0) return "cpu float32";
+  // Each lossy switch rounds differently, so a state resumes only under the same ones.
+  std::string s = "cuda bf16";
+  if (p.gemm == "fp8") s += ", fp8 block GEMMs";
+  if (p.attention == "own-fp8") s += ", fp8 self-attention";
+  if (!p.parallel.empty()) s += ", " + p.parallel;
+  return s;
 }
 }  // namespace pipeline_detail
 

@@ -643,6 +643,7 @@ std::unique_ptr<cuda::DiTGpu> make_rank_dit(const dist::RankContext& ctx, const 
   opt.device = ctx.device;
   opt.verbose = verbose;
   opt.attention = cuda::DiTGpu::parse_attention(p.attention);
+  opt.gemm = cuda::DiTGpu::parse_gemm(p.gemm);
   opt.parallel = par;
   opt.planned = std::move(planned);
   const Shape& ls = p.latent_shape;
@@ -660,7 +661,7 @@ std::unique_ptr<cuda::DiTGpu> make_rank_dit(const dist::RankContext& ctx, const 
 
   // This rank's share: the tensors of byte range `rank` of each expert's allocation.
   size_t total = 0;
-  const std::vector<std::pair<size_t, size_t>> tensors = cuda::DiTGpu::weight_ranges(cfg, &total);
+  const std::vector<std::pair<size_t, size_t>> tensors = cuda::DiTGpu::weight_ranges(cfg, &total, opt.gemm);
   const std::vector<std::pair<size_t, size_t>> ranges = shard_ranges(tensors, total, ctx.world);
   const auto [begin, end] = ranges[static_cast<size_t>(ctx.rank)];
   std::vector<std::unique_ptr<WeightStore>> stores;  // open while the loader may call their getters

@@ -108,10 +108,11 @@ struct ParallelRun {
 //      nothing is encoded. The other ranks meanwhile create their DiT and load their share of the weights.
 //   2. DiT: random weights are drawn on every rank (the same values everywhere, no files); checkpoint
 //      weights are loaded sharded: each expert's single device allocation is cut at tensor boundaries
-//      into `world` contiguous byte ranges (shard_ranges), rank r streams the tensors of range r from
-//      the files (cuda::DeviceLoader, pinned staging, conversion on the GPU), then every range is
-//      broadcast in place from its owner (ncclBroadcast per range), so every rank ends with all weights,
-//      bit-identical to a single-GPU load.
+//      (with --gemm fp8 at those of e4m3 fusion groups, whose row scales follow them:
+//      DiTGpu::weight_ranges) into `world` contiguous byte ranges (shard_ranges), rank r streams the
+//      tensors of range r from the files (cuda::DeviceLoader, pinned staging, conversion on the GPU),
+//      then every range is broadcast in place from its owner (ncclBroadcast per range), so every rank
+//      ends with all weights, bit-identical to a single-GPU load.
 //   3. After a barrier (every share loaded, the text encoded): rank 0 broadcasts the encoded text (sizes
 //      first, then [L_cond + L_uncond, text_dim] f32) and the initial latents, so a seed drawn at random
 //      (no --seed) or files read per process cannot make the ranks diverge.

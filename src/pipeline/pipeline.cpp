@@ -165,7 +165,6 @@ std::future<void> plan_device(const GenerateOptions& o, GeneratePlan& p) {
   const bool on_gpu = parse_device(o.device) >= 0;
   WAN_CHECK_OPTION("gemm", o.gemm == "bf16" || o.gemm == "fp8", "{}: expected bf16 or fp8, got '", o.gemm, "'");
   WAN_CHECK_OPTION("gemm", on_gpu || o.gemm == "bf16", "{} fp8: FP8 GEMMs run in the GPU DiT only (--device cuda)");
-  WAN_CHECK_OPTION("gemm", !o.parallel || o.gemm == "bf16", "{} fp8 runs on one GPU, not on several (use --gemm bf16)");
   p.gemm = o.gemm;
   WAN_CHECK_OPTION("attention",
                    o.attention == "auto" || o.attention == "own" || o.attention == "cudnn" || o.attention == "own-fp8",

@@ -192,8 +192,8 @@ GeneratePlan plan_generate(const GenerateOptions& o);
 // What must be equal for a saved state to continue in another process: a JSON object of strings
 // ("task", "weights", "numerics", "video", "latents", "noise", "steps", "sampler", "schedule", "shift",
 // "guide", "boundary", "prompt", "negative"; prompts and embeddings by a 64-bit FNV-1a hash). Numerics:
-// "cpu float32", "cuda bf16" / "cuda bf16, fp8 block GEMMs" (one GPU) or "cuda bf16, <GeneratePlan::parallel>"
-// (several GPUs).
+// "cpu float32", or "cuda bf16" followed by ", fp8 block GEMMs" (--gemm fp8), ", fp8 self-attention"
+// (--attention own-fp8) and ", <GeneratePlan::parallel>" (several GPUs) where they apply.
 std::string plan_fingerprint(const GeneratePlan& p);
 // The keys whose values differ, as "key: saved vs now" parts joined by "; " (empty when equal).
 std::string fingerprint_differences(const std::string& saved, const std::string& now);

@@ -220,15 +220,9 @@ TEST(Pipeline, PlanRejectsBadInputBeforeHeavyWork) {
       {[](GenerateOptions& o) { o.device = "tpu"; }, "is not cpu, cuda"},
       {[](GenerateOptions& o) { o.attention = "flash"; }, "--attention: expected auto, own, cudnn or own-fp8"},
       {[](GenerateOptions& o) { o.attention = "own"; }, "applies to --device cuda only"},
-      // FP8 GEMMs (--gemm fp8): the GPU DiT on one device only, refused before anything loads.
+      // FP8 GEMMs (--gemm fp8): the GPU DiT only, refused before anything loads.
       {[](GenerateOptions& o) { o.gemm = "fp16"; }, "--gemm: expected bf16 or fp8"},
       {[](GenerateOptions& o) { o.gemm = "fp8"; }, "--gemm fp8: FP8 GEMMs run in the GPU DiT only"},
-      {[](GenerateOptions& o) {
-         o.gemm = "fp8";
-         o.device = "cuda";
-         o.parallel = true;
-       },
-       "--gemm fp8 runs on one GPU"},
       {[](GenerateOptions& o) { o.prompt_embeds_file.clear(); }, "missing --prompt"},
       {[](GenerateOptions& o) { o.prompt = "x"; }, "not both"},
       {[](GenerateOptions& o) { o.negative_prompt = "x"; }, "not both"},

@@ -53,6 +53,7 @@
 #include "../cpu/test_util.h"
 #include "ckpt/layout.h"
 #include "core/error.h"
+#include "kernels/gemm.h"
 #include "models/dit/dit_gpu.h"
 #include "testing/make_checkpoint.h"
 #include "gpu_test_model.h"
@@ -204,6 +205,39 @@ TEST(GenerateDist, RandomTinyMatchesOneGpuOnEveryLayout) {
   }
 }
 
+// --precision fp8 (FP8 block GEMMs and self-attention) on every layout against one GPU in FP8: the
+// layouts round differently (ring merges partial results by their log-sum-exp), nothing more.
+TEST(GenerateDist, Fp8MatchesOneGpuFp8OnEveryLayout) {
+  REQUIRE_GPUS(2);
+  if (!cuda::fp8_supported(0)) GTEST_SKIP() << "no FP8 GEMMs on this GPU";
+  const int n = cuda::device_count();
+  auto fp8 = [] {
+    GenerateOptions o = tiny();
+    o.gemm = "fp8";
+    o.attention = "own-fp8";
+    return o;
+  };
+  const GenerateResult ref = single_gpu(fp8());
+  const GenerateResult exact = single_gpu(tiny());
+  printf("1 GPU fp8 vs exact: latents rel L2 %.3e\n", rel_l2(ref.latents, exact.latents));
+  const std::vector<LayoutCase> cases = {{2, true, 0, 0, {2, 1, 1}},  {2, false, 2, 0, {1, 2, 1}},
+                                         {2, false, 0, 2, {1, 1, 2}}, {4, true, 2, 0, {2, 2, 1}},
+                                         {4, false, 2, 2, {1, 2, 2}}};
+  for (const LayoutCase& c : cases) {
+    if (c.gpus > n) continue;
+    GenerateOptions o = fp8();
+    const ParallelRun run = run_generate_parallel(o, request(&o, c.gpus, c.cfg, c.u, c.r), {}, true);
+    EXPECT_EQ(run.layout, c.want);
+    ASSERT_TRUE(run.result.video.defined());
+    expect_close(run.result, ref, cat("fp8, ", c.gpus, " GPUs ", dist::describe(run.layout)));
+  }
+  // The paused state of an FP8 run names its numerics: it does not resume on the exact path.
+  GenerateOptions a = fp8();
+  const ParallelRun one = run_generate_parallel(a, request(&a, 2, true, 0, 0), {}, false);
+  EXPECT_NE(one.plan.fingerprint.find("fp8 block GEMMs, fp8 self-attention, 2 GPUs"), std::string::npos)
+      << one.plan.fingerprint;
+}
+
 TEST(GenerateDist, FortyHeadsUlysses) {
   REQUIRE_GPUS(2);
   const int n = cuda::device_count();
@@ -274,6 +308,7 @@ RefWeights reference_weights(const GeneratePlan& p) {
   const Shape& ls = p.latent_shape;
   cuda::DiTGpu::Options opt;
   opt.device = 0;
+  opt.gemm = cuda::DiTGpu::parse_gemm(p.gemm);  // e4m3 weights come back dequantised (download_weight)
   cuda::DiTGpu dit = cuda::DiTGpu::create(p.ckpt.dit, src, cuda::DiTShape{2, ls[1], ls[2], ls[3]}, opt);
   r.tensors.resize(r.roles.size());
   for (size_t e = 0; e < r.roles.size(); ++e)
@@ -302,16 +337,26 @@ TEST(GenerateDist, ShardedLoadGivesEveryRankTheSingleGpuWeights) {
   const int n = cuda::device_count();
   test::TempDir t("gdistckpt");
   const uint64_t seed = fresh_seed() % 100000;
-  for (const auto& [layout, dtype] : {std::pair{Layout::Official, DType::F32}, std::pair{Layout::Diffusers, DType::BF16}}) {
+  // bf16 from both layouts; FP8 GEMMs (e4m3 weights whose row scales follow each fusion group) once.
+  struct Case {
+    Layout layout;
+    DType dtype;
+    const char* gemm;
+  };
+  for (const auto& [layout, dtype, gemm] : {Case{Layout::Official, DType::F32, "bf16"},
+                                            Case{Layout::Diffusers, DType::BF16, "bf16"},
+                                            Case{Layout::Official, DType::F32, "fp8"}}) {
+    if (std::string(gemm) == "fp8" && !cuda::fp8_supported(0)) continue;
     gen::MakeCheckpointOptions mk;
     mk.config = "tiny";
     mk.layout = layout;
     mk.dtype = dtype;
     mk.seed = seed;
     mk.out = t / (layout == Layout::Official ? "official" : "diffusers");
-    gen::make_checkpoint(mk);
+    if (!fs::exists(mk.out)) gen::make_checkpoint(mk);
     GenerateOptions o = checkpoint_options(mk.out);
     o.parallel = true;
+    o.gemm = gemm;
     const GeneratePlan plan = plan_generate(o);
     const RefWeights ref = reference_weights(plan);
     ASSERT_FALSE(ref.roles.empty());
@@ -337,14 +382,23 @@ TEST(GenerateDist, ShardedLoadGivesEveryRankTheSingleGpuWeights) {
       });
       // The expected shares: the tensors whose start lies in each rank's range, per expert.
       size_t total = 0;
-      const std::vector<std::pair<size_t, size_t>> tensors = cuda::DiTGpu::weight_ranges(plan.ckpt.dit, &total);
+      const cuda::DiTGpu::Gemm g = cuda::DiTGpu::parse_gemm(gemm);
+      const std::vector<std::pair<size_t, size_t>> tensors = cuda::DiTGpu::weight_ranges(plan.ckpt.dit, &total, g);
       const auto ranges = shard_ranges(tensors, total, world);
+      const int per_expert = static_cast<int>(dit_expected_shapes(plan.ckpt.dit).size());
+      // FP8: a fused q|k|v or k|v group is one unit of three or two tensors.
+      if (g == cuda::DiTGpu::Gemm::Fp8) EXPECT_LT(static_cast<int>(tensors.size()), per_expert);
+      else EXPECT_EQ(static_cast<int>(tensors.size()), per_expert);
       uint64_t streamed = 0;
+      int loaded = 0;
       for (int r = 0; r < world; ++r) {
         int want = 0;
         for (const auto& x : tensors) want += x.first >= ranges[r].first && x.first < ranges[r].second;
-        EXPECT_EQ(stats[r].load_tensors, want * static_cast<int>(ref.roles.size())) << "rank " << r;
-        const std::string what = cat(layout_name(layout), " ", dtype_name(dtype), ", ", world, " ranks, rank ", r);
+        if (g == cuda::DiTGpu::Gemm::Bf16)
+          EXPECT_EQ(stats[r].load_tensors, want * static_cast<int>(ref.roles.size())) << "rank " << r;
+        loaded += stats[r].load_tensors;
+        const std::string what =
+            cat(layout_name(layout), " ", dtype_name(dtype), " --gemm ", gemm, ", ", world, " ranks, rank ", r);
         EXPECT_GT(compared[r], 0) << what;
         EXPECT_EQ(mismatched[r], 0) << what << ": first differing tensor " << first_bad[r];
         EXPECT_EQ(stats[r].load_bytes > 0, want > 0) << what << ": a rank streams exactly when its range holds tensors";
@@ -353,6 +407,7 @@ TEST(GenerateDist, ShardedLoadGivesEveryRankTheSingleGpuWeights) {
                (unsigned long long)stats[r].load_bytes, stats[r].load_tensors, stats[r].load_s, stats[r].broadcast_s);
       }
       EXPECT_EQ(streamed, ref.stored_bytes) << "the shares add up to the experts' stored bytes";
+      EXPECT_EQ(loaded, per_expert * static_cast<int>(ref.roles.size())) << "every tensor is loaded once";
     }
   }
   // The whole pipeline from the official checkpoint on 2 GPUs vs one GPU (text encoder streamed on rank 0).
@@ -366,6 +421,15 @@ TEST(GenerateDist, ShardedLoadGivesEveryRankTheSingleGpuWeights) {
   EXPECT_GT(run.ranks[0].load_bytes, 0u);
   EXPECT_GT(run.ranks[1].load_bytes, 0u);
   EXPECT_EQ(run.result.load_bytes, run.ranks[0].load_bytes + run.ranks[1].load_bytes);
+  if (cuda::fp8_supported(0)) {  // the same with FP8 GEMMs: sharded e4m3 weights and scales
+    GenerateOptions f1 = checkpoint_options(model);
+    f1.gemm = "fp8";
+    const GenerateResult one8 = single_gpu(f1);
+    GenerateOptions f2 = checkpoint_options(model);
+    f2.gemm = "fp8";
+    const ParallelRun run8 = run_generate_parallel(f2, request(&f2, 2, false, 0, 0), {}, true);
+    expect_close(run8.result, one8, cat("checkpoint --gemm fp8, 2 GPUs ", dist::describe(run8.layout)));
+  }
 }
 
 // ---- the command line: in-process, 2 processes, failures ----

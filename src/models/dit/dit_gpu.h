@@ -222,7 +222,7 @@ class DiTGpu {
     bool use_graphs = true;
     bool verbose = false;  // print the memory plan (MiB) to stderr at create
     Attention attention = Attention::Auto;
-    // Fp8: create() refuses a device without cuda::fp8_supported, a parallel layout and an external source.
+    // Fp8: create() refuses a device without cuda::fp8_supported.
     Gemm gemm = Gemm::Bf16;
     // Allocate the activation arena in warm_up() (or the first forward) instead of create(), so that a
     // text encoder loaded next to the weights can be freed first; create() then checks only
@@ -310,11 +310,13 @@ class DiTGpu {
   void* weight_allocation(int expert, size_t* bytes = nullptr) const;
 
   // Sharded loading (pipeline/generate_parallel.h), without the internal weight table:
-  // weight_ranges: the (byte offset, bytes) of every tensor of one expert's weight allocation for
-  // `cfg`, ascending by offset (every expert of a config has this layout), and the allocation's size in
-  // *total_bytes. Pure host arithmetic.
-  // (The bf16 layout: sharded loading is multi-GPU, which FP8 GEMMs do not run.)
-  static std::vector<std::pair<size_t, size_t>> weight_ranges(const DiTConfig& cfg, size_t* total_bytes = nullptr);
+  // weight_ranges: the (byte offset, bytes) units of one expert's weight allocation for `cfg` and
+  // `gemm`, ascending by offset and disjoint (every expert of a config has this layout), and the
+  // allocation's size in *total_bytes. A unit is one tensor, or with Gemm::Fp8 a whole fusion group of
+  // e4m3 weights with the row scales placed after it, so a share's owner writes and broadcasts
+  // the weights and their scales together. Pure host arithmetic.
+  static std::vector<std::pair<size_t, size_t>> weight_ranges(const DiTConfig& cfg, size_t* total_bytes = nullptr,
+                                                              Gemm gemm = Gemm::Bf16);
   // Adds to `loader` (not started) the tensors of expert `expert` whose first byte lies in [begin, end)
   // of its weight allocation, as completion group `group`: streamed from the files where `span` gives
   // their stored bytes, else read through `get` (errors name "DiT expert <expert> weight <name>").

@@ -2,6 +2,7 @@
 // reads (resolve), the DiT weight table with the FP8 storage choice, and the sharded-load ranges.
 // Invariant: fused GEMMs (q|k|v, cross k|v) read consecutive weights, biases and (e4m3) row scales; resolve
 // checks it on the table rather than trusting the placement.
+#include <algorithm>
 #include <string>
 #include <utility>
 #include <vector>
@@ -78,11 +79,26 @@ ExpertPtrs resolve(const DeviceTable& t, const void* base, int layers) {
 
 }  // namespace dit_gpu_detail
 
-std::vector<std::pair<size_t, size_t>> DiTGpu::weight_ranges(const DiTConfig& cfg, size_t* total_bytes) {
-  const dit_gpu_detail::DeviceTable table = dit_gpu_detail::build_weight_table(cfg);
+std::vector<std::pair<size_t, size_t>> DiTGpu::weight_ranges(const DiTConfig& cfg, size_t* total_bytes, Gemm gemm) {
+  const dit_gpu_detail::DeviceTable table = dit_gpu_detail::build_weight_table(cfg, gemm);
+  // Each tensor's extent (its scales included), then overlapping extents merged: an e4m3 fusion group's
+  // first extent runs over its other weights to the scales behind them.
+  std::vector<std::pair<size_t, size_t>> spans;  // [begin, end)
+  spans.reserve(table.entries.size());
+  for (const dit_gpu_detail::DeviceEntry& e : table.entries) {
+    size_t end = e.offset + e.bytes;
+    if (e.fp8()) end = std::max(end, e.scale_offset + static_cast<size_t>(e.rows()) * 4);
+    spans.emplace_back(e.offset, end);
+  }
+  std::sort(spans.begin(), spans.end());
   std::vector<std::pair<size_t, size_t>> ranges;
-  ranges.reserve(table.entries.size());
-  for (const dit_gpu_detail::DeviceEntry& e : table.entries) ranges.emplace_back(e.offset, e.bytes);
+  for (const auto& [b, e] : spans) {
+    if (!ranges.empty() && b < ranges.back().first + ranges.back().second) {
+      ranges.back().second = std::max(ranges.back().first + ranges.back().second, e) - ranges.back().first;
+      continue;
+    }
+    ranges.emplace_back(b, e - b);
+  }
   if (total_bytes) *total_bytes = table.bytes;
   return ranges;
 }
