@@ -6,7 +6,9 @@ per token for x and per output channel for w. Reports, on every row_step-th row:
   - rel L2 of the emulated FP8 GEMM (dequantised operands, fp64 matmul) against the fp32 GEMM of the
     unquantised inputs: the scheme's own error, which the engine's kernels should reproduce;
   - rel L2 of torch._scaled_mm (row-wise scales, bf16 out) against the same reference;
-and the median time of torch._scaled_mm and of the bf16 torch.matmul (CUDA events).
+and the median time of torch._scaled_mm and of the bf16 torch.matmul (CUDA events); also the time of the
+same e4m3 product with one scalar scale per operand (tensor-wise, no bias), the speed the per-row
+scaling costs against.
 Usage: python bench/baselines/fp8_gemm_torch.py [--m 75600] [--json FILE]
 """
 import argparse
@@ -79,15 +81,18 @@ def main():
                 return torch._scaled_mm(xq, wq.t(), scale_a=sx, scale_b=sw.t(), out_dtype=torch.bfloat16) + b
             y = act(fp8_mm()[sel].float())
         bf16_mm = lambda: torch.nn.functional.linear(x, w, b)
+        one = torch.ones((), device=dev)
+        tensorwise_mm = lambda: torch._scaled_mm(xq, wq.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
         flops = 2.0 * M * N * K
-        t8, t16 = median_ms(fp8_mm), median_ms(bf16_mm)
+        t8, t16, tt = median_ms(fp8_mm), median_ms(bf16_mm), median_ms(tensorwise_mm)
         row = {"name": name, "M": M, "K": K, "N": N, "gelu": gelu, "rows_checked": int(sel.numel()),
                "rel_l2_emulation": rel_l2(emu, ref), "rel_l2_scaled_mm": rel_l2(y, ref),
                "scaled_mm_ms": t8, "scaled_mm_tflops": flops / t8 / 1e9, "bf16_ms": t16,
-               "bf16_tflops": flops / t16 / 1e9}
+               "bf16_tflops": flops / t16 / 1e9, "tensorwise_ms": tt, "tensorwise_tflops": flops / tt / 1e9}
         rows.append(row)
         print(f"{name:9s} {M:6d} {K:6d} {N:6d} | emulation relL2 {row['rel_l2_emulation']:.4f} | _scaled_mm relL2 "
-              f"{row['rel_l2_scaled_mm']:.4f} {row['scaled_mm_tflops']:7.0f} TF/s | bf16 {row['bf16_tflops']:6.0f} TF/s")
+              f"{row['rel_l2_scaled_mm']:.4f} {row['scaled_mm_tflops']:7.0f} TF/s | tensor-wise {row['tensorwise_tflops']:6.0f} "
+              f"TF/s | bf16 {row['bf16_tflops']:6.0f} TF/s")
         del x, w, xq, wq
         torch.cuda.empty_cache()
     doc = {"tool": "bench/baselines/fp8_gemm_torch.py", "torch": torch.__version__,

@@ -1,7 +1,8 @@
 // The image-to-video tasks on the GPU (bf16: the VAE encoder, the DiT with I2V's 36 input channels or
 // TI2V's per-token timesteps, the decoder) against the CPU float32 pipeline on make-checkpoint tiny
 // models (VAE widths the GPU kernels take), with the same image and seed: latents and video within the
-// T2V pipeline's GPU bounds; reruns bit-identical; the image encoder a stage of the run's memory plan.
+// T2V pipeline's GPU bounds; reruns bit-identical; the image encoder a stage of the run's memory plan;
+// both tasks under --precision fp8 (FP8 GEMMs and self-attention) near the exact GPU run.
 // The image is a PPM written here (the GPU machine's build may lack FFmpeg; PPM needs nothing).
 #include <gtest/gtest.h>
 
@@ -15,6 +16,7 @@
 #include <unistd.h>
 
 #include "gpu_test_model.h"
+#include "kernels/gemm.h"
 #include "kernels/rng.h"
 #include "pipeline/pipeline.h"
 #include "runtime/memory_plan.h"
@@ -115,6 +117,29 @@ TEST(GpuImageTasks, RerunsAreBitIdenticalAndTheEncoderIsPlanned) {
     EXPECT_EQ(std::memcmp(a.latents.data(), b.latents.data(), a.latents.nbytes()), 0) << config;
     ASSERT_EQ(a.video.nbytes(), b.video.nbytes());
     EXPECT_EQ(std::memcmp(a.video.data(), b.video.data(), a.video.nbytes()), 0) << config;
+  }
+  fs::remove_all(work_dir());
+}
+
+// --precision fp8 on both image tasks (I2V's 36-channel input, TI2V's per-token timesteps): the run
+// works, names its numerics, and stays within the full forward's FP8 bound of the exact GPU run.
+TEST(GpuImageTasks, Fp8RunsBothImageTasks) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  if (!cuda::fp8_supported(0)) GTEST_SKIP() << "no FP8 GEMMs on this GPU";
+  for (const char* config : {"tiny-i2v", "tiny-ti2v"}) {
+    const GenerateOptions e = options(config, "cuda", true);
+    GenerateOptions f = e;
+    f.gemm = "fp8";
+    f.attention = "own-fp8";
+    const GenerateResult exact = run_generate(plan_generate(e), {});
+    const GeneratePlan p = plan_generate(f);
+    EXPECT_NE(p.fingerprint.find("fp8 block GEMMs, fp8 self-attention"), std::string::npos) << p.fingerprint;
+    const GenerateResult r = run_generate(p, {});
+    const double lat = rel_l2(r.latents, exact.latents), vid = rel_l2(r.video, exact.video);
+    printf("%s with an image, 6 steps, --precision fp8 vs exact: latents rel L2 %.3e, video %.3e\n", config, lat, vid);
+    EXPECT_GT(lat, 0.0) << config << ": the FP8 path ran";
+    EXPECT_LT(lat, 6e-2) << config;
+    EXPECT_LT(vid, 6e-2) << config;
   }
   fs::remove_all(work_dir());
 }
