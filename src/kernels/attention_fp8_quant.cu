@@ -48,11 +48,6 @@ __device__ __forceinline__ void load8(const __nv_bfloat16* src, float (&v)[8]) {
     v[2 * i] = f.x, v[2 * i + 1] = f.y;
   }
 }
-__device__ __forceinline__ uint32_t warp_max(uint32_t v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xFFFFFFFFu, v, o));
-  return v;
-}
 
 // Pass 1: grid (chunks, B·H).
 __global__ void __launch_bounds__(kThreads) kv_stats_kernel(const QuantParams p) {
@@ -133,7 +128,7 @@ __device__ void quant_block(const QuantParams& p, bool is_k, int tile, int bh) {
       }
     }
   }
-  amax = warp_max(amax);
+  amax = warp_reduce(amax, MaxU32Op{});
   if (threadIdx.x % 32 == 0) warp_amax[threadIdx.x / 32] = amax;
   __syncthreads();
   amax = 0;

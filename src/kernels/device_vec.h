@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "core/error.h"
+#include "kernels/block_reduce.cuh"
 #include "kernels/dit_kernels.h"
 
 namespace wan::cuda::dit_detail {
@@ -59,24 +60,10 @@ __device__ __forceinline__ void store8(__nv_bfloat16* p, const float (&v)[8]) {
 }
 __device__ __forceinline__ float round_bf16(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
 
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
-  return v;
-}
-// Sum over the block, returned to every thread. blockDim.x must be a multiple of 32; smem holds 32
-// floats. The trailing barrier lets the caller reuse smem for the next sum.
-__device__ __forceinline__ float block_sum(float v, float* smem) {
-  v = warp_sum(v);
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  if (lane == 0) smem[warp] = v;
-  __syncthreads();
-  const int nwarps = blockDim.x >> 5;
-  float t = lane < nwarps ? smem[lane] : 0.0f;
-  t = warp_sum(t);
-  __syncthreads();
-  return t;
-}
+__device__ __forceinline__ float warp_sum(float v) { return warp_reduce(v, SumOp{}); }
+// Sum over the block, returned to every thread (block_reduce.cuh: blockDim.x a multiple of 32, smem 32
+// floats, reusable after the call).
+__device__ __forceinline__ float block_sum(float v, float* smem) { return block_reduce(v, smem, 0.0f, SumOp{}); }
 
 // v[i] = base[col + i] + e_row[col + i] (fp32 add, like `modulation + e0`); a null side is 0.
 __device__ __forceinline__ void mod8(const float* base, const float* e_row, int64_t col, float (&v)[8]) {

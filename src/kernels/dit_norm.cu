@@ -122,7 +122,7 @@ __global__ void __launch_bounds__(kMaxRowThreads)
       if constexpr (kFp8) {
 #pragma unroll
         for (int e = 0; e < kChunk; ++e) {
-          v[i][e] = __bfloat162float(__float2bfloat16_rn(o[e]));
+          v[i][e] = round_bf16(o[e]);
           amax = max(amax, fp8::abs_bits(v[i][e]));
         }
       } else {
@@ -131,8 +131,8 @@ __global__ void __launch_bounds__(kMaxRowThreads)
     }
   }
   if constexpr (kFp8) {
-    __shared__ uint32_t umax[33];
-    const fp8::RowScale rs = fp8::row_scale(block_max_u32(amax, umax));
+    __shared__ uint32_t umax[32];
+    const fp8::RowScale rs = fp8::row_scale(block_reduce(amax, umax, 0u, MaxU32Op{}));
     if (threadIdx.x == 0) y_scale[r] = rs.scale;
 #pragma unroll
     for (int i = 0; i < kMaxChunksPerThread; ++i) {

@@ -1,7 +1,7 @@
 // The e4m3 pair conversion of the FP8 quantisers (fp8_quant.cu, attention_fp8_quant.cu, the LayerNorms
 // of dit_norm.cu), one definition so that every quantising kernel agrees bit for bit with
-// wan::f32_to_f8e4m3 (core/dtype.h), and the pieces of core/fp8_rows.h's per-row scheme that row
-// kernels share (the block's amax, eight elements to bytes). Include only from .cu files.
+// wan::f32_to_f8e4m3 (core/dtype.h), and eight elements of a row to bytes under core/fp8_rows.h's
+// scheme (the row's amax: block_reduce.cuh with MaxU32Op). Include only from .cu files.
 #pragma once
 #include <cuda_fp8.h>
 
@@ -9,6 +9,7 @@
 
 #include "core/dtype.h"
 #include "core/fp8_rows.h"
+#include "kernels/block_reduce.cuh"
 
 namespace wan::cuda {
 
@@ -22,28 +23,6 @@ __device__ __forceinline__ uint32_t cvt_e4m3x2(float a, float b) {
 #else
   return static_cast<uint32_t>(f32_to_f8e4m3(a)) | (static_cast<uint32_t>(f32_to_f8e4m3(b)) << 8);
 #endif
-}
-
-__device__ __forceinline__ uint32_t warp_max_u32(uint32_t v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xFFFFFFFFu, v, o));
-  return v;
-}
-
-// Max over the block (blockDim.x a multiple of 32, at most 32 warps); every thread gets it. `smem`: 33
-// words of shared memory the caller owns (no other use between the two barriers).
-__device__ __forceinline__ uint32_t block_max_u32(uint32_t v, uint32_t* smem) {
-  v = warp_max_u32(v);
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  if (lane == 0) smem[warp] = v;
-  __syncthreads();
-  if (warp == 0) {
-    uint32_t w = lane < static_cast<int>(blockDim.x >> 5) ? smem[lane] : 0u;
-    w = warp_max_u32(w);
-    if (lane == 0) smem[32] = w;
-  }
-  __syncthreads();
-  return smem[32];
 }
 
 // Eight elements of a row with scale rs -> eight e4m3 bytes (element 0 in the low byte of .x).

@@ -54,8 +54,8 @@ __device__ __forceinline__ float to_f32(float v) { return v; }
 
 // Max over the block (blockDim.x a multiple of 32, at most kMaxRowThreads); every thread gets it.
 __device__ __forceinline__ uint32_t block_max(uint32_t v) {
-  __shared__ uint32_t smem[33];
-  return block_max_u32(v, smem);
+  __shared__ uint32_t smem[32];
+  return block_reduce(v, smem, 0u, MaxU32Op{});
 }
 
 // K % 8 == 0, aligned rows: thread t holds chunks t, t + blockDim, ... (at most kChunks) in registers.
