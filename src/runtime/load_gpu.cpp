@@ -39,10 +39,19 @@ namespace {
 
 size_t round64(size_t b) { return std::max<size_t>(64, b / 64 * 64); }
 
+// An e4m3 destination whose stored bytes are e4m3 already (ComfyUI fp8_scaled, one scale per tensor, or
+// plain e4m3) and that no merge changes: the bytes go up as stored and every row scale is the tensor's
+// (row_scales_fill), so the GEMM multiplies exactly the stored values: no fp32 round trip, no second
+// rounding onto another grid.
+bool stored_e4m3(const LoadTarget& t) {
+  return t.dtype == DType::F8E4M3 && !t.merge && t.span && t.span->dtype == DType::F8E4M3 && t.span->ggml_type == 0;
+}
+
 // The tensor is assembled in fp32 before it reaches dst: merged, or quantised by rows (e4m3).
-bool assembles_f32(const LoadTarget& t) { return t.merge || t.dtype == DType::F8E4M3; }
+bool assembles_f32(const LoadTarget& t) { return t.merge || (t.dtype == DType::F8E4M3 && !stored_e4m3(t)); }
 
 bool needs_conversion(const LoadTarget& t) {
+  if (stored_e4m3(t)) return false;
   return t.span && (t.span->dtype != t.dtype || t.span->scaled || assembles_f32(t) || t.span->ggml_type != 0);
 }
 
@@ -401,6 +410,8 @@ void DeviceLoader::Impl::StreamJob::issue(const Chunk& c, const void* host) {
   const size_t b = static_cast<size_t>(c.buffer);
   if (!needs_conversion(t)) {
     CUDA_CHECK(cudaMemcpyAsync(dst, host, c.length, cudaMemcpyHostToDevice, r.copy));
+    if (stored_e4m3(t) && --chunks_left[c.tensor] == 0)
+      row_scales_fill(t.scale_dst, t.shape[0], s.scaled ? s.scale : 1.0f, r.copy);
     CUDA_CHECK(cudaEventRecord(r.slot_events[b], r.copy));
   } else {
     void* slot = r.dev_slots[b];

@@ -147,7 +147,20 @@ void launch_for(const void* src, DType s, void* dst, int64_t n, bool scaled, flo
   }
 }
 
+__global__ void fill_kernel(float* __restrict__ p, int64_t n, float v) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    p[i] = v;
+}
+
 }  // namespace
+
+void row_scales_fill(float* scales, int64_t rows, float scale, cudaStream_t stream) {
+  if (rows <= 0) return;
+  const int64_t blocks = std::min<int64_t>((rows + kThreads - 1) / kThreads, 1024);
+  fill_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(scales, rows, scale);
+  CUDA_CHECK_LAUNCH();
+}
 
 void convert_weights(const void* src, DType src_type, bool scaled, float scale, void* dst, DType dst_type, int64_t n,
                      cudaStream_t stream) {

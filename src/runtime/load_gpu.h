@@ -77,6 +77,8 @@ struct LoadTarget {
   // F8E4M3: the tensor is assembled in fp32 as for `merge` (merged first when it has a hook), then
   // quantised by rows (kernels/fp8_quant.h, the scheme of core/fp8_rows.h) into dst and the fp32 row
   // scales scale_dst [rows] (16-byte aligned). A fallback tensor goes up in fp32 and takes the same kernel.
+  // Stored e4m3 bytes without a merge (ComfyUI fp8_scaled) are used as stored instead: copied as they
+  // are, every row scale set to the tensor's scale_weight (1 when unscaled).
   float* scale_dst = nullptr;
   Shape shape;                       // the source's shape must equal it
   int group = 0;                     // completion group (one per component)
@@ -162,5 +164,7 @@ LoadStats load_to_device(std::vector<LoadTarget> targets, const LoadOptions& opt
 // `scale` in f32 when scaled, rounded to dst_type (BF16 or F32) as core/dtype.h rounds.
 void convert_weights(const void* src, DType src_type, bool scaled, float scale, void* dst, DType dst_type, int64_t n,
                      cudaStream_t stream);
+// scales[0, rows) = scale on `stream` (the row scales of an e4m3 tensor stored with one scale).
+void row_scales_fill(float* scales, int64_t rows, float scale, cudaStream_t stream);
 
 }  // namespace wan::cuda

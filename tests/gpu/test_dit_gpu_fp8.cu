@@ -7,7 +7,8 @@
 //     bit-identical weight allocations, with and without a LoRA merge; merged weights are the host's
 //     quantisation of the CPU merge;
 // (d) random weights with a LoRA merge hook: quantise(merge(fp32 draw)) bit for bit;
-// (e) CUDA graphs on / off and warm_up()'s capture give bit-identical outputs.
+// (e) CUDA graphs on / off and warm_up()'s capture give bit-identical outputs;
+// (f) a ComfyUI fp8_scaled expert's e4m3 weights are used as stored (no requantisation).
 // Tolerance of (a): GPU FP8 vs CPU FP8 emulation within 5e-2 relative L2. Both quantise with one scheme
 // (core/fp8_rows.h), but the GPU's activations are bf16 throughout (GEMM outputs, attention, norms) where the
 // CPU's are fp32 rounded to bf16 only at the quantised GEMM inputs; those bf16-ulp differences carry the
@@ -243,4 +244,39 @@ TEST(GpuDitFp8, GraphsOnAndOffAndWarmUpAreBitIdentical) {
   w.warm_up({{0, kShape}});
   EXPECT_EQ(w.graphs_captured(), 1u);
   EXPECT_TRUE(gpu_test::bit_equal(run(w, in, cfg), eager));
+}
+
+// (f) A ComfyUI fp8_scaled expert: its e4m3 weights are used as stored (each row scale the tensor's
+// scale_weight), so every one downloads exactly as the store dequantises it, f32(q)·scale_weight, with no
+// second rounding onto the per-row grid (which the requantising path would give: checked to differ).
+TEST(GpuDitFp8, ComfyFp8ScaledWeightsAreUsedAsStored) {
+  REQUIRE_FP8();
+  test::TempDir t{"dit_fp8_comfy"};
+  gen::MakeCheckpointOptions o;
+  o.config = "tiny";
+  o.layout = Layout::ComfyUI;
+  o.dtype = DType::F8E4M3;  // fp8_scaled
+  o.seed = 9;
+  o.out = t / "ck";
+  gen::make_checkpoint(o);
+  const CheckpointInfo info =
+      detect_checkpoint(o.out + "/diffusion_models/wan2.2_t2v_high_noise_14B_fp8_scaled.safetensors");
+  ASSERT_TRUE(info.fp8_scaled);
+  std::unique_ptr<WeightStore> store = open_weights(info, info.components.at(0).role);
+  WeightStore* bs = store.get();
+  DiTWeightSource src = DiTWeightSource::from([bs](const std::string& n) { return bs->get_f32(n); });
+  src.span = [bs](const std::string& n) { return bs->raw_span(n); };
+  DiTGpu d = make(info.dit, std::move(src), DiTGpu::Gemm::Fp8, true);
+  int stored = 0, requantised_differs = 0;
+  for (const WeightSpec& s : dit_weight_table(info.dit)) {
+    if (!fp8_entry(s.name)) continue;
+    const std::optional<RawSpan> sp = bs->raw_span(s.name);
+    ASSERT_TRUE(sp && sp->dtype == DType::F8E4M3 && sp->scaled) << s.name;
+    const Tensor want = bs->get_f32(s.name);
+    EXPECT_TRUE(same_bits(d.download_weight(0, s.name), want)) << s.name;
+    requantised_differs += !same_bits(host_quantised(want), want);
+    ++stored;
+  }
+  EXPECT_EQ(stored, 10 * info.dit.num_layers);  // q, k, v, o of both attentions, ffn.0, ffn.2
+  EXPECT_GT(requantised_differs, 0);
 }
