@@ -198,7 +198,8 @@ struct DiTInputs {
 struct OpProfile {
   int layers = 0;
   int gemms = 0;             // GEMM intervals: 7 per block (q|k|v, o, cross q, cross k|v, cross o, FFN up,
-                             // FFN down; with DiTGemm::Fp8 each includes its input's quantisation)
+                             // FFN down; with DiTGemm::Fp8 the o, cross k|v, cross o and FFN-down ones
+                             // include their input's quantisation, the LayerNorms quantise the others')
                              // + 7 outside (patch embedding, time MLP 2 + projection, text MLP 2, head)
                              // + 3 with DiTShape::first_frame_t (the time MLP and projection of t_first)
   int self_attentions = 0;   // 1 per block
