@@ -15,7 +15,7 @@ log() { printf '[setup] %s\n' "$*"; }
 
 DEB_PKGS=(build-essential cmake ninja-build pkg-config nlohmann-json3-dev libgtest-dev python3 python3-venv python3-pip
           libavcodec-dev libavformat-dev libavutil-dev libswscale-dev ffmpeg libsentencepiece-dev
-          libopenmpi-dev openmpi-bin clang libclang-rt-dev)
+          libopenmpi-dev openmpi-bin clang libclang-rt-dev libcpp-httplib-dev)
 missing=()
 for p in "${DEB_PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
