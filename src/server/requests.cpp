@@ -142,9 +142,11 @@ void plan_video_request(VideoRequest& r, const ServedModel& m) {
   } catch (const std::bad_alloc&) {
     throw ApiError(400, "the request is too large for this machine", "", "invalid_value");
   } catch (const Error& e) {
-    const std::string msg = api::json_error_message(api::generate_spec(), e);
+    std::string msg = api::json_error_message(api::generate_spec(), e);
     if (e.kind() != ErrorKind::BadInput) throw ApiError(500, msg);
-    throw ApiError(400, msg, param_of(msg), "invalid_value");
+    const std::string param = param_of(msg);
+    if (msg.rfind("'image'", 0) == 0) msg.replace(0, 7, "'input_reference'");  // the request's name for it
+    throw ApiError(400, msg, param, "invalid_value");
   }
   r.opts.seed = plan.seed;
   r.info.size = cat(plan.width, "x", plan.height);
