@@ -1,7 +1,8 @@
 // `wan serve`: the HTTP server (src/server) over the job queue. Order: parse options, plan a small
 // probe request (a model that cannot be planned exits 2 before listening), open the job store (restart:
 // interrupted jobs become failed), listen, then wait for SIGTERM / SIGINT on this thread: stop taking
-// jobs (503), let the running one finish within --drain-timeout or cancel it, stop, exit 0.
+// jobs (503), let the running one finish within --drain-timeout or cancel it, stop, exit 0; a second
+// signal exits at once (128 + signal).
 // The signals are blocked in every thread and taken with sigwait, so no handler runs inside the server.
 // Models are loaded per job (server::PlanningRunner); a runner with resident models replaces it here.
 #include <csignal>
@@ -79,6 +80,12 @@ int cmd_serve(int argc, char** argv) {
   const double drain = api::parse_duration(v.str("drain-timeout"), "drain-timeout");
   fprintf(stderr, "wan serve: %s: draining (up to %g s for the running job)\n", sig == SIGINT ? "SIGINT" : "SIGTERM",
           drain);
+  std::thread([&stop_signals] {  // a second signal ends the process at once, as in the other commands
+    int again = 0;
+    sigwait(&stop_signals, &again);
+    fprintf(stderr, "wan serve: second signal: exiting without draining\n");
+    std::_Exit(128 + again);
+  }).detach();
   http.begin_drain();
   const bool finished = jobs.shutdown(drain);
   http.stop();

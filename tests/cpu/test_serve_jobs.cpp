@@ -93,6 +93,22 @@ bool eventually(F pred) {
 
 JobState state_of(JobQueue& q, const std::string& id) { return q.get(id).value().state; }
 
+// Submits a job with `prompt` and waits until it reaches `until` (throws, failing the test, if it never does).
+JobInfo submit_until(JobQueue& q, const std::string& prompt, JobState until) {
+  JobInfo j = job(prompt);
+  if (q.submit(j, opts(prompt)) != JobQueue::Submit::Accepted) throw std::runtime_error("not accepted");
+  if (!eventually([&] { return state_of(q, j.id) == until; })) throw std::runtime_error("state never reached");
+  return j;
+}
+
+// A job held running ("hold") and a job queued behind it.
+std::pair<JobInfo, JobInfo> held_and_queued(JobQueue& q) {
+  const JobInfo a = submit_until(q, "hold", JobState::InProgress);
+  JobInfo b = job("go");
+  if (q.submit(b, opts("go")) != JobQueue::Submit::Accepted) throw std::runtime_error("not accepted");
+  return {a, b};
+}
+
 TEST(ServeJobs, RunsAJobToCompletedWithItsFileAndRecord) {
   Dir d;
   ScriptedRunner r;
@@ -139,10 +155,7 @@ TEST(ServeJobs, DeleteCancelsTheRunningJobAndRemovesQueuedOnes) {
   Dir d;
   ScriptedRunner r;
   JobQueue q(config(d), r);
-  JobInfo a = job("hold"), b = job("go");
-  ASSERT_EQ(q.submit(a, opts("hold")), JobQueue::Submit::Accepted);
-  ASSERT_EQ(q.submit(b, opts("go")), JobQueue::Submit::Accepted);
-  ASSERT_TRUE(eventually([&] { return state_of(q, a.id) == JobState::InProgress; }));
+  const auto [a, b] = held_and_queued(q);
   EXPECT_TRUE(q.remove(b.id));  // queued: gone at once, never run
   EXPECT_FALSE(q.get(b.id));
   EXPECT_FALSE(fs::exists(d.path + "/jobs/" + b.id + ".json"));
@@ -160,9 +173,7 @@ TEST(ServeJobs, AFailingRunEndsFailedWithTheReason) {
   Dir d;
   ScriptedRunner r;
   JobQueue q(config(d), r);
-  JobInfo j = job("fail");
-  ASSERT_EQ(q.submit(j, opts("fail")), JobQueue::Submit::Accepted);
-  ASSERT_TRUE(eventually([&] { return state_of(q, j.id) == JobState::Failed; }));
+  const JobInfo j = submit_until(q, "fail", JobState::Failed);
   const JobInfo f = *q.get(j.id);
   EXPECT_EQ(f.error_code, "invalid_request");
   EXPECT_NE(f.error_message.find("scripted failure"), std::string::npos);
@@ -176,9 +187,7 @@ TEST(ServeJobs, AJobOverTheTimeLimitIsCancelledAndFailed) {
   QueueConfig c = config(d);
   c.job_timeout_s = 0.2;
   JobQueue q(c, r);
-  JobInfo j = job("hold");
-  ASSERT_EQ(q.submit(j, opts("hold")), JobQueue::Submit::Accepted);
-  ASSERT_TRUE(eventually([&] { return state_of(q, j.id) == JobState::Failed; }));
+  const JobInfo j = submit_until(q, "hold", JobState::Failed);
   EXPECT_EQ(q.get(j.id)->error_code, "timeout");
   EXPECT_EQ(r.cancelled, 1);
   EXPECT_FALSE(fs::exists(d.path + "/" + j.id + ".mp4"));
@@ -188,10 +197,7 @@ TEST(ServeJobs, ShutdownLetsTheRunningJobFinishWithinTheDrainTime) {
   Dir d;
   ScriptedRunner r;
   JobQueue q(config(d), r);
-  JobInfo a = job("hold"), b = job("go");
-  ASSERT_EQ(q.submit(a, opts("hold")), JobQueue::Submit::Accepted);
-  ASSERT_TRUE(eventually([&] { return state_of(q, a.id) == JobState::InProgress; }));
-  ASSERT_EQ(q.submit(b, opts("go")), JobQueue::Submit::Accepted);
+  const auto [a, b] = held_and_queued(q);
   std::thread releaser([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
     r.release = true;
@@ -210,9 +216,7 @@ TEST(ServeJobs, ShutdownCancelsARunLongerThanTheDrainTime) {
   Dir d;
   ScriptedRunner r;
   JobQueue q(config(d), r);
-  JobInfo a = job("hold");
-  ASSERT_EQ(q.submit(a, opts("hold")), JobQueue::Submit::Accepted);
-  ASSERT_TRUE(eventually([&] { return state_of(q, a.id) == JobState::InProgress; }));
+  const JobInfo a = submit_until(q, "hold", JobState::InProgress);
   const auto t0 = std::chrono::steady_clock::now();
   EXPECT_FALSE(q.shutdown(0.1));
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 3.0);
@@ -269,9 +273,7 @@ TEST(ServeJobs, FinishedJobsExpireWithTheirFiles) {
   Dir d;
   ScriptedRunner r;
   JobQueue q(config(d), r);
-  JobInfo a = job("go");
-  ASSERT_EQ(q.submit(a, opts("go")), JobQueue::Submit::Accepted);
-  ASSERT_TRUE(eventually([&] { return state_of(q, a.id) == JobState::Completed; }));
+  const JobInfo a = submit_until(q, "go", JobState::Completed);
   const std::string video = q.path_of(q.get(a.id)->video_file);
   q.sweep_expired(unix_now() + 60);  // not yet
   EXPECT_TRUE(q.get(a.id));
