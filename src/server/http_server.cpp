@@ -229,6 +229,8 @@ void HttpServer::Impl::routes() {
       send_error(res, ApiError(413, cat("the request body is larger than ", cfg.max_body, " bytes"), "", "body_too_large"));
     else if (res.status == 404)
       send_error(res, ApiError(404, "no such route", "", "not_found"));
+    else if (res.status == 400)  // refused by the HTTP library itself
+      send_error(res, ApiError(400, "malformed request (HTTP framing or multipart/form-data body)", "", "invalid_request"));
     else
       send_error(res, ApiError(res.status, cat("HTTP ", res.status)));
   });

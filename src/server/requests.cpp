@@ -120,8 +120,10 @@ VideoRequest parse_video_request(const std::map<std::string, std::string>& field
     const int f = frames_for_seconds(req.get_double("seconds", 0), m.fps);
     g.set("frames", std::to_string(f));
   }
+  const bool from_seconds = req.has("seconds") && !req.has("num_frames");
   if (!image_path.empty()) g.set("image", image_path);
   VideoRequest r;
+  r.frames_from_seconds = from_seconds;
   try {
     r.opts = api::generate_options(g, nullptr);
   } catch (const std::exception& e) {
@@ -144,8 +146,14 @@ void plan_video_request(VideoRequest& r, const ServedModel& m) {
   } catch (const Error& e) {
     std::string msg = api::json_error_message(api::generate_spec(), e);
     if (e.kind() != ErrorKind::BadInput) throw ApiError(500, msg);
-    const std::string param = param_of(msg);
-    if (msg.rfind("'image'", 0) == 0) msg.replace(0, 7, "'input_reference'");  // the request's name for it
+    std::string param = param_of(msg);
+    const size_t quote = msg.find('\'', 1);
+    if (param == "num_frames" && r.frames_from_seconds) {  // "'seconds': 'frames' 57601: ..."
+      param = "seconds";
+      msg = "'seconds': " + msg;
+    } else if (!param.empty() && msg[0] == '\'' && quote != std::string::npos) {
+      msg.replace(0, quote + 1, "'" + param + "'");  // generate's name for it -> the request's
+    }
     throw ApiError(400, msg, param, "invalid_value");
   }
   r.opts.seed = plan.seed;

@@ -37,6 +37,7 @@ struct ServedModel {
 struct VideoRequest {
   GenerateOptions opts;
   JobInfo info;  // model, prompt, size, seconds filled
+  bool frames_from_seconds = false;  // a frame count the plan refuses is the 'seconds' field's fault
 };
 
 // A JSON body's fields as text (strings as they are, numbers printed, anything else refused).

@@ -100,6 +100,9 @@ TEST(ServeRequests, ThePlanRunsBeforeQueuing) {
   EXPECT_EQ(e.status, 400);
   EXPECT_EQ(e.param, "size");
   EXPECT_NE(e.message.find("16"), std::string::npos) << e.message;
+  const ApiError s = error_of({{"prompt", "x"}, {"size", "64x64"}, {"seconds", "3600"}}, true);  // past the RoPE
+  EXPECT_EQ(s.param, "seconds");
+  EXPECT_EQ(s.message.rfind("'seconds': 'frames' 57601", 0), 0u) << s.message;
   VideoRequest r = parse_video_request({{"prompt", "x"}, {"size", "64x64"}, {"num_frames", "5"}, {"steps", "2"}}, tiny(), "");
   EXPECT_FALSE(r.opts.seed.has_value());
   plan_video_request(r, tiny());

@@ -145,6 +145,9 @@ def http_cases(srv):
     expect_error(srv, 400, "POST", "/v1/videos", {"prompt": "x", "image": "/etc/passwd"}, param="image")
     expect_error(srv, 400, "POST", "/v1/videos", b"{oops", {"Content-Type": "application/json"})
     expect_error(srv, 400, "POST", "/v1/videos", b"prompt=x", {"Content-Type": "text/plain"})
+    expect_error(srv, 400, "POST", "/v1/videos", b'--zz\r\nContent-Disposition: form-data; name="prompt"\r\n\r\nhi',
+                 {"Content-Type": "multipart/form-data; boundary=zz"})  # never closed
+    expect_error(srv, 400, "POST", "/v1/videos", {"prompt": "x", "size": "64x64", "seconds": "3600"}, param="seconds")
     expect_error(srv, 400, "GET", "/v1/videos?limit=0", param="limit")
     expect_error(srv, 404, "GET", "/v1/videos/video_doesnotexist")
     expect_error(srv, 404, "GET", "/v1/videos/..%2f..%2fetc")
