@@ -273,6 +273,8 @@ std::string metrics_text_of(const QueueStats& s, bool draining) {
     << "wan_queue_depth " << s.queue_depth << "\n"
     << "# HELP wan_job_seconds Run time of finished jobs.\n# TYPE wan_job_seconds summary\n"
     << "wan_job_seconds_sum " << s.job_seconds_sum << "\nwan_job_seconds_count " << s.job_seconds_count << "\n"
+    << "# HELP wan_step_seconds Denoising step time.\n# TYPE wan_step_seconds summary\n"
+    << "wan_step_seconds_sum " << s.step_seconds_sum << "\nwan_step_seconds_count " << s.step_seconds_count << "\n"
     << "# HELP wan_jobs_accepted_total Jobs accepted since start.\n# TYPE wan_jobs_accepted_total counter\n"
     << "wan_jobs_accepted_total " << s.accepted << "\n"
     << "# HELP wan_jobs_rejected_total Requests refused with 429 (queue full).\n"

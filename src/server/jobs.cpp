@@ -293,16 +293,20 @@ void JobQueue::finish(Entry& e, JobState s, const std::string& code, const std::
 void JobQueue::run_one(const std::shared_ptr<Entry>& e) {
   RunHooks hooks;
   hooks.cancel = &e->cancel;
+  double step_began = 0;  // the denoise stage's clock at the previous step
   hooks.progress = [&](const ProgressEvent& ev) {
     // Denoising is the work that scales with the request: 0-90; the decode ends at 99, completion 100.
-    int p = -1;
-    if (ev.stage == Stage::Denoise && ev.kind == ProgressEvent::Advance && ev.total > 0)
-      p = 90 * ev.done / ev.total;
-    else if (ev.stage == Stage::Decode && ev.kind == ProgressEvent::End)
-      p = 99;
+    const bool step = ev.stage == Stage::Denoise && ev.kind == ProgressEvent::Advance && ev.total > 0;
+    if (ev.stage == Stage::Denoise && ev.kind == ProgressEvent::Begin) step_began = 0;
+    const int p = step ? 90 * ev.done / ev.total : ev.stage == Stage::Decode && ev.kind == ProgressEvent::End ? 99 : -1;
     if (p < 0) return;
     std::lock_guard<std::mutex> lock(mu_);
     e->info.progress = std::max(e->info.progress, p);
+    if (step) {
+      counters_.step_seconds_sum += std::max(0.0, ev.seconds - step_began);
+      ++counters_.step_seconds_count;
+      step_began = ev.seconds;
+    }
   };
   const std::string video = path_of(e->info.id + cfg_.video_ext);
   std::string code, message;

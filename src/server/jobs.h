@@ -71,6 +71,8 @@ struct QueueStats {
   size_t queue_depth = 0;
   double job_seconds_sum = 0;   // finished runs since start
   uint64_t job_seconds_count = 0;
+  double step_seconds_sum = 0;  // denoising steps since start
+  uint64_t step_seconds_count = 0;
   uint64_t accepted = 0, rejected_full = 0;
 };
 

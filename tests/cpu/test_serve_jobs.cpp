@@ -40,7 +40,7 @@ class ScriptedRunner : public JobRunner {
         ++cancelled;
         throw Cancelled();
       }
-      hooks.progress({ProgressEvent::Advance, Stage::Denoise, i, 4, 0, ""});
+      hooks.progress({ProgressEvent::Advance, Stage::Denoise, i, 4, 0.5 * i, ""});  // 0.5 s a step
     }
     OutputFile f(path, "video");
     f.write("VIDEO", 5);
@@ -128,6 +128,8 @@ TEST(ServeJobs, RunsAJobToCompletedWithItsFileAndRecord) {
   const QueueStats s = q.stats();
   EXPECT_EQ(s.by_state.at(JobState::Completed), 1);
   EXPECT_EQ(s.job_seconds_count, 1u);
+  EXPECT_EQ(s.step_seconds_count, 4u);
+  EXPECT_DOUBLE_EQ(s.step_seconds_sum, 2.0);
 }
 
 TEST(ServeJobs, BoundedQueueRefusesWhenFullAndCountsIt) {

@@ -174,6 +174,7 @@ def http_cases(srv):
     metrics = call(srv, "GET", "/metrics")[2].decode()
     assert 'wan_jobs{state="completed"}' in metrics and "wan_queue_depth" in metrics, metrics
     assert "wan_jobs_rejected_total" in metrics and "wan_job_seconds_count" in metrics
+    assert int(metrics.split("wan_step_seconds_count ")[1].split()[0]) >= 4, metrics  # 2 jobs of 2 steps
     for v in json.loads(call(srv, "GET", "/v1/videos?order=asc&limit=100")[2])["data"]:
         wait_status(srv, v["id"], ("completed", "failed"))
     return vid
