@@ -3,6 +3,7 @@
 #include "server/http_server.h"
 
 #include <httplib.h>
+#include <sys/socket.h>
 
 #include <algorithm>
 #include <atomic>
@@ -64,11 +65,19 @@ nlohmann::json video_object(const JobInfo& j) {
   return o;
 }
 
+// Debian's libcpp-httplib listens with a backlog of 5 (CPPHTTPLIB_LISTEN_BACKLOG, compiled into the
+// library): a burst of clients then overflows the accept queue and a few connections are reset. A second
+// listen() on the bound socket raises it (Linux updates the backlog of a listening socket).
+class Listener : public httplib::Server {
+ public:
+  void widen_backlog() { ::listen(svr_sock_, 1024); }
+};
+
 struct HttpServer::Impl {
   HttpConfig cfg;
   const ServedModel& model;
   JobQueue& jobs;
-  httplib::Server svr;
+  Listener svr;
   std::atomic<bool> draining{false};
   int64_t started_at = unix_now();
 
@@ -297,6 +306,7 @@ int HttpServer::bind() {
                                                ? impl_->cfg.port
                                                : -1);
   WAN_CHECK(port > 0, "cannot listen on ", impl_->cfg.host, ":", impl_->cfg.port, " (in use, or not an address here)");
+  impl_->svr.widen_backlog();
   return port;
 }
 
