@@ -8,7 +8,9 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <thread>
+#include <vector>
 
 #include "api/commands.h"
 #include "api/serve_options.h"
@@ -20,14 +22,32 @@
 namespace wan::cli {
 
 namespace {
-// The served model's id and frame rate from a small plan of the serve options' model.
-void probe_model(server::ServedModel& m, const api::Values& v) {
+// The served model's id and frame rate from a small plan of the serve options' model. A model that
+// needs an image (i2v-A14B) is planned again with a grey probe image written to the output folder.
+void probe_model(server::ServedModel& m, const api::Values& v, const std::string& dir) {
   api::Values g = m.base;
   g.set("prompt", "probe");
   g.set("size", "256x256");
   g.set("frames", "5");
   g.set("steps", "1");
-  const GeneratePlan plan = plan_generate(api::generate_options(g, nullptr));
+  GeneratePlan plan;
+  try {
+    plan = plan_generate(api::generate_options(g, nullptr));
+  } catch (const Error& first) {
+    const std::vector<uint8_t> grey(256 * 256 * 3, 128);
+    VideoWriteOptions vo;
+    vo.overwrite_frames = true;
+    write_video_rgb8(dir + "/.probe.png", grey.data(), 1, 256, 256, 16, vo);  // one frame: .probe_00000.png
+    const std::string probe = png_sequence_paths(dir + "/.probe.png", 1).at(0);
+    g.set("image", probe);
+    try {
+      plan = plan_generate(api::generate_options(g, nullptr));
+    } catch (const Error&) {
+      std::filesystem::remove(probe);
+      throw first;  // the model's own problem, as without the image
+    }
+    std::filesystem::remove(probe);
+  }
   m.fps = plan.fps;
   m.id = v.get_or("served-model-name", cat("wan2.2-", task_name(plan.task)));
 }
@@ -40,7 +60,11 @@ int cmd_serve(int argc, char** argv) {
   WAN_CHECK(v.positional().empty(), "serve takes no positional arguments");
   server::ServedModel model(api::generate_base_values(v));
   model.max_prompt = static_cast<size_t>(v.get_int("max-prompt", 10000));
-  probe_model(model, v);
+  const std::string out_dir = v.str("output-dir");
+  std::error_code ec;
+  std::filesystem::create_directories(out_dir, ec);
+  WAN_CHECK(!ec, "--output-dir ", out_dir, ": cannot create it: ", ec.message());
+  probe_model(model, v, out_dir);
   const bool quiet = v.flag("quiet");
 
   // Before any thread exists: every thread inherits the blocked set, sigwait below takes them.
@@ -51,7 +75,7 @@ int cmd_serve(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
   server::QueueConfig qc;
-  qc.dir = v.str("output-dir");
+  qc.dir = out_dir;
   qc.max_queue = static_cast<size_t>(v.get_int("max-queue", 16));
   qc.retention_s = api::parse_duration(v.str("retention"), "retention");
   qc.job_timeout_s = api::parse_duration(v.str("job-timeout"), "job-timeout");

@@ -147,6 +147,9 @@ void plan_video_request(VideoRequest& r, const ServedModel& m) {
     std::string msg = api::json_error_message(api::generate_spec(), e);
     if (e.kind() != ErrorKind::BadInput) throw ApiError(500, msg);
     std::string param = param_of(msg);
+    if (param.empty() && msg.find("'image'") != std::string::npos) param = "input_reference";  // "missing 'image'"
+    for (size_t at = msg.find("'image'"); at != std::string::npos; at = msg.find("'image'", at))
+      msg.replace(at, 7, "'input_reference'");
     const size_t quote = msg.find('\'', 1);
     if (param == "num_frames" && r.frames_from_seconds) {  // "'seconds': 'frames' 57601: ..."
       param = "seconds";

@@ -111,6 +111,23 @@ TEST(ServeRequests, ThePlanRunsBeforeQueuing) {
   EXPECT_EQ(r.info.seconds, "0.25");
 }
 
+TEST(ServeRequests, AnImageTaskWithoutAnImageNamesInputReference) {
+  api::Values serve(api::serve_spec());
+  serve.set("weights", "random");
+  serve.set("config", "tiny-i2v");
+  ServedModel m(api::generate_base_values(serve));
+  VideoRequest r = parse_video_request({{"prompt", "x"}, {"size", "64x64"}, {"num_frames", "5"}}, m, "");
+  try {
+    plan_video_request(r, m);
+    FAIL() << "planned without an image";
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.status, 400);
+    EXPECT_EQ(e.param, "input_reference");
+    EXPECT_NE(e.message.find("'input_reference'"), std::string::npos) << e.message;
+    EXPECT_EQ(e.message.find("'image'"), std::string::npos) << e.message;
+  }
+}
+
 TEST(ServeRequests, JsonFieldsAreStringsOrNumbers) {
   const Fields f = fields_from_json(nlohmann::json::parse(R"({"prompt":"p","steps":2,"shift":2.5,"seed":null})"));
   EXPECT_EQ(f.at("steps"), "2");

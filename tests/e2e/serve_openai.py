@@ -214,6 +214,10 @@ def image_cases():
         assert e.body["param"] == "input_reference", e.body
     assert srv.stop() == 0
     assert not [n for n in os.listdir(out) if ".input" in n], os.listdir(out)
+    i2v = Server(os.path.join(WORK, "i2v"), "--config", "tiny-i2v")  # starts although its plan needs an image
+    assert json.loads(call(i2v, "GET", "/v1/models")[2])["data"][0]["id"] == "wan2.2-i2v-A14B"
+    expect_error(i2v, 400, "POST", "/v1/videos", {"prompt": "x", "size": "64x64"}, param="input_reference")
+    assert i2v.stop(signal.SIGINT) == 0
 
 
 def t2v_refuses_image(srv):
