@@ -222,6 +222,12 @@ httplib::Server::Handler guarded(F f) {
 }
 
 void HttpServer::Impl::routes() {
+  // SO_REUSEADDR only: the library's default adds SO_REUSEPORT, which lets a second server bind the same
+  // port and silently take half of the connections.
+  svr.set_socket_options([](socket_t sock) {
+    int yes = 1;
+    ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+  });
   svr.set_payload_max_length(cfg.max_body);
   svr.set_read_timeout(30, 0);  // a client that stops sending is dropped
   svr.set_write_timeout(30, 0);

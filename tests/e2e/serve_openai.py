@@ -261,6 +261,10 @@ def main():
     os.makedirs(WORK, exist_ok=True)
     srv = Server(os.path.join(WORK, "main"), "--max-queue", "1", "--max-body-mb", "1")
     try:
+        port = srv.base.rsplit(":", 1)[1]  # a second server on a port in use: exit 2, one line
+        dup = subprocess.run([WAN, "serve", "--weights", "random", "--config", "tiny", "--port", port, "--output-dir",
+                              os.path.join(WORK, "dup")], capture_output=True, text=True, timeout=60)
+        assert dup.returncode == 2 and "cannot listen" in dup.stderr, (dup.returncode, dup.stderr)
         sdk_flow(srv)
         t2v_refuses_image(srv)
         http_cases(srv)
