@@ -15,7 +15,7 @@ log() { printf '[setup] %s\n' "$*"; }
 
 DEB_PKGS=(build-essential cmake ninja-build pkg-config nlohmann-json3-dev libgtest-dev python3 python3-venv python3-pip
           libavcodec-dev libavformat-dev libavutil-dev libswscale-dev ffmpeg libsentencepiece-dev
-          libopenmpi-dev openmpi-bin clang libclang-rt-dev)
+          libopenmpi-dev openmpi-bin clang libclang-rt-dev libcpp-httplib-dev)
 missing=()
 for p in "${DEB_PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -51,7 +51,7 @@ fi
 
 # Python oracle for the tests (pinned: fixtures were made with these versions).
 if [ "${WAN_SKIP_ORACLE:-0}" != "1" ]; then
-  if [ ! -x .venv/bin/python3 ] || ! .venv/bin/python3 -c 'import torch, diffusers, transformers, safetensors, sentencepiece, peft, gguf' 2>/dev/null; then
+  if [ ! -x .venv/bin/python3 ] || ! .venv/bin/python3 -c 'import torch, diffusers, transformers, safetensors, sentencepiece, peft, gguf, openai' 2>/dev/null; then
     log "creating .venv with the test oracle (torch, diffusers, transformers)"
     python3 -m venv .venv
     .venv/bin/python3 -m pip install -q --upgrade pip

@@ -14,6 +14,7 @@ int cmd_forward(int argc, char** argv);          // src/cli/cmd_forward.cpp (DiT
 int cmd_generate(int argc, char** argv);         // src/cli/cmd_generate.cpp (text -> video)
 int cmd_encode_prompt(int argc, char** argv);    // src/cli/cmd_encode_prompt.cpp (prompt -> embeddings file)
 int cmd_decode(int argc, char** argv);           // src/cli/cmd_decode.cpp (latents file -> video)
+int cmd_serve(int argc, char** argv);            // src/cli/cmd_serve.cpp (HTTP server, src/server)
 
 // The option table of make-checkpoint, which lives next to its code (the others: api/commands.h,
 // bench/commands.h).

@@ -11,6 +11,7 @@
 
 #include "core/printable.h"
 #include "api/commands.h"
+#include "api/serve_options.h"
 #include "cli/commands.h"
 #include "core/error.h"
 
@@ -28,6 +29,7 @@ constexpr Command kCommands[] = {
     {"make-checkpoint", wan::cli::cmd_make_checkpoint, wan::cli::make_checkpoint_spec},
     {"make-lora", wan::cli::cmd_make_lora, wan::cli::make_lora_spec},
     {"presets", wan::cli::cmd_presets, wan::cli::presets_spec},
+    {"serve", wan::cli::cmd_serve, wan::api::serve_spec},
     {"forward", wan::cli::cmd_forward, wan::api::forward_spec},
     {"bench", wan::cli::cmd_bench, wan::cli::bench_spec},
     {"bench-vae", wan::cli::cmd_bench_vae, wan::cli::bench_vae_spec},

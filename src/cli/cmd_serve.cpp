@@ -1,0 +1,121 @@
+// `wan serve`: the HTTP server (src/server) over the job queue. Order: parse options, plan a small
+// probe request (a model that cannot be planned exits 2 before listening), open the job store (restart:
+// interrupted jobs become failed), listen, then wait for SIGTERM / SIGINT on this thread: stop taking
+// jobs (503), let the running one finish within --drain-timeout or cancel it, stop, exit 0; a second
+// signal exits at once (128 + signal).
+// The signals are blocked in every thread and taken with sigwait, so no handler runs inside the server.
+// Models are loaded per job (server::PlanningRunner); a runner with resident models replaces it here.
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <thread>
+#include <vector>
+
+#include "api/commands.h"
+#include "api/serve_options.h"
+#include "cli/commands.h"
+#include "formats/video.h"
+#include "server/http_server.h"
+#include "server/jobs.h"
+
+namespace wan::cli {
+
+namespace {
+// The served model's id and frame rate from a small plan of the serve options' model. A model that
+// needs an image (i2v-A14B) is planned again with a grey probe image written to the output folder.
+void probe_model(server::ServedModel& m, const api::Values& v, const std::string& dir) {
+  api::Values g = m.base;
+  g.set("prompt", "probe");
+  g.set("size", "256x256");
+  g.set("frames", "5");
+  g.set("steps", "1");
+  GeneratePlan plan;
+  try {
+    plan = plan_generate(api::generate_options(g, nullptr));
+  } catch (const Error& first) {
+    const std::vector<uint8_t> grey(256 * 256 * 3, 128);
+    VideoWriteOptions vo;
+    vo.overwrite_frames = true;
+    write_video_rgb8(dir + "/.probe.png", grey.data(), 1, 256, 256, 16, vo);  // one frame: .probe_00000.png
+    const std::string probe = png_sequence_paths(dir + "/.probe.png", 1).at(0);
+    g.set("image", probe);
+    try {
+      plan = plan_generate(api::generate_options(g, nullptr));
+    } catch (const Error&) {
+      std::filesystem::remove(probe);
+      throw first;  // the model's own problem, as without the image
+    }
+    std::filesystem::remove(probe);
+  }
+  m.fps = plan.fps;
+  m.id = v.get_or("served-model-name", cat("wan2.2-", task_name(plan.task)));
+}
+}  // namespace
+
+int cmd_serve(int argc, char** argv) {
+  const api::CommandSpec& spec = api::serve_spec();
+  const api::Values v = api::parse_argv(spec, argc, argv);
+  if (api::print_help_if_asked(v, spec)) return 0;
+  WAN_CHECK(v.positional().empty(), "serve takes no positional arguments");
+  server::ServedModel model(api::generate_base_values(v));
+  model.max_prompt = static_cast<size_t>(v.get_int("max-prompt", 10000));
+  const std::string out_dir = v.str("output-dir");
+  std::error_code ec;
+  std::filesystem::create_directories(out_dir, ec);
+  WAN_CHECK(!ec, "--output-dir ", out_dir, ": cannot create it: ", ec.message());
+  probe_model(model, v, out_dir);
+  const bool quiet = v.flag("quiet");
+
+  // Before any thread exists: every thread inherits the blocked set, sigwait below takes them.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
+  server::QueueConfig qc;
+  qc.dir = out_dir;
+  qc.max_queue = static_cast<size_t>(v.get_int("max-queue", 16));
+  qc.retention_s = api::parse_duration(v.str("retention"), "retention");
+  qc.job_timeout_s = api::parse_duration(v.str("job-timeout"), "job-timeout");
+  qc.video_ext = video_have_ffmpeg() ? ".mp4" : ".y4m";
+  server::PlanningRunner runner;
+  server::JobQueue jobs(qc, runner);
+  for (const std::string& n : jobs.load_notes()) fprintf(stderr, "wan serve: %s\n", n.c_str());
+
+  server::HttpConfig hc;
+  hc.host = v.str("host");
+  hc.port = static_cast<int>(v.get_int("port", 8000));
+  const char* env_key = std::getenv("WAN_API_KEY");
+  hc.api_key = v.get_or("api-key", env_key ? env_key : "");
+  hc.max_body = static_cast<size_t>(v.get_int("max-body-mb", 32)) << 20;
+  hc.video_content_type = video_have_ffmpeg() ? "video/mp4" : "video/x-yuv4mpeg";
+  if (!quiet) hc.log = [](const std::string& s) { fprintf(stderr, "wan serve: %s\n", s.c_str()); };
+  server::HttpServer http(hc, model, jobs);
+  const int port = http.bind();
+  printf("wan serve: listening on http://%s:%d (model %s, %zu jobs on record, %s)\n", hc.host.c_str(), port,
+         model.id.c_str(), jobs.list().size(), hc.api_key.empty() ? "no API key" : "API key required");
+  fflush(stdout);
+  std::thread serving([&] { http.serve(); });
+
+  int sig = 0;
+  sigwait(&stop_signals, &sig);
+  const double drain = api::parse_duration(v.str("drain-timeout"), "drain-timeout");
+  fprintf(stderr, "wan serve: %s: draining (up to %g s for the running job)\n", sig == SIGINT ? "SIGINT" : "SIGTERM",
+          drain);
+  std::thread([&stop_signals] {  // a second signal ends the process at once, as in the other commands
+    int again = 0;
+    sigwait(&stop_signals, &again);
+    fprintf(stderr, "wan serve: second signal: exiting without draining\n");
+    std::_Exit(128 + again);
+  }).detach();
+  http.begin_drain();
+  const bool finished = jobs.shutdown(drain);
+  http.stop();
+  serving.join();
+  fprintf(stderr, "wan serve: stopped (%s)\n", finished ? "no job cut short" : "the running job was cancelled");
+  return 0;
+}
+
+}  // namespace wan::cli

@@ -1,0 +1,212 @@
+// A video request of `wan serve` (src/server/requests.h, api/serve_options.h): fields checked with
+// generate's rules under their API names, seconds -> 4n+1 frames, the served model and frame rate,
+// limits, the plan run before queuing (tiny random model), OpenAI error objects, the constant-time
+// key check and serve's durations.
+#include <gtest/gtest.h>
+
+#include "api/serve_options.h"
+#include "server/http_server.h"
+#include "server/requests.h"
+
+namespace {
+
+using namespace wan;
+using namespace wan::server;
+using Fields = std::map<std::string, std::string>;
+
+ServedModel tiny() {
+  api::Values serve(api::serve_spec());
+  serve.set("weights", "random");
+  serve.set("config", "tiny");
+  ServedModel m(api::generate_base_values(serve));
+  m.id = "wan2.2-t2v-A14B";
+  m.fps = 16;
+  m.max_prompt = 100;
+  return m;
+}
+
+// The ApiError a request raises (status 0 when none).
+ApiError error_of(const Fields& f, bool plan = false) {
+  try {
+    VideoRequest r = parse_video_request(f, tiny(), "");
+    if (plan) plan_video_request(r, tiny());
+  } catch (const ApiError& e) {
+    return e;
+  }
+  return ApiError(0, "");
+}
+
+TEST(ServeRequests, FieldsBecomeGenerateOptionsWithTheCliRules) {
+  const VideoRequest r = parse_video_request({{"prompt", "a cat"},
+                                              {"size", "64x32"},
+                                              {"seconds", "0.25"},
+                                              {"steps", "2"},
+                                              {"seed", "7"},
+                                              {"guidance_scale", "3,4.5"},
+                                              {"shift", "5"},
+                                              {"sampler", "euler"},
+                                              {"negative_prompt", "blur"}},
+                                             tiny(), "");
+  EXPECT_EQ(r.opts.prompt.value(), "a cat");
+  EXPECT_EQ(r.opts.width.value(), 64);
+  EXPECT_EQ(r.opts.height.value(), 32);
+  EXPECT_EQ(r.opts.frames.value(), 5);  // 0.25 s * 16 fps + 1
+  EXPECT_EQ(r.opts.steps.value(), 2);
+  EXPECT_EQ(r.opts.seed.value(), 7u);
+  EXPECT_FLOAT_EQ(r.opts.guide_low.value(), 3.0f);
+  EXPECT_FLOAT_EQ(r.opts.guide_high.value(), 4.5f);
+  EXPECT_DOUBLE_EQ(r.opts.shift.value(), 5.0);
+  EXPECT_EQ(r.opts.negative_prompt.value(), "blur");
+  EXPECT_TRUE(r.opts.random_weights);
+  EXPECT_EQ(r.opts.config, "tiny");
+  EXPECT_EQ(r.info.seconds, "0.25");
+  EXPECT_TRUE(r.opts.image_file.empty());
+  // num_frames wins over seconds; an uploaded image becomes --image.
+  const VideoRequest n = parse_video_request({{"prompt", "x"}, {"seconds", "4"}, {"num_frames", "9"}}, tiny(), "/srv/in.png");
+  EXPECT_EQ(n.opts.frames.value(), 9);
+  EXPECT_EQ(n.opts.image_file, "/srv/in.png");
+}
+
+TEST(ServeRequests, BadFieldsAre400NamingTheParam) {
+  struct Case {
+    Fields f;
+    std::string param;
+  } cases[] = {
+      {{{"prompt", "x"}, {"steps", "0"}}, "steps"},
+      {{{"prompt", "x"}, {"steps", "two"}}, "steps"},
+      {{{"prompt", "x"}, {"num_frames", "6"}}, "num_frames"},
+      {{{"prompt", "x"}, {"guidance_scale", "a,b"}}, "guidance_scale"},
+      {{{"prompt", "x"}, {"sampler", "nope"}}, "sampler"},
+      {{{"prompt", "x"}, {"size", "big"}}, "size"},
+      {{{"prompt", "x"}, {"seconds", "-1"}}, "seconds"},
+      {{{"prompt", "x"}, {"image", "/etc/passwd"}}, "image"},  // no field is a path
+      {{{"prompt", "x"}, {"model", "sora-2"}}, "model"},
+      {{{"prompt", "x"}, {"fps", "30"}}, "fps"},
+      {{{"prompt", std::string(101, 'a')}}, "prompt"},
+      {{{"size", "64x64"}}, "prompt"},
+      {{{"prompt", ""}}, "prompt"},
+  };
+  for (const Case& c : cases) {
+    const ApiError e = error_of(c.f);
+    EXPECT_EQ(e.status, 400) << c.param;
+    EXPECT_EQ(e.param, c.param) << e.message;
+    EXPECT_FALSE(e.message.empty());
+  }
+  EXPECT_EQ(error_of({{"prompt", "x"}, {"model", "wan2.2-t2v-A14B"}, {"fps", "16"}}).status, 0);
+}
+
+TEST(ServeRequests, ThePlanRunsBeforeQueuing) {
+  const ApiError e = error_of({{"prompt", "x"}, {"size", "72x64"}}, true);  // not a multiple of 16
+  EXPECT_EQ(e.status, 400);
+  EXPECT_EQ(e.param, "size");
+  EXPECT_NE(e.message.find("16"), std::string::npos) << e.message;
+  const ApiError s = error_of({{"prompt", "x"}, {"size", "64x64"}, {"seconds", "3600"}}, true);  // past the RoPE
+  EXPECT_EQ(s.param, "seconds");
+  EXPECT_EQ(s.message.rfind("'seconds': 'frames' 57601", 0), 0u) << s.message;
+  VideoRequest r = parse_video_request({{"prompt", "x"}, {"size", "64x64"}, {"num_frames", "5"}, {"steps", "2"}}, tiny(), "");
+  EXPECT_FALSE(r.opts.seed.has_value());
+  plan_video_request(r, tiny());
+  EXPECT_TRUE(r.opts.seed.has_value());  // the random seed is fixed when accepted
+  EXPECT_EQ(r.info.size, "64x64");
+  EXPECT_EQ(r.info.seconds, "0.25");
+}
+
+TEST(ServeRequests, AnImageTaskWithoutAnImageNamesInputReference) {
+  api::Values serve(api::serve_spec());
+  serve.set("weights", "random");
+  serve.set("config", "tiny-i2v");
+  ServedModel m(api::generate_base_values(serve));
+  VideoRequest r = parse_video_request({{"prompt", "x"}, {"size", "64x64"}, {"num_frames", "5"}}, m, "");
+  try {
+    plan_video_request(r, m);
+    FAIL() << "planned without an image";
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.status, 400);
+    EXPECT_EQ(e.param, "input_reference");
+    EXPECT_NE(e.message.find("'input_reference'"), std::string::npos) << e.message;
+    EXPECT_EQ(e.message.find("'image'"), std::string::npos) << e.message;
+  }
+}
+
+TEST(ServeRequests, JsonFieldsAreStringsOrNumbers) {
+  const Fields f = fields_from_json(nlohmann::json::parse(R"({"prompt":"p","steps":2,"shift":2.5,"seed":null})"));
+  EXPECT_EQ(f.at("steps"), "2");
+  EXPECT_EQ(f.at("shift"), "2.5");
+  EXPECT_EQ(f.count("seed"), 0u);
+  EXPECT_THROW(fields_from_json(nlohmann::json::parse(R"({"prompt":{"a":1}})")), ApiError);
+  EXPECT_THROW(fields_from_json(nlohmann::json::parse(R"([1])")), ApiError);
+  try {
+    fields_from_json(nlohmann::json::parse(R"({"prompt":"p","input_reference":"/etc/passwd"})"));
+    FAIL();
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.param, "input_reference");
+  }
+}
+
+TEST(ServeRequests, SecondsBecome4nPlus1Frames) {
+  EXPECT_EQ(frames_for_seconds(0.25, 16), 5);
+  EXPECT_EQ(frames_for_seconds(5, 16), 81);
+  EXPECT_EQ(frames_for_seconds(4, 24), 97);
+  EXPECT_EQ(frames_for_seconds(0.1, 16), 1);
+  EXPECT_EQ(frames_for_seconds(0, 16), 1);
+  EXPECT_EQ((frames_for_seconds(3.3, 24) - 1) % 4, 0);
+}
+
+TEST(ServeRequests, ErrorObjectsHaveOpenAIsShape) {
+  const nlohmann::json b = ApiError(400, "bad", "steps", "invalid_value").body();
+  EXPECT_EQ(b["error"]["message"], "bad");
+  EXPECT_EQ(b["error"]["type"], "invalid_request_error");
+  EXPECT_EQ(b["error"]["param"], "steps");
+  EXPECT_EQ(b["error"]["code"], "invalid_value");
+  const nlohmann::json n = ApiError(404, "gone").body();
+  EXPECT_TRUE(n["error"]["param"].is_null());
+  EXPECT_TRUE(n["error"]["code"].is_null());
+  EXPECT_EQ(ApiError(401, "").type(), "authentication_error");
+  EXPECT_EQ(ApiError(429, "").type(), "rate_limit_error");
+  EXPECT_EQ(ApiError(503, "").type(), "service_unavailable_error");
+}
+
+TEST(ServeRequests, VideoObjectsShowStateAndError) {
+  JobInfo j;
+  j.id = "video_1";
+  j.state = JobState::Failed;
+  j.error_code = "timeout";
+  j.error_message = "too long";
+  j.expires_at = 5;
+  const nlohmann::json o = video_object(j);
+  EXPECT_EQ(o["object"], "video");
+  EXPECT_EQ(o["status"], "failed");
+  EXPECT_EQ(o["error"]["code"], "timeout");
+  EXPECT_TRUE(o["completed_at"].is_null());
+  EXPECT_EQ(o["expires_at"], 5);
+  j.state = JobState::InProgress;
+  EXPECT_EQ(video_object(j)["status"], "in_progress");
+  EXPECT_TRUE(video_object(j)["error"].is_null());
+}
+
+TEST(ServeRequests, KeysCompareWhole) {
+  EXPECT_TRUE(key_matches("secret", "secret"));
+  EXPECT_FALSE(key_matches("secreT", "secret"));
+  EXPECT_FALSE(key_matches("secret2", "secret"));
+  EXPECT_FALSE(key_matches("secre", "secret"));
+  EXPECT_FALSE(key_matches("", "secret"));
+}
+
+TEST(ServeRequests, DurationsAndServeOptions) {
+  EXPECT_DOUBLE_EQ(api::parse_duration("90", "d"), 90);
+  EXPECT_DOUBLE_EQ(api::parse_duration("1.5m", "d"), 90);
+  EXPECT_DOUBLE_EQ(api::parse_duration("24h", "d"), 86400);
+  EXPECT_DOUBLE_EQ(api::parse_duration("7d", "d"), 604800);
+  for (const char* bad : {"", "x", "5w", "-3", "1e999"}) EXPECT_THROW(api::parse_duration(bad, "d"), OptionError) << bad;
+  const char* argv[] = {"serve", "--weights", "random", "--config", "tiny", "--port", "0", "--retention", "2h"};
+  const api::Values v = api::parse_argv(api::serve_spec(), 9, const_cast<char**>(argv));
+  EXPECT_EQ(v.get_int("port", -1), 0);
+  const api::Values g = api::generate_base_values(v);
+  EXPECT_EQ(g.get_or("config", ""), "tiny");
+  const char* bad[] = {"serve", "--retention", "soon"};
+  EXPECT_THROW(api::parse_argv(api::serve_spec(), 3, const_cast<char**>(bad)), OptionError);
+  const char* port[] = {"serve", "--port", "70000"};
+  EXPECT_THROW(api::parse_argv(api::serve_spec(), 3, const_cast<char**>(port)), OptionError);
+}
+
+}  // namespace
