@@ -69,6 +69,19 @@ bool fp8_entry(const std::string& name) {
          name.find("norm") == std::string::npos;
 }
 
+// A tiny checkpoint written by make-checkpoint (official: the high-noise DiT only).
+gen::MakeCheckpointOptions write_tiny(Layout layout, DType dtype, uint64_t seed, const std::string& out) {
+  gen::MakeCheckpointOptions o;
+  o.config = "tiny";
+  o.layout = layout;
+  o.dtype = dtype;
+  o.dit_only = layout == Layout::Official;
+  o.seed = seed;
+  o.out = out;
+  gen::make_checkpoint(o);
+  return o;
+}
+
 // The host quantiser's result for an fp32 tensor [rows, K], dequantised (download_weight's form).
 Tensor host_quantised(const Tensor& w) {
   const Tensor f = w.to_f32();
@@ -172,14 +185,7 @@ TEST(GpuDitFp8, ForwardMatchesCpuEmulationAndStaysNearExact) {
 TEST(GpuDitFp8, StreamedAndGetterLoadsGiveIdenticalWeights) {
   REQUIRE_FP8();
   test::TempDir t{"dit_fp8"};
-  gen::MakeCheckpointOptions o;
-  o.config = "tiny";
-  o.layout = Layout::Official;
-  o.dtype = DType::BF16;
-  o.dit_only = true;
-  o.seed = 5;
-  o.out = t / "ck";
-  gen::make_checkpoint(o);
+  const gen::MakeCheckpointOptions o = write_tiny(Layout::Official, DType::BF16, 5, t / "ck");
   const CheckpointInfo info = detect_checkpoint(o.out + "/high_noise_model");
   std::unique_ptr<WeightStore> base = open_weights(info, info.components.at(0).role);
   WeightStore* bs = base.get();
@@ -252,13 +258,7 @@ TEST(GpuDitFp8, GraphsOnAndOffAndWarmUpAreBitIdentical) {
 TEST(GpuDitFp8, ComfyFp8ScaledWeightsAreUsedAsStored) {
   REQUIRE_FP8();
   test::TempDir t{"dit_fp8_comfy"};
-  gen::MakeCheckpointOptions o;
-  o.config = "tiny";
-  o.layout = Layout::ComfyUI;
-  o.dtype = DType::F8E4M3;  // fp8_scaled
-  o.seed = 9;
-  o.out = t / "ck";
-  gen::make_checkpoint(o);
+  const gen::MakeCheckpointOptions o = write_tiny(Layout::ComfyUI, DType::F8E4M3, 9, t / "ck");  // fp8_scaled
   const CheckpointInfo info =
       detect_checkpoint(o.out + "/diffusion_models/wan2.2_t2v_high_noise_14B_fp8_scaled.safetensors");
   ASSERT_TRUE(info.fp8_scaled);
