@@ -58,6 +58,7 @@ int cmd_serve(int argc, char** argv) {
   const api::Values v = api::parse_argv(spec, argc, argv);
   if (api::print_help_if_asked(v, spec)) return 0;
   WAN_CHECK(v.positional().empty(), "serve takes no positional arguments");
+  WAN_CHECK(server::http_available(), server::kNoHttp);
   server::ServedModel model(api::generate_base_values(v));
   model.max_prompt = static_cast<size_t>(v.get_int("max-prompt", 10000));
   const std::string out_dir = v.str("output-dir");

@@ -2,8 +2,10 @@
 // answered; reads answer from the job store; content is streamed from the file with Range support.
 #include "server/http_server.h"
 
+#ifdef WAN_HAVE_HTTPLIB
 #include <httplib.h>
 #include <sys/socket.h>
+#endif
 
 #include <algorithm>
 #include <atomic>
@@ -15,6 +17,10 @@
 #include "formats/output_file.h"
 
 namespace wan::server {
+
+#ifdef WAN_HAVE_HTTPLIB
+
+bool http_available() { return true; }
 
 namespace {
 
@@ -41,29 +47,7 @@ std::string image_extension(const httplib::MultipartFormData& f) {
   throw ApiError(400, "input_reference: expected a PNG, JPEG, WebP or BMP image", "input_reference", "invalid_value");
 }
 
-std::string metrics_text_of(const QueueStats& s, bool draining);
-
 }  // namespace
-
-nlohmann::json video_object(const JobInfo& j) {
-  nlohmann::json o = {{"id", j.id},
-                      {"object", "video"},
-                      {"model", j.model},
-                      {"status", state_name(j.state)},
-                      {"progress", j.progress},
-                      {"created_at", j.created_at},
-                      {"completed_at", nullptr},
-                      {"expires_at", nullptr},
-                      {"size", j.size},
-                      {"seconds", j.seconds},
-                      {"prompt", j.prompt},
-                      {"remixed_from_video_id", nullptr},
-                      {"error", nullptr}};
-  if (j.completed_at > 0) o["completed_at"] = j.completed_at;
-  if (j.expires_at > 0) o["expires_at"] = j.expires_at;
-  if (j.state == JobState::Failed) o["error"] = {{"code", j.error_code}, {"message", j.error_message}};
-  return o;
-}
 
 // Debian's libcpp-httplib listens with a backlog of 5 (CPPHTTPLIB_LISTEN_BACKLOG, compiled into the
 // library): a burst of clients then overflows the accept queue and a few connections are reset. A second
@@ -276,28 +260,9 @@ void HttpServer::Impl::routes() {
             if (draining || jobs.closed()) throw ApiError(503, "the server is shutting down", "", "shutting_down");
             send_json(res, {{"status", "ready"}});
           }));
-  svr.Get("/metrics", [this](const auto&, auto& res) { res.set_content(metrics_text_of(jobs.stats(), draining), "text/plain; version=0.0.4"); });
+  svr.Get("/metrics", [this](const auto&, auto& res) { res.set_content(metrics_text(jobs.stats(), draining), "text/plain; version=0.0.4"); });
 }
 
-namespace {
-std::string metrics_text_of(const QueueStats& s, bool draining) {
-  std::ostringstream m;
-  m << "# HELP wan_jobs Jobs the server knows, by state.\n# TYPE wan_jobs gauge\n";
-  for (const auto& [st, n] : s.by_state) m << "wan_jobs{state=\"" << state_name(st) << "\"} " << n << "\n";
-  m << "# HELP wan_queue_depth Jobs waiting for the worker.\n# TYPE wan_queue_depth gauge\n"
-    << "wan_queue_depth " << s.queue_depth << "\n"
-    << "# HELP wan_job_seconds Run time of finished jobs.\n# TYPE wan_job_seconds summary\n"
-    << "wan_job_seconds_sum " << s.job_seconds_sum << "\nwan_job_seconds_count " << s.job_seconds_count << "\n"
-    << "# HELP wan_step_seconds Denoising step time.\n# TYPE wan_step_seconds summary\n"
-    << "wan_step_seconds_sum " << s.step_seconds_sum << "\nwan_step_seconds_count " << s.step_seconds_count << "\n"
-    << "# HELP wan_jobs_accepted_total Jobs accepted since start.\n# TYPE wan_jobs_accepted_total counter\n"
-    << "wan_jobs_accepted_total " << s.accepted << "\n"
-    << "# HELP wan_jobs_rejected_total Requests refused with 429 (queue full).\n"
-    << "# TYPE wan_jobs_rejected_total counter\nwan_jobs_rejected_total " << s.rejected_full << "\n"
-    << "# HELP wan_ready 1 while accepting jobs.\n# TYPE wan_ready gauge\nwan_ready " << (draining ? 0 : 1) << "\n";
-  return m.str();
-}
-}  // namespace
 
 HttpServer::HttpServer(HttpConfig cfg, const ServedModel& model, JobQueue& jobs)
     : impl_(std::make_unique<Impl>(std::move(cfg), model, jobs)) {
@@ -319,6 +284,22 @@ int HttpServer::bind() {
 void HttpServer::serve() { impl_->svr.listen_after_bind(); }
 void HttpServer::begin_drain() { impl_->draining = true; }
 void HttpServer::stop() { impl_->svr.stop(); }
-std::string HttpServer::metrics() const { return metrics_text_of(impl_->jobs.stats(), impl_->draining); }
+std::string HttpServer::metrics() const { return metrics_text(impl_->jobs.stats(), impl_->draining); }
+
+
+#else  // a build without cpp-httplib: the rest of the engine builds; `wan serve` refuses in one line
+
+bool http_available() { return false; }
+
+struct HttpServer::Impl {};
+HttpServer::HttpServer(HttpConfig, const ServedModel&, JobQueue&) { WAN_THROW(kNoHttp); }
+HttpServer::~HttpServer() = default;
+int HttpServer::bind() { WAN_THROW(kNoHttp); }
+void HttpServer::serve() {}
+void HttpServer::begin_drain() {}
+void HttpServer::stop() {}
+std::string HttpServer::metrics() const { return ""; }
+
+#endif  // WAN_HAVE_HTTPLIB
 
 }  // namespace wan::server

@@ -38,5 +38,14 @@ class HttpServer {
 
 // The video object of the API for a job.
 nlohmann::json video_object(const JobInfo& j);
+// The /metrics text (Prometheus exposition format) of the queue's counters.
+std::string metrics_text(const QueueStats& s, bool draining);
+
+// False in a build without cpp-httplib: HttpServer then throws kNoHttp, and `wan serve` refuses with it
+// before it loads anything.
+bool http_available();
+inline constexpr const char* kNoHttp =
+    "wan serve: this build has no HTTP library (cpp-httplib); install libcpp-httplib-dev (scripts/setup.sh) "
+    "and rebuild";
 
 }  // namespace wan::server
