@@ -9,7 +9,7 @@
 #     -n  nice level of the runs (default 0)   -j  build jobs (default nproc)
 #     --fresh  start from the seeds alone (drop build-fuzz/corpus)
 #     --json FILE  write {"targets": [{name, seconds, executions, crashes, ...}]} from libFuzzer's stats
-# Targets: safetensors safetensors_index pth config tokenizer state_files gguf (default: all).
+# Targets: safetensors safetensors_index pth config tokenizer state_files gguf video_request (default: all).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -27,7 +27,7 @@ while [ $# -gt 0 ]; do
     *) TARGETS+=("$1"); shift ;;
   esac
 done
-[ ${#TARGETS[@]} -gt 0 ] || TARGETS=(safetensors safetensors_index pth config tokenizer state_files gguf)
+[ ${#TARGETS[@]} -gt 0 ] || TARGETS=(safetensors safetensors_index pth config tokenizer state_files gguf video_request)
 B=build-fuzz
 log() { printf '[fuzz] %s\n' "$*"; }
 

@@ -255,6 +255,17 @@ void state_seeds() {
   write_run_state(path_of("state_files", "state.safetensors"), st, {{"prompt", "a cat"}});
 }
 
+// Video requests (fuzz_video_request): JSON bodies and form fields as the OpenAI SDK sends them.
+void video_request_seeds() {
+  put("video_request", "json_min.txt", R"({"prompt": "a cat"})");
+  put("video_request", "json_full.txt",
+             R"({"prompt": "a red fox", "model": "wan2.2-t2v-A14B", "size": "64x48", "seconds": "0.25", )"
+             R"("seed": 7, "steps": 2, "guidance_scale": "3,4", "shift": 5, "sampler": "euler", "fps": 16})");
+  put("video_request", "json_frames.txt", R"({"prompt": "x", "num_frames": 9, "preset": "lightning-4step"})");
+  put("video_request", "form.txt",
+             "prompt=a cat on a sofa\nsize=96x64\nseconds=0.5\nnegative_prompt=blurry\nsteps=1\n");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -271,6 +282,7 @@ int main(int argc, char** argv) {
     tokenizer_seeds();
     state_seeds();
     gen::write_gguf_seeds((g_out / "gguf").string());
+    video_request_seeds();
   } catch (const std::exception& e) {
     std::fprintf(stderr, "fuzz_make_seeds: %s\n", e.what());
     return 1;
