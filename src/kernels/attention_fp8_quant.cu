@@ -93,7 +93,7 @@ __global__ void k_mean_kernel(const QuantParams p) {
 
 // Pass 3, Q (z = 0) or K (z = 1): one block of 128 rows; rows outside [0, valid) are excluded and zero.
 __device__ void quant_block(const QuantParams& p, bool is_k, int tile, int bh) {
-  __shared__ uint32_t warp_amax[kThreads / 32];
+  __shared__ uint32_t warp_amax[32];
   const int b = bh / p.H, h = bh % p.H;
   const int c8 = threadIdx.x % 16, rsub = threadIdx.x / 16;
   const int L = is_k ? p.Lk : p.Lq, valid = is_k ? valid_keys(p, b) : p.Lq;
@@ -128,32 +128,13 @@ __device__ void quant_block(const QuantParams& p, bool is_k, int tile, int bh) {
       }
     }
   }
-  amax = warp_reduce(amax, MaxU32Op{});
-  if (threadIdx.x % 32 == 0) warp_amax[threadIdx.x / 32] = amax;
-  __syncthreads();
-  amax = 0;
-#pragma unroll
-  for (int w = 0; w < kThreads / 32; ++w) amax = max(amax, warp_amax[w]);
-  const fp8::RowScale rs = fp8::row_scale(amax);
-  const bool finite = rs.kind == fp8::RowKind::Finite;
-  const uint32_t fill = fp8::fill_byte(rs) * 0x01010101u;
+  const fp8::RowScale rs = fp8::row_scale(block_reduce(amax, warp_amax, 0u, MaxU32Op{}));
   uint8_t* dst = is_k ? p.k8 : p.q8;
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
     const int row = tile * kTile + rsub + 16 * i;
     if (row >= L) continue;
-    uint2 out = make_uint2(0u, 0u);
-    if (row < valid) {
-      if (finite) {
-        float y[8];
-#pragma unroll
-        for (int e = 0; e < 8; ++e) y[e] = rn::mul(x[i][e], rs.inv);
-        out.x = cvt_e4m3x2(y[0], y[1]) | (cvt_e4m3x2(y[2], y[3]) << 16);
-        out.y = cvt_e4m3x2(y[4], y[5]) | (cvt_e4m3x2(y[6], y[7]) << 16);
-      } else {
-        out = make_uint2(fill, fill);
-      }
-    }
+    const uint2 out = row < valid ? quantize8(x[i], rs) : make_uint2(0u, 0u);
     *reinterpret_cast<uint2*>(dst + (static_cast<int64_t>(bh) * L + row) * kD + 8 * c8) = out;
   }
   if (threadIdx.x == 0) (is_k ? p.k_scale : p.q_scale)[static_cast<int64_t>(bh) * (is_k ? p.k_blocks : p.q_tiles) + tile] = rs.scale;

@@ -189,23 +189,33 @@ struct DiTGpu::Impl {
   void block_linear(const bf16* x, const bf16* w, const float* w_scale, const bf16* bias, bf16* y, int64_t M,
                     int64_t K, int64_t N, Act act, void* xq, cudaStream_t s) {
     if (!w_scale) return linear_op(x, w, bias, y, M, K, N, act, s);
-    const size_t b = prof ? prof->mark(s) : 0;
-    auto* q = static_cast<uint8_t*>(xq);
-    quantize_rows_fp8(x, M, K, q, x_scale, s);
-    gemm->linear_fp8(q, x_scale, reinterpret_cast<const uint8_t*>(w), w_scale, bias, y, M, K, N, act, s);
-    if (prof) prof->spans.push_back({OpCat::Gemm, b, prof->mark(s)});
+    fp8_linear({static_cast<uint8_t*>(xq), x_scale}, x, w, w_scale, bias, y, M, K, N, act, s);
   }
-  // The same GEMM whose FP8 input the LayerNorm before it already wrote (DiTGemm::Fp8, norm_out()).
-  void block_linear_q(const Fp8Rows& x, const bf16* w, const float* w_scale, const bf16* bias, bf16* y, int64_t M,
-                      int64_t K, int64_t N, Act act, cudaStream_t s) {
+  // The FP8 GEMM on the e4m3 rows in `in`, quantised from `from` first unless null (a LayerNorm wrote
+  // them, norm_out()); the quantisation is inside the profiled interval.
+  void fp8_linear(const Fp8Rows& in, const bf16* from, const bf16* w, const float* w_scale, const bf16* bias, bf16* y,
+                  int64_t M, int64_t K, int64_t N, Act act, cudaStream_t s) {
     const size_t b = prof ? prof->mark(s) : 0;
-    gemm->linear_fp8(x.q, x.scale, reinterpret_cast<const uint8_t*>(w), w_scale, bias, y, M, K, N, act, s);
+    if (from) quantize_rows_fp8(from, M, K, in.q, in.scale, s);
+    gemm->linear_fp8(in.q, in.scale, reinterpret_cast<const uint8_t*>(w), w_scale, bias, y, M, K, N, act, s);
     if (prof) prof->spans.push_back({OpCat::Gemm, b, prof->mark(s)});
   }
   // DiTGemm::Fp8: the LayerNorms that feed a GEMM (norm1, norm3, norm2) quantise their rows into h's
-  // bytes and x_scale, which only that GEMM reads.
+  // bytes and x_scale, which only that GEMM reads; otherwise they write bf16 rows to h.
   Fp8Rows norm_out() const { return {reinterpret_cast<uint8_t*>(h), x_scale}; }
   bool fp8() const { return x_scale != nullptr; }
+  // A LayerNorm into the next GEMM's input: `ln` is called with norm_out() or h.
+  template <typename F>
+  void norm_into_h(F&& ln) {
+    if (fp8()) ln(norm_out());
+    else ln(h);
+  }
+  // The block GEMM reading what norm_into_h wrote.
+  void linear_from_h(const bf16* w, const float* w_scale, const bf16* bias, bf16* y, int64_t M, int64_t K, int64_t N,
+                     Act act, cudaStream_t s) {
+    if (fp8()) fp8_linear(norm_out(), nullptr, w, w_scale, bias, y, M, K, N, act, s);
+    else linear_op(h, w, bias, y, M, K, N, act, s);
+  }
   void attention_op(OpCat cat, const AttentionShape& sh, const AttentionArgs& a, cudaStream_t s) {
     if (!prof) return run_attention(cat, sh, a, s);
     const size_t b = prof->mark(s);
@@ -291,9 +301,7 @@ void DiTGpu::Impl::block(const BlockPtrs& w, const BlockPtrs* next, const Geomet
   // self-attention on h = norm1(resid), computed before this block (run_body or the previous block);
   // shared: for sample 0's rows only
   const int64_t sa_rows = shared ? g.S : rows;
-  const bool fp8_in = fp8();  // h holds the norms' e4m3 rows (norm_out) instead of bf16 ones
-  if (fp8_in) block_linear_q(norm_out(), w.qkv_w, w.qkv_s, w.qkv_b, qkv, sa_rows, D, 3 * D, Act::None, s);
-  else block_linear(h, w.qkv_w, w.qkv_s, w.qkv_b, qkv, sa_rows, D, 3 * D, Act::None, xq, s);
+  linear_from_h(w.qkv_w, w.qkv_s, w.qkv_b, qkv, sa_rows, D, 3 * D, Act::None, s);
   const RmsNormJob jq{qkv, 3 * D, w.nq, q, sa_rows}, jk{qkv + D, 3 * D, w.nk, k, sa_rows};
   qk_rmsnorm_rope(jq, &jk, D, eps, &rope_args, s);
   if (spa) {  // the sequence is split over ranks: Ulysses / Ring / 2D (models/dit/seq_attention_gpu.h)
@@ -312,15 +320,12 @@ void DiTGpu::Impl::block(const BlockPtrs& w, const BlockPtrs* next, const Geomet
   if (shared) copy_first_sample(q, static_cast<size_t>(g.S * D) * sizeof(bf16), g.B, s);  // the others' o rows
   // resid += o·gate_sa, and the cross-attention's affine pre-norm (norm3) of it, in one pass
   const ModVec gate_sa = chunk(2);
-  if (fp8_in) {
-    residual_add_layernorm_affine(resid, q, &gate_sa, w.n3w, w.n3b, norm_out(), rows, D, eps, s);
-  } else {
-    residual_add_layernorm_affine(resid, q, &gate_sa, w.n3w, w.n3b, h, rows, D, eps, s);
-  }
+  norm_into_h([&](auto out) {
+    residual_add_layernorm_affine(resid, q, &gate_sa, w.n3w, w.n3b, out, rows, D, eps, s);
+  });
 
   // cross-attention: no modulation or gate, all text_len keys
-  if (fp8_in) block_linear_q(norm_out(), w.cq_w, w.cq_s, w.cq_b, q, rows, D, D, Act::None, s);
-  else block_linear(h, w.cq_w, w.cq_s, w.cq_b, q, rows, D, D, Act::None, xq, s);
+  linear_from_h(w.cq_w, w.cq_s, w.cq_b, q, rows, D, D, Act::None, s);
   block_linear(ctx, w.ckv_w, w.ckv_s, w.ckv_b, ckv, crow, D, 2 * D, Act::None, ck, s);
   const RmsNormJob cq{q, D, w.cnq, q, rows}, cjk{ckv, 2 * D, w.cnk, ck, crow};
   qk_rmsnorm_rope(cq, &cjk, D, eps, nullptr, s);
@@ -330,21 +335,20 @@ void DiTGpu::Impl::block(const BlockPtrs& w, const BlockPtrs* next, const Geomet
   attention_op(OpCat::CrossAttention, cs, ca, s);
   block_linear(att, w.co_w, w.co_s, w.co_b, q, rows, D, D, Act::None, xq, s);
   // resid += o, and the FFN's pre-norm (norm2) of it, in one pass
-  if (fp8_in) residual_add_layernorm_modulate(resid, q, nullptr, norm_out(), rows, D, chunk(3), chunk(4), eps, s);
-  else residual_add_layernorm_modulate(resid, q, nullptr, h, rows, D, chunk(3), chunk(4), eps, s);
+  norm_into_h([&](auto out) {
+    residual_add_layernorm_modulate(resid, q, nullptr, out, rows, D, chunk(3), chunk(4), eps, s);
+  });
 
   // feed-forward; resid += y·gate_ff, fused with the next block's norm1 (the last block's add is
   // plain: the head norm reads the residual in head_and_output)
-  if (fp8_in) block_linear_q(norm_out(), w.f0_w, w.f0_s, w.f0_b, ffn, rows, D, g.F, Act::GeluTanh, s);
-  else block_linear(h, w.f0_w, w.f0_s, w.f0_b, ffn, rows, D, g.F, Act::GeluTanh, att, s);
+  linear_from_h(w.f0_w, w.f0_s, w.f0_b, ffn, rows, D, g.F, Act::GeluTanh, s);
   block_linear(ffn, w.f2_w, w.f2_s, w.f2_b, att, rows, g.F, D, Act::None, xq_ffn2, s);
   const ModVec gate_ff = chunk(5);
-  if (next && fp8_in)
-    residual_add_layernorm_modulate(resid, att, &gate_ff, norm_out(), rows, D, block_mod(*next, 0, g),
-                                    block_mod(*next, 1, g), eps, s);
-  else if (next)
-    residual_add_layernorm_modulate(resid, att, &gate_ff, h, rows, D, block_mod(*next, 0, g), block_mod(*next, 1, g),
-                                    eps, s);
+  if (next)
+    norm_into_h([&](auto out) {
+      residual_add_layernorm_modulate(resid, att, &gate_ff, out, rows, D, block_mod(*next, 0, g),
+                                      block_mod(*next, 1, g), eps, s);
+    });
   else
     gated_residual_add(resid, att, rows, D, gate_ff, s);
 }
@@ -375,12 +379,11 @@ void DiTGpu::Impl::run_body(const ExpertPtrs& w, const Geometry& g, cudaStream_t
   if (g.seq_parallel()) ra.offset = seq_rank * g.S, ra.total = g.Lpad;  // global positions of the slice (§8)
   // norm1 of the first block; every later one comes out of the previous block's last residual add
   // (shared first block: sample 0's rows only, see block())
-  const int64_t n1_rows = g.share_first() ? g.S : rows;
-  if (!w.blocks.empty() && fp8())
-    layernorm_modulate(resid, norm_out(), n1_rows, D, block_mod(w.blocks[0], 0, g), block_mod(w.blocks[0], 1, g),
-                       cfg.eps, s);
-  else if (!w.blocks.empty())
-    layernorm_modulate(resid, h, n1_rows, D, block_mod(w.blocks[0], 0, g), block_mod(w.blocks[0], 1, g), cfg.eps, s);
+  if (!w.blocks.empty())
+    norm_into_h([&](auto out) {
+      layernorm_modulate(resid, out, g.share_first() ? g.S : rows, D, block_mod(w.blocks[0], 0, g),
+                         block_mod(w.blocks[0], 1, g), cfg.eps, s);
+    });
   for (size_t i = 0; i < w.blocks.size(); ++i)
     block(w.blocks[i], i + 1 < w.blocks.size() ? &w.blocks[i + 1] : nullptr, g, ra, g.share_first() && i == 0, s);
   head_and_output(w, g, s);
