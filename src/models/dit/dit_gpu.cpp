@@ -6,23 +6,11 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <map>
-#include <set>
-#include <tuple>
 
 #include "core/dtype.h"
 #include "core/error.h"
-#include "kernels/attention_cudnn.h"
-#include "kernels/attention_fp8.h"
-#include "kernels/attention_own.h"
-#include "kernels/check.h"
-#include "models/dit/dit_gpu_geometry.h"
-#include "models/weights_gpu.h"
-#include "kernels/dit_kernels.h"
-#include "kernels/fp8_quant.h"
+#include "models/dit/dit_gpu_impl.h"
 #include "kernels/seq_parallel_kernels.h"
-#include "models/dit/seq_attention_gpu.h"
-#include "kernels/gemm.h"
 
 namespace wan::cuda {
 
@@ -43,9 +31,6 @@ namespace wan::cuda {
 // blocks' 7 GEMMs by e4m3 GEMMs whose inputs are quantised per token: by the LayerNorm that produces
 // them (norm1, norm3, norm2), else into arena views before the GEMM (block_linear).
 
-using dit_gpu_detail::DeviceTable;
-using namespace dit_gpu_detail;  // Geometry, geometry(), the arena constants (dit_gpu_geometry.h)
-
 namespace {
 
 // DiTGemm::Fp8's preconditions, checked before anything is planned or allocated.
@@ -64,192 +49,6 @@ void copy_first_sample(void* p, size_t per_sample_bytes, int64_t B, cudaStream_t
 }  // namespace
 
 // ---- DiTGpu ----
-
-struct DiTGpu::Impl {
-  DiTConfig cfg;
-  DiTShape max_shape;
-  Geometry max_geo{};
-  Options opt;
-  MemoryPlan plan;
-  DeviceTable table;
-  std::vector<void*> weights;  // one allocation per expert
-  std::vector<ExpertPtrs> ptrs;
-  char* arena = nullptr;
-  size_t attn_ws_bytes = 0;
-  cudaStream_t stream = nullptr;
-  cudaEvent_t ev_in = nullptr, ev_out = nullptr;
-  std::unique_ptr<CudnnAttention> attn;  // null when the own kernel runs the attention
-  std::unique_ptr<GemmRunner> gemm;
-  // Parallel forward (null / 0 / 1 on one GPU): the groups, this rank's place, the split self-attention.
-  dist::Layout par;
-  int cfg_rank = 0, seq_rank = 0;
-  std::unique_ptr<SeqParallelAttention> spa;
-  float* head_seq = nullptr;
-  // expert, B, T, H, W, share_first, first_frame
-  using Key = std::tuple<int, int64_t, int64_t, int64_t, int64_t, bool, bool>;
-  static Key key_of(int expert, const DiTShape& shape, const Geometry& g) {
-    return Key{expert, shape.batch, shape.frames, shape.height, shape.width, g.share_first(), g.first_frame};
-  }
-  std::map<Key, cudaGraphExec_t> graphs;
-  std::set<Key> warmed;
-  // In-step op profile (profile_forward): the event pool lives as long as the object; `prof` points to
-  // it only during a profiled forward, so every hook below is one null test when profiling is off.
-  enum class OpCat : uint8_t { Gemm, SelfAttention, CrossAttention };
-  struct OpProfiler {
-    struct Span {
-      OpCat cat;
-      size_t begin, end;  // indices into events
-    };
-    std::vector<cudaEvent_t> events;  // created before the profiled forward, never inside it
-    size_t used = 0;
-    std::vector<Span> spans;
-    ~OpProfiler() {
-      for (cudaEvent_t e : events) cudaEventDestroy(e);
-    }
-    void reserve(size_t n) {
-      events.reserve(n);
-      while (events.size() < n) {
-        cudaEvent_t e = nullptr;
-        CUDA_CHECK(cudaEventCreate(&e));
-        events.push_back(e);
-      }
-    }
-    size_t mark(cudaStream_t s) {
-      WAN_ASSERT(used < events.size(), "op profiler: the pool of ", events.size(), " events is exhausted");
-      CUDA_CHECK(cudaEventRecord(events[used], s));
-      return used++;
-    }
-  };
-  std::unique_ptr<OpProfiler> profiler;
-  OpProfiler* prof = nullptr;
-
-  // arena buffers
-  float *x_in, *t, *ctx_f32, *sinus, *temb, *e, *e_silu, *e0, *rope, *resid, *head_out, *out;
-  float *t_first, *e_first, *e0_first;  // DiTShape::first_frame_t
-  float* x_scale = nullptr;             // DiTGemm::Fp8: the quantised GEMM input's row scales
-  bf16 *ctx_in, *ctx_hidden, *ctx, *ckv, *ck, *h, *att, *big;
-  void *gemm_ws, *attn_ws;
-
-  ~Impl() {
-    // No throws from here: let queued work finish, then release in reverse order of creation,
-    // ignoring errors.
-    if (stream) cudaStreamSynchronize(stream);
-    profiler.reset();
-    spa.reset();
-    for (auto& [k, g] : graphs) cudaGraphExecDestroy(g);
-    gemm.reset();
-    attn.reset();
-    for (void* w : weights) cudaFree(w);
-    if (arena) cudaFree(arena);
-    if (ev_in) cudaEventDestroy(ev_in);
-    if (ev_out) cudaEventDestroy(ev_out);
-    if (stream) cudaStreamDestroy(stream);
-  }
-
-  template <typename T>
-  T* buf(const std::string& name) const {
-    return reinterpret_cast<T*>(arena + plan.get(name).offset);
-  }
-  void bind_buffers() {
-    x_in = buf<float>("x_in"), t = buf<float>("t"), ctx_f32 = buf<float>("ctx_f32");
-    ctx_in = buf<bf16>("ctx_in"), ctx_hidden = buf<bf16>("ctx_hidden"), ctx = buf<bf16>("ctx");
-    ckv = buf<bf16>("ckv"), ck = buf<bf16>("ck");
-    sinus = buf<float>("sinus"), temb = buf<float>("temb"), e = buf<float>("e"), e_silu = buf<float>("e_silu");
-    e0 = buf<float>("e0"), rope = buf<float>("rope"), resid = buf<float>("resid");
-    t_first = buf<float>("t_first"), e_first = buf<float>("e_first"), e0_first = buf<float>("e0_first");
-    h = buf<bf16>("h"), att = buf<bf16>("att"), big = buf<bf16>("big");
-    head_out = buf<float>("head_out"), out = buf<float>("out");
-    gemm_ws = buf<void>("cublaslt_workspace"), attn_ws = buf<void>("cudnn_workspace");
-    if (plan.gemm == Gemm::Fp8) x_scale = buf<float>("fp8.x_scale");
-  }
-  // The parallel part of create(): checks the groups against each other, creates the split
-  // self-attention and binds its arena buffers (after bind_buffers).
-  void setup_parallel();
-  // cat: SelfAttention (or a sequence-parallel piece of it) or CrossAttention.
-  void run_attention(OpCat cat, const AttentionShape& sh, const AttentionArgs& a, cudaStream_t s) {
-    if (attn) attn->run(sh, a, attn_ws, attn_ws_bytes, s);
-    // FP8 for the self-attention; the text cross-attention (512 keys) stays on the bf16 own kernel, where
-    // the FP8 quantisation passes cost more than they save (B 2, H 40, 75600 x 512: 5.2 vs 2.7 ms, H100).
-    else if (opt.attention == Attention::OwnFp8 && cat == OpCat::SelfAttention)
-      OwnAttentionFp8::run(sh, a, attn_ws, attn_ws_bytes, s);
-    else OwnAttention::run(sh, a, s);
-  }
-  // The forward's GEMMs and (single-GPU / CFG-parallel) attentions, bracketed by events when profiling.
-  template <typename X, typename Wt, typename Bias, typename Y>
-  void linear_op(const X* x, const Wt* w, const Bias* bias, Y* y, int64_t M, int64_t K, int64_t N, Act act,
-                 cudaStream_t s) {
-    if (!prof) return gemm->linear(x, w, bias, y, M, K, N, act, s);
-    const size_t b = prof->mark(s);
-    gemm->linear(x, w, bias, y, M, K, N, act, s);
-    prof->spans.push_back({OpCat::Gemm, b, prof->mark(s)});
-  }
-  // A block GEMM y = act(x·wᵀ + bias): bf16, or with w_scale (DiTGemm::Fp8: w is e4m3 rows) x's rows
-  // quantised into xq (an arena view free at this point, see block()) and x_scale first; one profiled
-  // GEMM interval either way.
-  void block_linear(const bf16* x, const bf16* w, const float* w_scale, const bf16* bias, bf16* y, int64_t M,
-                    int64_t K, int64_t N, Act act, void* xq, cudaStream_t s) {
-    if (!w_scale) return linear_op(x, w, bias, y, M, K, N, act, s);
-    fp8_linear({static_cast<uint8_t*>(xq), x_scale}, x, w, w_scale, bias, y, M, K, N, act, s);
-  }
-  // The FP8 GEMM on the e4m3 rows in `in`, quantised from `from` first unless null (a LayerNorm wrote
-  // them, norm_out()); the quantisation is inside the profiled interval.
-  void fp8_linear(const Fp8Rows& in, const bf16* from, const bf16* w, const float* w_scale, const bf16* bias, bf16* y,
-                  int64_t M, int64_t K, int64_t N, Act act, cudaStream_t s) {
-    const size_t b = prof ? prof->mark(s) : 0;
-    if (from) quantize_rows_fp8(from, M, K, in.q, in.scale, s);
-    gemm->linear_fp8(in.q, in.scale, reinterpret_cast<const uint8_t*>(w), w_scale, bias, y, M, K, N, act, s);
-    if (prof) prof->spans.push_back({OpCat::Gemm, b, prof->mark(s)});
-  }
-  // DiTGemm::Fp8: the LayerNorms that feed a GEMM (norm1, norm3, norm2) quantise their rows into h's
-  // bytes and x_scale, which only that GEMM reads; otherwise they write bf16 rows to h.
-  Fp8Rows norm_out() const { return {reinterpret_cast<uint8_t*>(h), x_scale}; }
-  bool fp8() const { return x_scale != nullptr; }
-  // A LayerNorm into the next GEMM's input: `ln` is called with norm_out() or h.
-  template <typename F>
-  void norm_into_h(F&& ln) {
-    if (fp8()) ln(norm_out());
-    else ln(h);
-  }
-  // The block GEMM reading what norm_into_h wrote.
-  void linear_from_h(const bf16* w, const float* w_scale, const bf16* bias, bf16* y, int64_t M, int64_t K, int64_t N,
-                     Act act, cudaStream_t s) {
-    if (fp8()) fp8_linear(norm_out(), nullptr, w, w_scale, bias, y, M, K, N, act, s);
-    else linear_op(h, w, bias, y, M, K, N, act, s);
-  }
-  void attention_op(OpCat cat, const AttentionShape& sh, const AttentionArgs& a, cudaStream_t s) {
-    if (!prof) return run_attention(cat, sh, a, s);
-    const size_t b = prof->mark(s);
-    run_attention(cat, sh, a, s);
-    prof->spans.push_back({cat, b, prof->mark(s)});
-  }
-  // Events one profiled forward of `layers` blocks records at most: 2 around the forward, 2 per interval
-  // (10 GEMMs outside the blocks with a first-frame timestep).
-  static size_t profile_events(int layers) { return 2 + 2 * static_cast<size_t>(10 + 7 * layers + 2 * layers); }
-  // forward() after the checks; eager: run the body even when a graph exists (profile_forward).
-  void forward(int expert, const DiTShape& shape, const DiTInputs& in, float* out, cudaStream_t stream, bool eager);
-  void head_and_output(const ExpertPtrs& w, const Geometry& g, cudaStream_t s);
-
-  // The activation arena and what lives in it (bound buffers, parallel setup, GEMM runner, RoPE table):
-  // in create(), or later with Options::defer_arena. Checks the free memory first.
-  void allocate_arena();
-  // Captures and instantiates the graph of (key) without running it (warm_up).
-  void capture(const Key& key, const ExpertPtrs& w, const Geometry& g, cudaStream_t s);
-  void stage_inputs(const Geometry& g, const DiTInputs& in, cudaStream_t s);
-  void run_body(const ExpertPtrs& w, const Geometry& g, cudaStream_t s);
-  // One block; on entry h holds its norm1 output, `next` is the following block (null for the last),
-  // whose norm1 this block's last residual add computes on the way. `shared`: every sample's input is
-  // sample 0's (the first block with Geometry::share_first()): h holds sample 0's rows only, and the
-  // self-attention part runs for those and is copied to the other samples.
-  void block(const BlockPtrs& w, const BlockPtrs* next, const Geometry& g, const RopeArgs& rope_args, bool shared,
-             cudaStream_t s);
-  // This forward's time embedding rows (dit_gpu_time.cpp picks a token's row from them).
-  TimeRows time_rows(const Geometry& g) const { return {e, e0, e_first, e0_first, seq_rank * g.S}; }
-  // Modulation vector k of a block for this step's rows: m = modulation + e0 (fp32), folded into the
-  // kernel that uses it; chunk k of sample b is mod[k] + e0[b, k] (e0 of t_first for frame 0's tokens).
-  ModVec block_mod(const BlockPtrs& w, int k, const Geometry& g) const {
-    return dit_gpu_detail::block_mod(w.mod, k, g, time_rows(g));
-  }
-};
 
 void DiTGpu::Impl::stage_inputs(const Geometry& g, const DiTInputs& in, cudaStream_t s) {
   // This rank's samples [b0, b0 + B) of the global batch (all of it without CFG-parallel).
