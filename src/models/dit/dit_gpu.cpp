@@ -81,8 +81,8 @@ void DiTGpu::Impl::stage_inputs(const Geometry& g, const DiTInputs& in, cudaStre
   if (spa) spa->set_key_lengths(spa_geometry(g), s);
 }
 
-void DiTGpu::Impl::block(const BlockPtrs& w, const BlockPtrs* next, const Geometry& g, const RopeArgs& rope_args,
-                         bool shared, cudaStream_t s) {
+void DiTGpu::Impl::block(const BlockPtrs& w, const BlockPtrs* next, int index, const Geometry& g,
+                         const RopeArgs& rope_args, bool shared, cudaStream_t s) {
   const int64_t D = g.D, rows = g.rows, crow = g.B * g.TL;
   const float eps = cfg.eps;
   auto chunk = [&](int k) { return block_mod(w, k, g); };
@@ -143,6 +143,7 @@ void DiTGpu::Impl::block(const BlockPtrs& w, const BlockPtrs* next, const Geomet
   linear_from_h(w.f0_w, w.f0_s, w.f0_b, ffn, rows, D, g.F, Act::GeluTanh, s);
   block_linear(ffn, w.f2_w, w.f2_s, w.f2_b, att, rows, g.F, D, Act::None, xq_ffn2, s);
   const ModVec gate_ff = chunk(5);
+  stream_wait(index + 1, s);  // the next block's modulation, read by the fused add + norm below
   if (next)
     norm_into_h([&](auto out) {
       residual_add_layernorm_modulate(resid, att, &gate_ff, out, rows, D, block_mod(*next, 0, g),
@@ -178,13 +179,18 @@ void DiTGpu::Impl::run_body(const ExpertPtrs& w, const Geometry& g, cudaStream_t
   if (g.seq_parallel()) ra.offset = seq_rank * g.S, ra.total = g.Lpad;  // global positions of the slice (§8)
   // norm1 of the first block; every later one comes out of the previous block's last residual add
   // (shared first block: sample 0's rows only, see block())
+  stream_begin(w.expert, s);
+  stream_wait(0, s);
   if (!w.blocks.empty())
     norm_into_h([&](auto out) {
       layernorm_modulate(resid, out, g.share_first() ? g.S : rows, D, block_mod(w.blocks[0], 0, g),
                          block_mod(w.blocks[0], 1, g), cfg.eps, s);
     });
-  for (size_t i = 0; i < w.blocks.size(); ++i)
-    block(w.blocks[i], i + 1 < w.blocks.size() ? &w.blocks[i + 1] : nullptr, g, ra, g.share_first() && i == 0, s);
+  for (size_t i = 0; i < w.blocks.size(); ++i) {
+    const int b = static_cast<int>(i);
+    block(w.blocks[i], i + 1 < w.blocks.size() ? &w.blocks[i + 1] : nullptr, b, g, ra, g.share_first() && i == 0, s);
+    stream_next(w.expert, b, s);
+  }
   head_and_output(w, g, s);
 }
 
@@ -317,9 +323,18 @@ DiTGpu DiTGpu::create(const DiTConfig& cfg, const std::vector<DiTWeightSource>& 
   const dist::Layout par = opt.parallel.degrees();
   if (opt.planned)
     WAN_ASSERT(opt.planned->shape == max_shape && opt.planned->experts == n && opt.planned->parallel == par &&
-                   opt.planned->gemm == opt.gemm,
-               "DiT GPU: the given plan is for another shape, expert count, layout or GEMM kind");
-  MemoryPlan p = opt.planned ? *opt.planned : plan(cfg, max_shape, n, 0, par, opt.gemm);
+                   opt.planned->gemm == opt.gemm && opt.planned->residency == opt.residency,
+               "DiT GPU: the given plan is for another shape, expert count, layout, GEMM kind or residency");
+  MemoryPlan p = opt.planned ? *opt.planned : plan(cfg, max_shape, n, 0, par, opt.gemm, opt.residency);
+  if (opt.residency.mode != WeightResidency::Mode::Resident) {
+    WAN_CHECK(!par.active(), "DiT GPU: ", opt.residency.str(), " runs on one GPU (each rank of a parallel layout "
+              "holds its weights resident)");
+    WAN_CHECK(!opt.defer_arena, "DiT GPU: ", opt.residency.str(), " fills the weights through the arena: no deferred "
+              "arena");
+    for (const DiTWeightSource& e : experts)
+      WAN_CHECK(!e.external && !e.loader, "DiT GPU: ", opt.residency.str(), " loads its weights itself (no caller's "
+                "loader or external fill)");
+  }
   if (opt.defer_arena)
     for (const DiTWeightSource& e : experts)
       WAN_CHECK(!e.random, "DiT GPU: defer_arena needs loaded weights (random weights draw into the arena)");
@@ -335,7 +350,7 @@ DiTGpu DiTGpu::create(const DiTConfig& cfg, const std::vector<DiTWeightSource>& 
                 gib(p.reserve_bytes), " GiB reserve need ", gib(need), " GiB, but only ", gib(free_bytes),
                 " GiB is free on device ", opt.device);
     } else {
-      check_fit(cfg, max_shape, n, 0, free_bytes, opt.device, par, opt.gemm);
+      check_fit(cfg, max_shape, n, 0, free_bytes, opt.device, par, opt.gemm, opt.residency);
     }
   }
 
@@ -362,8 +377,9 @@ DiTGpu DiTGpu::create(const DiTConfig& cfg, const std::vector<DiTWeightSource>& 
   }
   if (!opt.planned) {
     CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
-    if (!opt.defer_arena) check_fit(cfg, max_shape, n, im->attn_ws_bytes, free_bytes, opt.device, par, opt.gemm);
-    p = plan(cfg, max_shape, n, im->attn_ws_bytes, par, opt.gemm);
+    if (!opt.defer_arena)
+      check_fit(cfg, max_shape, n, im->attn_ws_bytes, free_bytes, opt.device, par, opt.gemm, opt.residency);
+    p = plan(cfg, max_shape, n, im->attn_ws_bytes, par, opt.gemm, opt.residency);
   } else if (im->attn_ws_bytes > 0) {
     // The caller checked its plan without cuDNN's workspace: one comparison that it still fits with it
     // (a deferred arena is checked when it is allocated).
@@ -381,25 +397,7 @@ DiTGpu DiTGpu::create(const DiTConfig& cfg, const std::vector<DiTWeightSource>& 
   CUDA_CHECK(cudaEventCreateWithFlags(&im->ev_out, cudaEventDisableTiming));
   if (!opt.defer_arena) im->allocate_arena();
 
-  for (int i = 0; i < n; ++i) {
-    void* w = nullptr;
-    CUDA_CHECK(cudaMalloc(&w, im->table.bytes));
-    im->weights.push_back(w);
-    if (experts[i].external) {
-      // filled by the caller (weight_allocation)
-    } else if (experts[i].random) {
-      const size_t scratch = p.get("big").bytes / 4;  // free until the first forward
-      WAN_ASSERT(dit_gpu_detail::max_small_floats(im->table) <= scratch, "random weight scratch");
-      dit_gpu_detail::draw_random_weights(im->table, w, experts[i].seed, reinterpret_cast<float*>(im->big), scratch,
-                                          im->stream, experts[i].merge);
-      dit_gpu_detail::apply_weight_merges(im->table, w, experts[i].merge, im->stream);
-    } else {
-      const DiTWeightSource& src = experts[i];
-      WAN_WITH_CONTEXT(cat("DiT expert ", i), dit_gpu_detail::upload_weights(im->table, w, src.get, "DiT", src.span,
-                                                                             src.loader, src.group, src.merge));
-    }
-    im->ptrs.push_back(resolve(im->table, w, cfg.num_layers));
-  }
+  im->place_weights(experts);
   CUDA_CHECK(cudaStreamSynchronize(im->stream));
   return DiTGpu(std::move(im));
 }
@@ -440,6 +438,7 @@ void DiTGpu::Impl::forward(int expert, const DiTShape& shape, const DiTInputs& i
   m.stage_inputs(g, in, s);
   const Impl::Key key = Impl::key_of(expert, shape, g);
   const ExpertPtrs& w = m.ptrs[static_cast<size_t>(expert)];
+  m.swap_in(expert, s);
   if (!eager && m.opt.use_graphs && m.warmed.count(key)) {
     auto it = m.graphs.find(key);
     if (it == m.graphs.end()) {
@@ -538,21 +537,23 @@ DiTGpu::Gemm DiTGpu::gemm() const { return impl_->opt.gemm; }
 
 const MemoryPlan& DiTGpu::memory_plan() const { return impl_->plan; }
 const DiTConfig& DiTGpu::config() const { return impl_->cfg; }
-int DiTGpu::experts() const { return static_cast<int>(impl_->weights.size()); }
+int DiTGpu::experts() const { return static_cast<int>(impl_->ptrs.size()); }
 void DiTGpu::set_use_graphs(bool on) { impl_->opt.use_graphs = on; }
 size_t DiTGpu::graphs_captured() const { return impl_->graphs.size(); }
 
 Tensor DiTGpu::download_weight(int expert, const std::string& official_name) const {
   const Impl& m = *impl_;
-  WAN_CHECK(expert >= 0 && expert < static_cast<int>(m.weights.size()), "DiT GPU: expert ", expert, " of ",
-            m.weights.size());
+  WAN_CHECK(expert >= 0 && expert < static_cast<int>(m.ptrs.size()), "DiT GPU: expert ", expert, " of ",
+            m.ptrs.size());
   CUDA_CHECK(cudaSetDevice(m.opt.device));
   CUDA_CHECK(cudaStreamSynchronize(m.stream));
-  return dit_gpu_detail::download_weight(m.table, m.weights[static_cast<size_t>(expert)], official_name);
+  return m.download(expert, official_name);
 }
 
 void* DiTGpu::weight_allocation(int expert, size_t* bytes) const {
   const Impl& m = *impl_;
+  WAN_CHECK(!m.res, "DiT GPU: the weight allocation of an expert is there only with resident weights (this DiT "
+            "runs with ", m.plan.residency.str(), ")");
   WAN_CHECK(expert >= 0 && expert < static_cast<int>(m.weights.size()), "DiT GPU: expert ", expert, " of ",
             m.weights.size());
   if (bytes) *bytes = m.table.bytes;

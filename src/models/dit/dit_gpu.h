@@ -157,6 +157,26 @@ SeqSplit seq_split(int64_t tokens, int seq_ranks);
 // (GemmRunner::linear_fp8). Biases, norms, modulation, embeddings and the head stay as in Bf16.
 enum class DiTGemm : uint8_t { Bf16, Fp8 };
 
+// Where the experts' weights live while the DiT runs (issue 27's low-memory mode; Options::residency,
+// MemoryPlan::residency). Every mode runs the same kernels on the same weight bytes, so the outputs are
+// bit-identical to Resident's; the modes trade device memory for PCIe copies:
+//   Resident      every expert's weights on the device (the default, fastest).
+//   SwapExperts   one expert's weights on the device; every expert waits in pinned host memory and is
+//                 copied in (one transfer of the whole allocation) when a forward of it follows another's.
+//   StreamBlocks  each expert's weights outside the blocks on the device; the blocks stream from pinned
+//                 host memory through a ring of `slots` device buffers on a copy stream (inside the CUDA
+//                 graph): block i + slots is copied once block i is done, while the blocks between run.
+struct WeightResidency {
+  enum class Mode : uint8_t { Resident, SwapExperts, StreamBlocks };
+  Mode mode = Mode::Resident;
+  int slots = 0;  // StreamBlocks: >= 2 (block i's last residual add reads block i + 1's modulation)
+  static WeightResidency resident() { return {}; }
+  static WeightResidency swap() { return {Mode::SwapExperts, 0}; }
+  static WeightResidency stream(int slots) { return {Mode::StreamBlocks, slots}; }
+  bool operator==(const WeightResidency&) const = default;
+  std::string str() const;  // "resident" | "expert swap" | "block streaming (3 slots)"
+};
+
 // The arena layout of one (config, shape): every buffer's byte offset and size. Views alias a region
 // whose live ranges never overlap (e.g. the FFN hidden reuses the QKV region).
 struct MemoryPlan {
@@ -173,7 +193,16 @@ struct MemoryPlan {
   size_t arena_bytes = 0;   // activations + workspaces
   size_t weight_bytes = 0;  // one expert
   size_t reserve_bytes = 0; // headroom kept free for handles, kernels and graphs
-  size_t total_bytes() const { return arena_bytes + weight_bytes * static_cast<size_t>(experts) + reserve_bytes; }
+  WeightResidency residency;
+  size_t block_bytes = 0;     // the largest block's weights (a StreamBlocks slot)
+  size_t nonblock_bytes = 0;  // one expert's weights outside the blocks (StreamBlocks keeps them on the device)
+  int layers = 0;             // blocks per expert (no more slots than blocks)
+  // The experts' weights on the device: all of them (Resident), one expert (SwapExperts), or every
+  // expert's non-block weights plus the slots (StreamBlocks).
+  size_t device_weight_bytes() const;
+  // Pinned host memory the residency holds: one whole expert allocation per expert unless Resident.
+  size_t host_weight_bytes() const;
+  size_t total_bytes() const { return arena_bytes + device_weight_bytes() + reserve_bytes; }
   const Buffer& get(const std::string& name) const;  // throws wan::Error for an unknown name
   std::string str() const;                           // the table in MiB
 };
@@ -234,6 +263,10 @@ class DiTGpu {
     // memory plan): create() then skips its own fit check and only allocates, extending that plan by
     // the attention workspace it finds. Null: create() plans and checks itself.
     std::shared_ptr<const MemoryPlan> planned;
+    // Where the weights live (issue 27). Not Resident: the weights are loaded or drawn through the device
+    // in windows (the arena, or the slots when larger) into pinned host memory; needs loaded or random
+    // weights without a caller's loader, an external fill or defer_arena, and one GPU.
+    WeightResidency residency;
     // Parallel forward: the groups this rank belongs to, owned by the caller (src/runtime/dist
     // implements them with NCCL) and alive as long as the DiTGpu. Null = degree 1. Ranks are laid out
     // as rank = (cfg rank·ring + ring rank)·ulysses + Ulysses rank: `seq` is the group of the
@@ -275,7 +308,10 @@ class DiTGpu {
   // `gemm`: Fp8 counts the e4m3 block weights (1 byte per element + 4 per output row) and the
   // quantised GEMM inputs (views of the arena where their live ranges allow, see dit_gpu_plan.cpp).
   static MemoryPlan plan(const DiTConfig& cfg, const DiTShape& shape, int experts, size_t attn_workspace = 0,
-                         const dist::Layout& par = {}, Gemm gemm = Gemm::Bf16);
+                         const dist::Layout& par = {}, Gemm gemm = Gemm::Bf16, WeightResidency residency = {});
+  // The residencies a budget is tried with, cheapest first: Resident, SwapExperts (more than one
+  // expert), StreamBlocks with 3 slots (copies fully hidden behind two blocks of compute), then 2.
+  static std::vector<WeightResidency> residencies(int experts);
 
   DiTGpu(DiTGpu&&) noexcept;
   DiTGpu& operator=(DiTGpu&&) noexcept;
@@ -303,11 +339,12 @@ class DiTGpu {
   int experts() const;
   void set_use_graphs(bool on);   // off: every forward runs eagerly (for tests and profiling)
   size_t graphs_captured() const; // distinct (expert, shape) graphs instantiated so far
-  // A copy of one weight as stored on the device, converted to an F32 host tensor with its official
-  // shape (for CPU references of random-weight models); an e4m3 weight comes back dequantised.
+  // A copy of one weight as stored (on the device, or in the residency's host memory), converted to an
+  // F32 host tensor with its official shape (for CPU references of random-weight models); an e4m3 weight
+  // comes back dequantised.
   Tensor download_weight(int expert, const std::string& official_name) const;
   // Expert `expert`'s weight allocation (laid out as weights_gpu.h's DeviceTable) and its size in
-  // *bytes: for filling an external source and for collectives over the weights.
+  // *bytes: for filling an external source and for collectives over the weights. Resident only.
   void* weight_allocation(int expert, size_t* bytes = nullptr) const;
 
   // Sharded loading (pipeline/generate_parallel.h), without the internal weight table:

@@ -11,6 +11,8 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "kernels/attention_cudnn.h"  // AttentionShape
@@ -64,7 +66,7 @@ std::string gib(size_t bytes);  // "12.34" (GiB, two decimals)
 
 // Throws when the plan of (shape, experts) does not fit `free_bytes`, naming the frames that would.
 void check_fit(const DiTConfig& cfg, const DiTShape& shape, int experts, size_t attn_ws, size_t free_bytes,
-               int device, const dist::Layout& par = {}, DiTGemm gemm = DiTGemm::Bf16);
+               int device, const dist::Layout& par = {}, DiTGemm gemm = DiTGemm::Bf16, WeightResidency res = {});
 // `p` (a plan without cuDNN's workspace) with the workspace: plan() adds it last, so no other buffer
 // moves and the result equals plan(..., attn_ws, ...).
 MemoryPlan with_attention_workspace(MemoryPlan p, size_t attn_ws);
@@ -93,8 +95,24 @@ struct BlockPtrs {
 };
 struct TimeMlp;
 struct ExpertPtrs;
-// Resolves every pointer once from the table (checks that fused weights and scales are contiguous).
+// Resolves every pointer once from the table (checks that fused weights and scales are contiguous):
+// base + the tensor's offset, or addr(offset) (the residency's mapping, dit_gpu_residency.cpp).
 ExpertPtrs resolve(const DeviceTable& t, const void* base, int layers);
+ExpertPtrs resolve(const DeviceTable& t, const std::function<const char*(size_t offset)>& addr, int layers);
+
+// Where the blocks lie in an expert's allocation: block i's tensors (e4m3 scales included) fill
+// [blocks[i].first, blocks[i].second), ascending and disjoint, each starting on a group boundary; every
+// other tensor lies outside [begin, end) (before: the embeddings and time MLP; after: the head).
+struct BlockLayout {
+  std::vector<std::pair<size_t, size_t>> blocks;
+  size_t begin = 0, end = 0;
+  size_t max_block = 0;  // the largest block's bytes
+  size_t nonblock(size_t total) const { return begin + (total - end); }
+};
+BlockLayout block_layout(const DeviceTable& t, int layers);
+// The entries of t that start in one of `ranges` ({begin, end, new offset of begin}), moved with their
+// scales: a table for filling or reading just those bytes at other addresses. bytes = the last range's end.
+DeviceTable sub_table(const DeviceTable& t, const std::vector<std::tuple<size_t, size_t, size_t>>& ranges);
 
 // ---- the time side of the forward (dit_gpu_time.cpp; spec §2.4, §2.7, §2.9, §7.5.3) ----
 // One expert's fp32 time MLP and projection: time_embedding.0 [D, FQ], [D]; .2 [D, D], [D];
@@ -108,6 +126,7 @@ struct ExpertPtrs {
   TimeMlp time;                                               // fp32 time MLP and projection
   std::vector<BlockPtrs> blocks;
   const float *hmod, *head_w, *head_b;                        // [2D], [OP, D], [OP]
+  int expert = 0;  // its index in the DiT (the residency's copies read that expert's host memory)
 };
 // A forward's time embedding on the device: e [B, D] and e0 [B, 6D] of t, e_first and e0_first of t_first
 // (read only with Geometry::first_frame); token0: the sequence index of this rank's first row of a sample.

@@ -27,6 +27,25 @@ namespace wan::cuda {
 using dit_gpu_detail::DeviceTable;
 using namespace dit_gpu_detail;  // Geometry, geometry(), the arena constants (dit_gpu_geometry.h)
 
+// The weights' residency when not Resident (dit_gpu_residency.cpp): pinned host copies of every expert,
+// the device slots and the copy stream of StreamBlocks, which expert SwapExperts has on the device.
+struct ResidencyState {
+  BlockLayout layout;
+  std::vector<char*> host;  // one whole allocation image per expert (StreamBlocks: its blocks' bytes)
+  DeviceTable nonblock;     // StreamBlocks: the non-block tensors, compacted (each expert's device allocation)
+  char* slots = nullptr;    // StreamBlocks: `count` slots of slot_bytes
+  size_t slot_bytes = 0;
+  int count = 0;
+  cudaStream_t copy = nullptr;
+  cudaEvent_t fork = nullptr;
+  std::vector<cudaEvent_t> loaded, freed;  // per slot
+  int on_device = -1;       // SwapExperts: whose weights the device allocation holds
+  ResidencyState() = default;
+  ResidencyState(const ResidencyState&) = delete;
+  ResidencyState& operator=(const ResidencyState&) = delete;
+  ~ResidencyState();
+};
+
 struct DiTGpu::Impl {
   DiTConfig cfg;
   DiTShape max_shape;
@@ -34,7 +53,8 @@ struct DiTGpu::Impl {
   Options opt;
   MemoryPlan plan;
   DeviceTable table;
-  std::vector<void*> weights;  // one allocation per expert
+  std::vector<void*> weights;  // Resident / StreamBlocks: one allocation per expert; SwapExperts: one
+  std::unique_ptr<ResidencyState> res;  // null when Resident
   std::vector<ExpertPtrs> ptrs;
   char* arena = nullptr;
   size_t attn_ws_bytes = 0;
@@ -98,6 +118,7 @@ struct DiTGpu::Impl {
     if (stream) cudaStreamSynchronize(stream);
     profiler.reset();
     spa.reset();
+    res.reset();
     for (auto& [k, g] : graphs) cudaGraphExecDestroy(g);
     gemm.reset();
     attn.reset();
@@ -194,6 +215,22 @@ struct DiTGpu::Impl {
   // The activation arena and what lives in it (bound buffers, parallel setup, GEMM runner, RoPE table):
   // in create(), or later with Options::defer_arena. Checks the free memory first.
   void allocate_arena();
+  // ---- the weights' residency (dit_gpu_residency.cpp) ----
+  // create()'s weight part: the allocations of plan.residency, filled from `experts`; ptrs resolved.
+  void place_weights(const std::vector<DiTWeightSource>& experts);
+  bool streaming() const { return res && res->count > 0; }
+  // StreamBlocks (no-ops otherwise): the copy stream forks from s and copies the first blocks; s waits
+  // until block `block` is in its slot; block `block` is done, so its slot takes block + slots.
+  void stream_begin(int expert, cudaStream_t s);
+  void stream_wait(int block, cudaStream_t s) {
+    if (streaming() && block < cfg.num_layers)
+      CUDA_CHECK(cudaStreamWaitEvent(s, res->loaded[static_cast<size_t>(block % res->count)], 0));
+  }
+  void stream_next(int expert, int block, cudaStream_t s);
+  // SwapExperts: copies `expert`'s weights onto the device unless they are there (before a forward).
+  void swap_in(int expert, cudaStream_t s);
+  Tensor download(int expert, const std::string& name) const;
+
   // Captures and instantiates the graph of (key) without running it (warm_up).
   void capture(const Key& key, const ExpertPtrs& w, const Geometry& g, cudaStream_t s);
   void stage_inputs(const Geometry& g, const DiTInputs& in, cudaStream_t s);
@@ -202,8 +239,9 @@ struct DiTGpu::Impl {
   // whose norm1 this block's last residual add computes on the way. `shared`: every sample's input is
   // sample 0's (the first block with Geometry::share_first()): h holds sample 0's rows only, and the
   // self-attention part runs for those and is copied to the other samples.
-  void block(const BlockPtrs& w, const BlockPtrs* next, const Geometry& g, const RopeArgs& rope_args, bool shared,
-             cudaStream_t s);
+  // `index`: the block's place (the streamed weights' waits).
+  void block(const BlockPtrs& w, const BlockPtrs* next, int index, const Geometry& g, const RopeArgs& rope_args,
+             bool shared, cudaStream_t s);
   // This forward's time embedding rows (dit_gpu_time.cpp picks a token's row from them).
   TimeRows time_rows(const Geometry& g) const { return {e, e0, e_first, e0_first, seq_rank * g.S}; }
   // Modulation vector k of a block for this step's rows: m = modulation + e0 (fp32), folded into the

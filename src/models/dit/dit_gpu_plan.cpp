@@ -116,14 +116,14 @@ std::string gib(size_t b) {
 }
 
 void check_fit(const DiTConfig& cfg, const DiTShape& shape, int experts, size_t attn_ws, size_t free_bytes,
-               int device, const dist::Layout& par, DiTGemm gemm) {
-  const MemoryPlan p = DiTGpu::plan(cfg, shape, experts, attn_ws, par, gemm);
+               int device, const dist::Layout& par, DiTGemm gemm, WeightResidency res) {
+  const MemoryPlan p = DiTGpu::plan(cfg, shape, experts, attn_ws, par, gemm, res);
   if (p.total_bytes() <= free_bytes) return;
   const int64_t pt = cfg.patch[0];
   auto fits = [&](int64_t frames) {
     DiTShape s = shape;
     s.frames = frames;
-    return DiTGpu::plan(cfg, s, experts, attn_ws, par, gemm).total_bytes() <= free_bytes;
+    return DiTGpu::plan(cfg, s, experts, attn_ws, par, gemm, res).total_bytes() <= free_bytes;
   };
   // Largest multiple of pt below the request that fits (the plan grows with the frames).
   int64_t lo = 0, hi = shape.frames / pt;  // fits(lo·pt) unknown for lo = 0 (means none), !fits(hi·pt)
@@ -139,9 +139,9 @@ void check_fit(const DiTConfig& cfg, const DiTShape& shape, int experts, size_t 
   else
     what_fits = cat("; not even one latent frame fits at latent ", shape.height, "x", shape.width, ", batch ",
                     shape.batch, " (the weights alone take ",
-                    gib(p.weight_bytes * static_cast<size_t>(experts)), " GiB)");
-  WAN_THROW("DiT GPU memory plan does not fit device ", device, ": ", experts, " expert(s) x ", gib(p.weight_bytes),
-            " GiB weights + ", gib(p.arena_bytes), " GiB activations (batch ", shape.batch, ", latent ", shape.frames,
+                    gib(p.device_weight_bytes()), " GiB)");
+  WAN_THROW("DiT GPU memory plan does not fit device ", device, ": ", gib(p.device_weight_bytes()),
+            " GiB weights (", experts, " expert(s), ", res.str(), ") + ", gib(p.arena_bytes), " GiB activations (batch ", shape.batch, ", latent ", shape.frames,
             "x", shape.height, "x", shape.width, ") + ", gib(p.reserve_bytes), " GiB reserve = ", gib(p.total_bytes()),
             " GiB, but only ", gib(free_bytes), " GiB is free", what_fits);
 }
@@ -187,10 +187,16 @@ std::string MemoryPlan::str() const {
     s += line;
   }
   std::snprintf(line, sizeof line,
-                "  arena %.2f MiB + weights %d x %.2f MiB + reserve %.2f MiB = %.2f MiB (%.2f GiB)\n",
-                arena_bytes / kMiB, experts, weight_bytes / kMiB, reserve_bytes / kMiB, total_bytes() / kMiB,
-                total_bytes() / kMiB / 1024.0);
+                "  arena %.2f MiB + weights %.2f MiB (%d expert(s) x %.2f MiB, %s) + reserve %.2f MiB = %.2f MiB "
+                "(%.2f GiB)\n",
+                arena_bytes / kMiB, device_weight_bytes() / kMiB, experts, weight_bytes / kMiB, residency.str().c_str(),
+                reserve_bytes / kMiB, total_bytes() / kMiB, total_bytes() / kMiB / 1024.0);
   s += line;
+  if (host_weight_bytes() > 0) {
+    std::snprintf(line, sizeof line, "  pinned host memory: %.2f GiB (every expert's weights)\n",
+                  host_weight_bytes() / kMiB / 1024.0);
+    s += line;
+  }
   return s;
 }
 
@@ -210,9 +216,43 @@ dist::Layout DiTGpu::Options::Parallel::degrees() const {
   return d;
 }
 
+std::string WeightResidency::str() const {
+  switch (mode) {
+    case Mode::Resident: return "resident";
+    case Mode::SwapExperts: return "expert swap";
+    case Mode::StreamBlocks: return cat("block streaming (", slots, " slots)");
+  }
+  return "?";
+}
+
+size_t MemoryPlan::device_weight_bytes() const {
+  const size_t n = static_cast<size_t>(experts);
+  switch (residency.mode) {
+    case WeightResidency::Mode::Resident: return weight_bytes * n;
+    case WeightResidency::Mode::SwapExperts: return weight_bytes;
+    case WeightResidency::Mode::StreamBlocks:
+      return nonblock_bytes * n + block_bytes * static_cast<size_t>(std::min(residency.slots, layers));
+  }
+  return 0;
+}
+
+size_t MemoryPlan::host_weight_bytes() const {
+  return residency.mode == WeightResidency::Mode::Resident ? 0 : weight_bytes * static_cast<size_t>(experts);
+}
+
+std::vector<WeightResidency> DiTGpu::residencies(int experts) {
+  std::vector<WeightResidency> v{WeightResidency::resident()};
+  if (experts > 1) v.push_back(WeightResidency::swap());
+  v.push_back(WeightResidency::stream(3));
+  v.push_back(WeightResidency::stream(2));
+  return v;
+}
+
 MemoryPlan DiTGpu::plan(const DiTConfig& cfg, const DiTShape& shape, int experts, size_t attn_workspace,
-                        const dist::Layout& par, Gemm gemm) {
+                        const dist::Layout& par, Gemm gemm, WeightResidency residency) {
   WAN_CHECK(experts >= 1, "DiT GPU: at least one expert");
+  WAN_CHECK(residency.mode != WeightResidency::Mode::StreamBlocks || residency.slots >= 2,
+            "DiT GPU: block streaming needs at least 2 slots, got ", residency.slots);
   const DeviceTable wt = dit_gpu_detail::build_weight_table(cfg, gemm);  // also checks the config
   const Geometry g = geometry(cfg, shape, par);
   const bool fp8 = gemm == Gemm::Fp8;
@@ -223,6 +263,11 @@ MemoryPlan DiTGpu::plan(const DiTConfig& cfg, const DiTShape& shape, int experts
   p.experts = experts;
   p.weight_bytes = wt.bytes;
   p.reserve_bytes = kReserveBytes;
+  p.residency = residency;
+  p.layers = cfg.num_layers;
+  const dit_gpu_detail::BlockLayout bl = dit_gpu_detail::block_layout(wt, cfg.num_layers);
+  p.block_bytes = dit_gpu_detail::align_up(bl.max_block);
+  p.nonblock_bytes = bl.nonblock(wt.bytes);
   PlanBuilder a(p);
   const size_t f4 = 4, b2 = 2;
   const size_t rows = static_cast<size_t>(g.rows), D = static_cast<size_t>(g.D);

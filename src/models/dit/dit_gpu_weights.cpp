@@ -3,6 +3,8 @@
 // Invariant: fused GEMMs (q|k|v, cross k|v) read consecutive weights, biases and (e4m3) row scales; resolve
 // checks it on the table rather than trusting the placement.
 #include <algorithm>
+#include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -27,12 +29,17 @@ DeviceTable build_weight_table(const DiTConfig& c, DiTGemm gemm) {
 }
 
 ExpertPtrs resolve(const DeviceTable& t, const void* base, int layers) {
-  auto at = [&](const std::string& n) { return static_cast<const char*>(base) + t.at(n).offset; };
+  const char* b = static_cast<const char*>(base);
+  return resolve(t, [b](size_t offset) { return b + offset; }, layers);
+}
+
+ExpertPtrs resolve(const DeviceTable& t, const std::function<const char*(size_t offset)>& addr, int layers) {
+  auto at = [&](const std::string& n) { return addr(t.at(n).offset); };
   auto b = [&](const std::string& n) { return reinterpret_cast<const bf16*>(at(n)); };
   auto f = [&](const std::string& n) { return reinterpret_cast<const float*>(at(n)); };
   auto sc = [&](const std::string& n) -> const float* {
     const DeviceEntry& e = t.at(n);
-    return e.fp8() ? reinterpret_cast<const float*>(static_cast<const char*>(base) + e.scale_offset) : nullptr;
+    return e.fp8() ? reinterpret_cast<const float*>(addr(e.scale_offset)) : nullptr;
   };
   // b of `next` follows a, `times` entries of a's size later (weights and, for e4m3, their scales).
   auto follows = [&](const std::string& a, const std::string& next, int times) {
@@ -75,6 +82,55 @@ ExpertPtrs resolve(const DeviceTable& t, const void* base, int layers) {
   }
   e.hmod = f("head.modulation"), e.head_w = f("head.head.weight"), e.head_b = f("head.head.bias");
   return e;
+}
+
+namespace {
+size_t extent_end(const DeviceEntry& e) {
+  return e.fp8() ? std::max(e.offset + e.bytes, e.scale_offset + static_cast<size_t>(e.rows()) * 4)
+                 : e.offset + e.bytes;
+}
+}  // namespace
+
+BlockLayout block_layout(const DeviceTable& t, int layers) {
+  BlockLayout l;
+  l.blocks.assign(static_cast<size_t>(layers), {SIZE_MAX, 0});
+  for (const DeviceEntry& e : t.entries) {
+    if (e.name.rfind("blocks.", 0) != 0) continue;
+    const int i = std::stoi(e.name.substr(7));
+    WAN_ASSERT(i >= 0 && i < layers, "block layout: ", e.name, " outside ", layers, " blocks");
+    auto& [b, end] = l.blocks[static_cast<size_t>(i)];
+    b = std::min(b, e.offset);
+    end = std::max(end, extent_end(e));
+  }
+  for (size_t i = 0; i < l.blocks.size(); ++i) {
+    const auto& [b, e] = l.blocks[i];
+    WAN_ASSERT(e > b && b % kGroupAlign == 0 && (i == 0 || b >= l.blocks[i - 1].second),
+               "block layout: block ", i, " is not one aligned range after the previous one");
+    l.max_block = std::max(l.max_block, e - b);
+  }
+  l.begin = l.blocks.empty() ? 0 : l.blocks.front().first;
+  l.end = l.blocks.empty() ? 0 : l.blocks.back().second;
+  for (const DeviceEntry& e : t.entries)
+    WAN_ASSERT(e.name.rfind("blocks.", 0) == 0 || extent_end(e) <= l.begin || e.offset >= l.end,
+               "block layout: ", e.name, " lies among the blocks");
+  return l;
+}
+
+DeviceTable sub_table(const DeviceTable& t, const std::vector<std::tuple<size_t, size_t, size_t>>& ranges) {
+  DeviceTable s;
+  for (const auto& [b, e, to] : ranges) {
+    for (const DeviceEntry& d : t.entries) {
+      if (d.offset < b || d.offset >= e) continue;
+      WAN_ASSERT(extent_end(d) <= e, "sub-table: ", d.name, " runs past its range");
+      DeviceEntry m = d;
+      m.offset = d.offset - b + to;
+      if (d.fp8()) m.scale_offset = d.scale_offset - b + to;
+      s.index[m.name] = s.entries.size();
+      s.entries.push_back(std::move(m));
+    }
+    s.bytes = std::max(s.bytes, e - b + to);
+  }
+  return s;
 }
 
 }  // namespace dit_gpu_detail
