@@ -2,6 +2,10 @@
 // GenerateOptions (see commands.h). Defaults in the tables are documentation where the pipeline decides.
 #include "api/commands.h"
 
+#include <cmath>
+#include <cstdlib>
+#include <utility>
+
 #include "formats/video.h"
 #include "models/config.h"
 #include "sampler/presets.h"
@@ -169,6 +173,7 @@ std::vector<Option> generate_options_table() {
   att.choices = {"auto", "own", "cudnn", "own-fp8"};
   t.push_back(att);
   add_gemm_rows(t);
+  add_memory_budget_rows(t);
   Option gpus =
       option("gpus", Kind::String, "N", "",
              "run on several GPUs (one rank per GPU; implies --device cuda). Also one process per GPU started "
@@ -366,6 +371,46 @@ void add_gemm_rows(std::vector<Option>& t) {
   t.push_back(precision);
 }
 
+int64_t parse_memory_size(const std::string& s, const std::string& key) {
+  char* end = nullptr;
+  const double x = std::strtod(s.c_str(), &end);
+  std::string unit = end ? std::string(end) : "";
+  if (!unit.empty() && unit.front() == ' ') unit.erase(0, 1);
+  double scale = 0;
+  const std::pair<const char*, double> units[] = {
+      {"", 1},         {"B", 1},          {"K", 1024.0},     {"KiB", 1024.0},  {"M", 1048576.0}, {"MiB", 1048576.0},
+      {"G", 1073741824.0}, {"GiB", 1073741824.0}, {"T", 1099511627776.0}, {"TiB", 1099511627776.0}, {"kB", 1e3},
+      {"KB", 1e3},     {"MB", 1e6},       {"GB", 1e9},       {"TB", 1e12}};
+  for (const auto& [u, f] : units)
+    if (unit == u) scale = f;
+  const double bytes = x * scale;
+  if (s.empty() || end == s.c_str() || scale == 0 || !std::isfinite(bytes) || bytes < 1 || bytes > 9e18)
+    throw OptionError(key, cat("{}: expected a size such as 24GiB, 24G, 16000MiB or 24GB, got '", s, "'"));
+  return static_cast<int64_t>(bytes);
+}
+
+void add_memory_budget_rows(std::vector<Option>& t) {
+  Option dev = option("memory-budget", Kind::String, "SIZE", "the device's free memory",
+                      "cuda, one GPU: the device memory the run may use, e.g. 24GiB. The plan keeps both experts "
+                      "resident when they fit, else one expert at a time (swapped from pinned host memory at the "
+                      "boundary), else streams the DiT blocks from pinned host memory while the others compute "
+                      "(same latents, bit for bit); --verbose prints the choice. A budget nothing fits is refused, "
+                      "naming the smallest that works");
+  dev.check = [](const std::string& s) {
+    (void)parse_memory_size(s, "memory-budget");
+    return std::string();
+  };
+  t.push_back(dev);
+  Option host = option("host-memory-budget", Kind::String, "SIZE", "the machine's memory",
+                       "the pinned host memory the --memory-budget plan may hold for the experts' weights (swapped "
+                       "or streamed); a plan that needs more is not chosen");
+  host.check = [](const std::string& s) {
+    (void)parse_memory_size(s, "host-memory-budget");
+    return std::string();
+  };
+  t.push_back(host);
+}
+
 std::string gemm_from(const Values& v) {
   const std::string precision = v.str("precision"), gemm = v.str("gemm");
   const std::string from_precision = precision == "fp8" ? "fp8" : "bf16";
@@ -429,6 +474,8 @@ GenerateOptions generate_options(const Values& v, ParallelArgs* parallel) {
   o.config = v.get_or("config", "");
   if (v.has("layers")) o.layers = static_cast<int>(v.get_int("layers", 0));
   o.keep_text_encoder = v.flag("keep-text-encoder");
+  if (auto b = v.get("memory-budget")) o.memory_budget = parse_memory_size(*b, "memory-budget");
+  if (auto b = v.get("host-memory-budget")) o.host_memory_budget = parse_memory_size(*b, "host-memory-budget");
   o.resume_file = v.get_or("resume", "");
   if (v.has("resume") && o.resume_file.empty()) throw OptionError("resume", "{}: empty file name");
   if (v.has("stop-after-steps")) o.stop_after_steps = static_cast<int>(v.get_int("stop-after-steps", 0));

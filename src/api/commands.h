@@ -30,6 +30,12 @@ std::string gemm_from(const Values& v);
 std::string attention_from(const Values& v);
 extern const char* const kPrecisionFp8Note;
 
+// --memory-budget SIZE and --host-memory-budget SIZE (generate, bench, serve: issue 27's low-memory
+// mode): their rows, and the bytes of a SIZE ("24GiB", "24G" and "24000MiB" are binary; "24GB" decimal;
+// a bare number is bytes). Throws OptionError naming `key` for anything else, or 0.
+void add_memory_budget_rows(std::vector<Option>& t);
+int64_t parse_memory_size(const std::string& s, const std::string& key);
+
 // A generate request's options as the pipeline takes them; `parallel` receives the multi-GPU options
 // as given (parse_parallel_request checks them with the launcher's environment). Throws OptionError.
 GenerateOptions generate_options(const Values& v, ParallelArgs* parallel);

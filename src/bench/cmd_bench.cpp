@@ -33,6 +33,7 @@
 #include "pipeline/files.h"
 
 #include "runtime/dist/parallel_layout.h"
+#include "runtime/memory_plan.h"
 
 #ifdef WAN_HAVE_CUDA
 #include "kernels/check.h"
@@ -61,6 +62,9 @@ struct BenchSettings {
   bool graphs = true, breakdown = true, verbose = false, one_latent = true, error_vs_exact = false;
   bool first_frame_t = false;  // TI2V image mode: latent frame 0's tokens at t_first = 0 (DiTShape::first_frame_t)
   std::string json_path, attention_name, gemm;  // gemm: "bf16" | "fp8" (api::gemm_from)
+  // --memory-budget: the task's experts (2 for A14B, as a generation holds them) with the fastest weight
+  // residency whose plan fits it (0: one expert, resident).
+  int64_t memory_budget = 0;
 };
 
 BenchSettings parse_settings(const api::Values& args) {
@@ -83,6 +87,8 @@ BenchSettings parse_settings(const api::Values& args) {
   if (!o.json_path.empty()) check_output_path(o.json_path, "--json");  // before any work
   o.attention_name = api::attention_from(args);
   o.gemm = api::gemm_from(args);
+  if (auto b = args.get("memory-budget")) o.memory_budget = api::parse_memory_size(*b, "memory-budget");
+  if (o.memory_budget > 0 && o.breakdown) o.breakdown = false;  // the isolated ops hold their own weights
   if (args.str("precision") == "fp8") printf("%s\n", api::kPrecisionFp8Note);
   if (o.gemm == "fp8" || o.attention_name == "own-fp8") o.breakdown = false;  // its isolated ops run bf16
   return o;
@@ -307,6 +313,8 @@ struct StepRig {
   const char* attention_used = "";
   cuda::DiTShape shape;
   int target_layers = 0;
+  int experts = 1;
+  cuda::WeightResidency residency;  // --memory-budget's choice
 };
 
 StepRig setup_device(const BenchSettings& o) {
@@ -321,6 +329,30 @@ StepRig setup_device(const BenchSettings& o) {
             " has no FP8 GEMMs through cuBLASLt (they need an sm_90 GPU)");
   r.shape = step_shape(o);
   r.target_layers = o.full.num_layers;
+  if (o.memory_budget > 0) {
+    WAN_CHECK(o.layer_counts.size() == 1, "wan bench --memory-budget: one --layers count");
+    r.experts = task_from_name(o.task) == Task::TI2V_5B ? 1 : 2;  // A14B: both experts, as a generation holds them
+    const size_t budget = static_cast<size_t>(o.memory_budget);
+    WAN_CHECK(budget <= r.bd.total_bytes, "wan bench --memory-budget ", memory_str(budget), " is more than device ",
+              r.dev, "'s ", memory_str(r.bd.total_bytes));
+    DiTConfig c = o.full;
+    c.num_layers = o.layer_counts.front();
+    size_t smallest = SIZE_MAX;
+    bool found = false;
+    for (const WeightResidency& w : DiTGpu::residencies(r.experts)) {
+      const size_t need = DiTGpu::plan(c, r.shape, r.experts, 0, {}, DiTGpu::parse_gemm(o.gemm), w).total_bytes();
+      smallest = std::min(smallest, need);
+      if (need <= budget) {
+        r.residency = w;
+        found = true;
+        break;
+      }
+    }
+    WAN_CHECK(found, "wan bench --memory-budget ", memory_str(budget), ": no weight residency fits (the smallest "
+              "plan needs ", memory_str(smallest), ")");
+    printf("memory budget %s: %d expert(s), weights %s\n", memory_str(budget).c_str(), r.experts,
+           r.residency.str().c_str());
+  }
   return r;
 }
 
@@ -377,7 +409,11 @@ nlohmann::json run_json(const cuda::ForwardTiming& r, int n, long long warmup) {
             {"reserve_bytes", r.plan.reserve_bytes},
             {"total_bytes", r.plan.total_bytes()}}},
           {"device_used_before_bytes", r.device_used_before},
-          {"device_used_peak_bytes", r.device_used_peak}};
+          {"device_used_peak_bytes", r.device_used_peak},
+          {"residency", r.plan.residency.str()},
+          {"experts", r.plan.experts},
+          {"device_weight_bytes", r.plan.device_weight_bytes()},
+          {"host_weight_bytes", r.plan.host_weight_bytes()}};
 }
 
 void time_layer_counts(const BenchSettings& o, const StepRig& rig, LayerRuns& out, nlohmann::json& J) {
@@ -398,7 +434,7 @@ void time_layer_counts(const BenchSettings& o, const StepRig& rig, LayerRuns& ou
     }
     const ForwardTiming r = time_forward(c, rig.shape, static_cast<int>(o.warmup), static_cast<int>(o.steps), o.graphs,
                                          static_cast<uint64_t>(o.seed), rig.dev, o.verbose, rig.attention, {}, profile,
-                                         DiTGpu::parse_gemm(o.gemm));
+                                         DiTGpu::parse_gemm(o.gemm), rig.residency, rig.experts);
     printf("layers %2d: median %10.2f ms/step (mean %.2f, min %.2f; %lld timed after %lld warm-up, %s)  "
            "create %.1f s, warm-up %.1f s\n",
            n, r.median_ms, r.mean_ms, r.min_ms, o.steps, o.warmup, o.graphs ? "graph replay" : "eager", r.create_s,
@@ -676,6 +712,7 @@ int bench_single(const BenchSettings& o) {
   nlohmann::json J;
   put_header(J, rig.bd, o.task, o.geo, rig.shape, o.graphs, rig.attention_used, o.full, rig.target_layers);
   J["gemm"] = o.gemm;
+  J["memory_budget_bytes"] = o.memory_budget;
   print_intro(o, rig);
   const cuda::IsolatedTimings iso = run_breakdown(o, rig);
   // The step runs as a graph replay: the graph-captured breakdown is the one to compare with it.
@@ -710,6 +747,7 @@ int cmd_bench(int argc, char** argv) {
 #else
   WAN_CHECK(cuda::device_count() > 0, "wan bench: no CUDA device is visible");
   WAN_CHECK(o.gemm == "bf16" || !wants_parallel(args), "wan bench --gemm fp8 runs on one GPU, not with --gpus");
+  WAN_CHECK(o.memory_budget == 0 || !wants_parallel(args), "wan bench --memory-budget runs on one GPU, not with --gpus");
   WAN_CHECK(!o.error_vs_exact || !wants_parallel(args), "wan bench --error-vs-exact runs on one GPU, not with --gpus");
   if (wants_parallel(args)) return bench_parallel(args, o);
   return bench_single(o);

@@ -93,6 +93,7 @@ const api::CommandSpec& bench_spec() {
                     "first, then Ulysses, then ring)"),
     };
     api::add_gemm_rows(c.options);
+    api::add_memory_budget_rows(c.options);
     return c;
   }();
   return s;

@@ -541,7 +541,7 @@ IsolatedTimings time_ops_isolated(const DiTConfig& cfg, const DiTShape& shape, i
 ForwardTiming time_forward(const DiTConfig& cfg, const DiTShape& shape, int warmup, int steps, bool graphs,
                            uint64_t seed, int device, bool verbose, DiTGpu::Attention attention,
                            const DiTGpu::Options::Parallel& parallel, const AfterSteps& after_steps,
-                           DiTGpu::Gemm gemm) {
+                           DiTGpu::Gemm gemm, WeightResidency residency, int experts) {
   WAN_CHECK(warmup >= 1, "bench: --warmup must be >= 1 (the first forward builds the plans)");
   WAN_CHECK(steps >= 1, "bench: --steps must be >= 1");
   CUDA_CHECK(cudaSetDevice(device));
@@ -559,7 +559,10 @@ ForwardTiming time_forward(const DiTConfig& cfg, const DiTShape& shape, int warm
   opt.attention = attention;
   opt.parallel = parallel;
   opt.gemm = gemm;
-  DiTGpu gpu = DiTGpu::create(cfg, {DiTWeightSource::random_weights(seed)}, shape, opt);
+  opt.residency = residency;
+  std::vector<DiTWeightSource> sources;
+  for (int e = 0; e < experts; ++e) sources.push_back(DiTWeightSource::random_weights(seed + static_cast<uint64_t>(e)));
+  DiTGpu gpu = DiTGpu::create(cfg, sources, shape, opt);
   r.plan = gpu.memory_plan();
 
   const int64_t B = shape.batch, TL = cfg.text_len;

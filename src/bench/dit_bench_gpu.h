@@ -89,6 +89,8 @@ struct ForwardTiming {
 // `parallel`: one rank of a multi-GPU forward; every rank of the layout calls time_forward
 // with the same arguments (same seed: the weights and inputs are the same on every rank), and each
 // rank's step time includes its waits on the others.
+// `experts` random experts are created with `residency` (issue 27's low-memory mode; the steps run expert
+// 0, whose weights a swap then holds).
 // `after_steps`, when set, runs after the timed forwards on the same model, inputs and stream, before the
 // model is freed (`wan bench` runs its in-step op profile there: DiTGpu::profile_forward).
 using AfterSteps = std::function<void(DiTGpu& gpu, const DiTInputs& in, float* out, cudaStream_t stream)>;
@@ -96,7 +98,8 @@ ForwardTiming time_forward(const DiTConfig& cfg, const DiTShape& shape, int warm
                            uint64_t seed, int device, bool verbose,
                            DiTGpu::Attention attention = DiTGpu::Attention::Auto,
                            const DiTGpu::Options::Parallel& parallel = {}, const AfterSteps& after_steps = {},
-                           DiTGpu::Gemm gemm = DiTGpu::Gemm::Bf16);
+                           DiTGpu::Gemm gemm = DiTGpu::Gemm::Bf16, WeightResidency residency = {},
+                           int experts = 1);
 
 // "own", "own-fp8" or "cudnn": what a resolved attention kernel is called in output and JSON.
 const char* attention_label(DiTGpu::Attention a);

@@ -126,6 +126,7 @@ DenoiserSpec pipeline_detail::denoiser_spec(const GeneratePlan& p) {
   spec.seed_high = random_expert_seed(p.weights_seed, p.task, true);
   spec.seed_low = random_expert_seed(p.weights_seed, p.task, false);
   spec.dit_plan = p.dit_memory;
+  spec.residency = p.residency;
   spec.lora_high = p.lora_high;
   spec.lora_low = p.lora_low;
   return spec;

@@ -108,6 +108,10 @@ struct DenoiserSpec {
   // warm_up(). Without a loader the weights still stream from the files, inside make_denoiser.
   cuda::DeviceLoader* loader = nullptr;
   int loader_group = 1;
+  // GPU, one device: where the experts' weights live (issue 27), as an index into the GPU DiT's
+  // residencies, fastest first (cuda::DiTGpu::residencies: 0 = resident, then expert swap, then block
+  // streaming); plan_gpu_run picks the first that fits the budget. dit_plan, when given, carries it too.
+  int residency = 0;
 };
 
 // Loads the experts the schedule uses (CPU f32, or uploaded to the GPU).
@@ -121,12 +125,17 @@ struct GpuDiTMemory {
   std::shared_ptr<const cuda::MemoryPlan> plan;  // DiTGpu::plan at the spec's shape: for DenoiserSpec::dit_plan
   int experts = 0;
   size_t weight_bytes = 0;   // one expert
+  size_t device_weight_bytes = 0;  // what the experts hold on the device under the spec's residency
+  size_t host_weight_bytes = 0;    // the pinned host memory the residency holds (0: resident)
+  std::string residency;           // its name ("resident", "expert swap", "block streaming (3 slots)")
+  int residencies = 1;             // how many DenoiserSpec::residency choices there are
   size_t arena_bytes = 0;    // activations + workspaces (cuDNN's attention workspace excluded: known at creation)
   size_t reserve_bytes = 0;  // kept free for handles, kernels and graphs
   size_t sampler_bytes = 0;  // the fused sampler's device state (with I2V's DiT input and TI2V's held frame)
   size_t staging_bytes = 0;  // the fast start's loader staging (DeviceLoader::device_bytes)
-  size_t free_bytes = 0;     // free on the device now
-  // weights + arena + reserve + sampler at `latent_frames` latent frames of the spec's size (what fits).
+  size_t free_bytes = 0;     // free on the device now (plan_gpu_run: the budget when smaller)
+  size_t total_bytes = 0;    // the device's memory
+  // device weights + arena + reserve + sampler at `latent_frames` latent frames of the spec's size (what fits).
   std::function<size_t(int64_t latent_frames)> bytes_at_frames;
 };
 // Throws one clear wan::Error unless the CUDA path can run `spec` on this machine (built with CUDA, the

@@ -58,6 +58,13 @@ std::vector<std::shared_ptr<const LoraSet>> used_loras(const DenoiserSpec& spec)
   return v;
 }
 
+cuda::WeightResidency residency_of(const DenoiserSpec& spec, int experts) {
+  const std::vector<cuda::WeightResidency> all = cuda::DiTGpu::residencies(experts);
+  WAN_ASSERT(spec.residency >= 0 && spec.residency < static_cast<int>(all.size()), "residency choice ",
+             spec.residency, " of ", all.size());
+  return all[static_cast<size_t>(spec.residency)];
+}
+
 class GpuDenoiser : public Denoiser {
  public:
   GpuDenoiser(const CheckpointInfo& ckpt, const DenoiserSpec& spec, int device) : spec_(spec), device_(device) {
@@ -87,6 +94,7 @@ class GpuDenoiser : public Denoiser {
     opt.gemm = cuda::DiTGpu::parse_gemm(spec.gemm);
     opt.defer_arena = spec.loader != nullptr && !spec.random_weights;
     opt.planned = spec.dit_plan;
+    opt.residency = spec.dit_plan ? spec.dit_plan->residency : residency_of(spec, static_cast<int>(sources.size()));
     dit_ = std::make_unique<cuda::DiTGpu>(cuda::DiTGpu::create(ckpt.dit, sources, max_shape(spec), opt));
     high_index_ = spec.use_high ? 0 : -1;
     low_index_ = spec.use_low ? (spec.use_high ? 1 : 0) : -1;
@@ -157,27 +165,35 @@ GpuDiTMemory plan_gpu_dit_memory(const CheckpointInfo& ckpt, const DenoiserSpec&
   GpuDiTMemory m;
   m.experts = static_cast<int>(expert_roles(ckpt, spec).size());
   const cuda::DiTGpu::Gemm gemm = cuda::DiTGpu::parse_gemm(spec.gemm);
+  const cuda::WeightResidency res = residency_of(spec, m.experts);
+  m.residencies = static_cast<int>(cuda::DiTGpu::residencies(m.experts).size());
+  WAN_CHECK(res == cuda::WeightResidency::resident() || !spec.parallel.active(),
+            "--memory-budget: swapping or streaming the weights runs on one GPU (each rank of ",
+            dist::describe(spec.parallel), " holds its share resident)");
   auto plan = std::make_shared<cuda::MemoryPlan>(
-      cuda::DiTGpu::plan(ckpt.dit, max_shape(spec), m.experts, 0, spec.parallel, gemm));
+      cuda::DiTGpu::plan(ckpt.dit, max_shape(spec), m.experts, 0, spec.parallel, gemm, res));
   CUDA_CHECK(cudaSetDevice(device));
   // --attention own on a device without the sm_90a kernel, --gemm fp8 on one without FP8 GEMMs: one
   // clear error before any work.
   (void)cuda::DiTGpu::resolve_attention(cuda::DiTGpu::parse_attention(spec.attention));
   WAN_CHECK(gemm == cuda::DiTGpu::Gemm::Bf16 || cuda::fp8_supported(device), "--gemm fp8: device ", spec.device,
             " has no FP8 GEMMs through cuBLASLt (they need an sm_90 GPU); use --gemm bf16");
-  size_t total_b = 0;
-  CUDA_CHECK(cudaMemGetInfo(&m.free_bytes, &total_b));
+  CUDA_CHECK(cudaMemGetInfo(&m.free_bytes, &m.total_bytes));
   m.weight_bytes = plan->weight_bytes;
+  m.device_weight_bytes = plan->device_weight_bytes();
+  m.host_weight_bytes = plan->host_weight_bytes();
+  m.residency = res.str();
   m.arena_bytes = plan->arena_bytes;
   m.reserve_bytes = plan->reserve_bytes;
   m.sampler_bytes = sampler_bytes(spec, ckpt.dit.in_dim);
   m.staging_bytes = cuda::DeviceLoader::device_bytes(cuda::LoadOptions::tuned(device));
   m.plan = std::move(plan);
-  m.bytes_at_frames = [cfg = ckpt.dit, spec, experts = m.experts](int64_t frames) {
+  m.bytes_at_frames = [cfg = ckpt.dit, spec, experts = m.experts, res](int64_t frames) {
     DenoiserSpec s = spec;
     s.latent_shape = Shape{spec.latent_shape[0], frames, spec.latent_shape[2], spec.latent_shape[3]};
     const cuda::DiTGpu::Gemm g = cuda::DiTGpu::parse_gemm(s.gemm);
-    return cuda::DiTGpu::plan(cfg, max_shape(s), experts, 0, s.parallel, g).total_bytes() + sampler_bytes(s, cfg.in_dim);
+    return cuda::DiTGpu::plan(cfg, max_shape(s), experts, 0, s.parallel, g, res).total_bytes() +
+           sampler_bytes(s, cfg.in_dim);
   };
   return m;
 }
@@ -190,7 +206,7 @@ std::unique_ptr<Denoiser> make_gpu_denoiser(const CheckpointInfo& ckpt, const De
     RunMemoryPlan run;
     run.request = cat(m.experts, " expert(s), latent ", spec.latent_shape.str());
     const StageSet denoise = stage_bit(RunStage::Denoise);
-    run.add(spec.device, "DiT weights", m.weight_bytes * static_cast<size_t>(m.experts), denoise);
+    run.add(spec.device, "DiT weights", m.device_weight_bytes, denoise);
     run.add(spec.device, "DiT activations", m.arena_bytes, denoise);
     run.add(spec.device, "sampler", m.sampler_bytes, denoise);
     run.add(spec.device, "reserve", m.reserve_bytes, denoise);

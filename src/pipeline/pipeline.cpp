@@ -432,6 +432,14 @@ void plan_memory(const GenerateOptions& o, GeneratePlan& p) {
       std::max(experts_used * dit_f32_bytes(p.ckpt.dit), p.needs_text_encoder ? t5_f32_bytes(p.t5) : 0);
   // The host first (cheap, and a GPU run's video comes back to it), then the devices.
   if (on_gpu) p.host_weights_bytes = gpu_host_weights_bytes(p);
+  for (const char* key : {"memory-budget", "host-memory-budget"}) {
+    const bool given = std::string(key) == "memory-budget" ? o.memory_budget > 0 : o.host_memory_budget > 0;
+    WAN_CHECK_OPTION(key, !given || on_gpu, "{}: only with --device cuda (it budgets the GPU run)");
+    WAN_CHECK_OPTION(key, !given || !o.parallel, "{}: one GPU for now (each rank of a parallel layout holds its share "
+                     "of the weights resident)");
+  }
+  p.memory_budget = o.memory_budget;
+  p.host_memory_budget = o.host_memory_budget;
   check_generate_host_memory(p, on_gpu, o.decode);
   if (on_gpu) plan_gpu_run(o.parallel, o.decode, o.keep_text_encoder, p);
 }

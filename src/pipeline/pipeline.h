@@ -99,6 +99,9 @@ struct GenerateOptions {
   std::string config;
   int layers = 0;
   bool keep_text_encoder = false;          // cuda: keep the GPU text encoder resident next to the DiT
+  // cuda, one GPU (issue 27): the device bytes the run may use (0: the free memory) and the pinned host
+  // bytes its weights may take when swapped or streamed (0: the machine's memory).
+  int64_t memory_budget = 0, host_memory_budget = 0;
   std::string resume_file;                 // continue the run saved in this state file
   int stop_after_steps = 0;                // > 0: stop after this step and return the state (no decode)
   // One plan for every rank of a multi-GPU run (pipeline/generate_parallel.h): the device fits of the
@@ -165,6 +168,9 @@ struct GeneratePlan {
                                            // limit unless that did not fit: plan_gpu_run); 0: no decode
   int64_t vae_encoder_device_bytes = 0;    // the GPU image encoder's (I2V / TI2V); 0: no image
   int64_t host_weights_bytes = 0;          // cuda: host memory for weights at once (VAE + one tensor)
+  int64_t memory_budget = 0, host_memory_budget = 0;  // GenerateOptions'
+  int residency = 0;                       // cuda: the chosen weight residency (plan_gpu_dit_memory's choice)
+  std::string residency_name;              // its name ("resident", "expert swap", "block streaming (3 slots)")
   // cuda, checkpoint weights: the text encoder and both experts stream to the device concurrently
   // through one loader (pipeline/startup.h) when they fit next to each other; else one after the other.
   bool fast_start = false;

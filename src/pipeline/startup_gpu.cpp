@@ -13,6 +13,7 @@
 
 #include "core/clock.h"
 #include "core/error.h"
+#include "pipeline/host_memory.h"
 #include "pipeline/pipeline_internal.h"
 
 #ifdef WAN_HAVE_CUDA
@@ -54,16 +55,20 @@ RunMemoryPlan run_memory(const GeneratePlan& p, const GpuDiTMemory& m, bool fast
   const StageSet denoise = stage_bit(RunStage::Denoise);
   const StageSet loading = fast ? stage_bit(RunStage::Load) | (text ? stage_bit(RunStage::TextEncode) : 0) : StageSet{0};
   run.request = cat(p.width, "x", p.height, ", ", p.frames, " frames, ", m.experts,
-                    m.experts == 1 ? " expert" : " experts",
+                    m.experts == 1 ? " expert" : " experts", " (", m.residency, ")",
                     text ? (p.keep_text_encoder ? ", text encoder kept" : ", text encoder freed first") : "");
   if (text)
     run.add(dev, "text encoder (weights + activations)", t5_bytes,
             stage_bit(RunStage::TextEncode) | loading | (p.keep_text_encoder ? denoise : StageSet{0}));
   using pipeline_detail::uses_expert;
   const bool high = uses_expert(p.experts, Expert::High), low = uses_expert(p.experts, Expert::Low);
-  for (Role r : pipeline_detail::expert_roles(p.ckpt, high, low))
-    run.add(dev, r == Role::DiTLow ? "low-noise expert weights" : "high-noise expert weights", m.weight_bytes,
-            loading | denoise);
+  if (m.host_weight_bytes == 0) {
+    for (Role r : pipeline_detail::expert_roles(p.ckpt, high, low))
+      run.add(dev, r == Role::DiTLow ? "low-noise expert weights" : "high-noise expert weights", m.weight_bytes,
+              loading | denoise);
+  } else {  // the rest waits in pinned host memory (dit_gpu.h WeightResidency)
+    run.add(dev, cat("DiT weights, ", m.residency), m.device_weight_bytes, denoise);
+  }
   if (fast) run.add(dev, "loader staging", m.staging_bytes, loading);
   // LoRA: tensors assembled in fp32 and one tensor's factors while the weights load (lora_gpu.h); the
   // arena may already be there (no fast start), so counted with the denoise stage too.
@@ -98,21 +103,74 @@ RunMemoryPlan run_memory(const GeneratePlan& p, const GpuDiTMemory& m, bool fast
     if (st != RunStage::Denoise) return {};
     const int64_t fit = largest_fitting(T - 1, [&](int64_t t) { return m.bytes_at_frames(t) + kept <= free_bytes; });
     if (fit >= 1)
-      return cat("at most ", (fit - 1) * tf + 1, " frames fit at ", w, "x", h, " (", fit, " latent frames)");
-    return cat("not even 1 frame fits at ", w, "x", h, " (the experts' weights alone take ",
-               memory_str(m.weight_bytes * static_cast<size_t>(m.experts)), ")");
+      return cat("at most ", (fit - 1) * tf + 1, " frames fit at ", w, "x", h, " (", fit, " latent frames, ",
+                 m.residency, ")");
+    return cat("not even 1 frame fits at ", w, "x", h, " (the weights on the device alone take ",
+               memory_str(m.device_weight_bytes), ", ", m.residency, ")");
   };
   return run;
 }
 
 }  // namespace
 
+// The residency (DenoiserSpec::residency) of a one-GPU run: the first, fastest first, whose run plan fits
+// the budget (the free memory, or --memory-budget when smaller) and whose pinned host copies fit the host
+// budget; sets p.memory, p.dit_memory, p.fast_start, p.residency. Refuses in one line when none does,
+// naming the smallest budget that would work.
+void choose_residency(GeneratePlan& p, DenoiserSpec spec, GpuDiTMemory m, bool decode) {
+  const size_t free_now = m.free_bytes;
+  const size_t budget = static_cast<size_t>(p.memory_budget);
+  if (p.memory_budget > 0)
+    WAN_CHECK_OPTION("memory-budget", budget <= m.total_bytes, "{} ", memory_str(budget), " is more than device ",
+                     p.device, "'s ", memory_str(m.total_bytes));
+  const size_t limit = p.memory_budget > 0 ? std::min(budget, free_now) : free_now;
+  const std::string what = p.memory_budget > 0 && budget <= free_now
+                               ? cat("the budget of ", memory_str(budget))
+                               : cat("the free memory of ", p.device, ", ", memory_str(free_now));
+  int64_t host_limit = p.host_memory_budget;
+  if (host_limit == 0) host_limit = std::max<int64_t>(0, physical_memory_bytes() * 9 / 10 - p.host_weights_bytes);
+  std::string host_refused;
+  size_t smallest = SIZE_MAX;
+  std::string smallest_refusal;
+  for (int c = 0; c < m.residencies; ++c) {
+    if (c > 0) {
+      spec.residency = c;
+      m = plan_gpu_dit_memory(p.ckpt, spec);
+    }
+    m.free_bytes = limit;
+    auto run = std::make_shared<RunMemoryPlan>(gpu_run_memory(p, m, decode, &p.fast_start));
+    if (decode && !run->refusal(p.device, limit).empty() && c == 0) {  // the decoder's exact bytes, once
+      p.vae_device_bytes = static_cast<int64_t>(gpu_vae_decoder_bytes(p.vae, p.latent_shape, p.device));
+      run = std::make_shared<RunMemoryPlan>(gpu_run_memory(p, m, decode, &p.fast_start));
+    }
+    const size_t peak = run->peak(p.device);
+    if (peak < smallest) smallest = peak, smallest_refusal = run->refusal(p.device, limit);
+    if (peak > limit) continue;
+    if (static_cast<int64_t>(m.host_weight_bytes) > host_limit) {
+      host_refused = cat(m.residency, " fits the device but pins ", memory_str(m.host_weight_bytes),
+                         " of host memory, more than the host budget of ", memory_str(static_cast<size_t>(host_limit)));
+      continue;
+    }
+    p.residency = c;
+    p.residency_name = m.residency;
+    p.memory = std::move(run);
+    p.dit_memory = m.plan;
+    return;
+  }
+  if (!host_refused.empty()) throw Error(cat("device ", p.device, ": ", host_refused, " (--host-memory-budget)"));
+  throw Error(cat(smallest_refusal.empty() ? cat("the run does not fit ", what) : smallest_refusal,
+                  " (with the weights ", m.residency, ", the least device memory of any plan); the smallest budget "
+                  "that runs it: --memory-budget ", memory_str(smallest)));
+}
+
 RunMemoryPlan gpu_run_memory(const GeneratePlan& p, const GpuDiTMemory& m, bool decode, bool* fast_start) {
   *fast_start = false;
   const size_t t5 = p.text_on_gpu ? static_cast<size_t>(p.t5_device_bytes) : 0;
   const size_t vae = decode ? static_cast<size_t>(p.vae_device_bytes) : 0;
   const size_t enc = static_cast<size_t>(p.vae_encoder_device_bytes);
-  if (p.random_weights) return run_memory(p, m, false, p.device, t5, vae, enc);  // drawn on the GPU: nothing streams
+  // Random weights are drawn on the GPU: nothing streams. Swapped or streamed weights are filled through
+  // the arena (dit_gpu_residency.cpp): no fast start.
+  if (p.random_weights || m.host_weight_bytes > 0) return run_memory(p, m, false, p.device, t5, vae, enc);
   RunMemoryPlan fast = run_memory(p, m, true, p.device, t5, vae, enc);
   *fast_start = fast.stage_peak(p.device, RunStage::Load) <= m.free_bytes;
   return *fast_start ? fast : run_memory(p, m, false, p.device, t5, vae, enc);
@@ -149,7 +207,8 @@ void plan_gpu_run(bool parallel, bool decode, bool keep_text_encoder, GeneratePl
         vae_s = seconds_since(t);
         return b;
       });
-    const GpuDiTMemory m = plan_gpu_dit_memory(p.ckpt, pipeline_detail::denoiser_spec(p));
+    DenoiserSpec spec = pipeline_detail::denoiser_spec(p);
+    GpuDiTMemory m = plan_gpu_dit_memory(p.ckpt, spec);
     const double dit_s = seconds_since(t0);
     if (p.text_on_gpu) p.t5_device_bytes = static_cast<int64_t>(gpu_text_encoder_bytes(p.t5));
     if (vae_bytes.valid()) p.vae_device_bytes = vae_bytes.get();
@@ -159,14 +218,7 @@ void plan_gpu_run(bool parallel, bool decode, bool keep_text_encoder, GeneratePl
     std::snprintf(note, sizeof note, "planned in %.2f s (DiT %.2f s; VAE decoder %.2f s beside it)", seconds_since(t0),
                   dit_s, vae_s);
     p.memory_plan_note = note;
-    auto run = std::make_shared<RunMemoryPlan>(gpu_run_memory(p, m, decode, &p.fast_start));
-    if (decode && !run->refusal(p.device, m.free_bytes).empty()) {
-      p.vae_device_bytes = static_cast<int64_t>(gpu_vae_decoder_bytes(p.vae, p.latent_shape, p.device));
-      run = std::make_shared<RunMemoryPlan>(gpu_run_memory(p, m, decode, &p.fast_start));
-    }
-    run->check(p.device, m.free_bytes);
-    p.memory = std::move(run);
-    p.dit_memory = m.plan;
+    choose_residency(p, spec, m, decode);
   }
   if (decode && parallel) check_gpu_vae(p.vae, p.device);  // its bytes: rank 0's plan
 }

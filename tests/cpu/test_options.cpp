@@ -253,6 +253,43 @@ TEST(Options, PipelineChecksThrowTheKeyedError) {
   wan::GenerateOptions c;
   c.steps = 20000;
   keyed(c, "steps", "'steps' 20000: must be in 1..10000");
+  wan::GenerateOptions d;
+  d.memory_budget = int64_t{24} << 30;  // CPU run
+  keyed(d, "memory-budget", "'memory-budget': only with --device cuda");
+  wan::GenerateOptions e;
+  e.host_memory_budget = int64_t{24} << 30;
+  keyed(e, "host-memory-budget", "'host-memory-budget': only with --device cuda");
+}
+
+TEST(Options, MemoryBudgetSizes) {
+  using wan::api::parse_memory_size;
+  EXPECT_EQ(parse_memory_size("24GiB", "memory-budget"), int64_t{24} << 30);
+  EXPECT_EQ(parse_memory_size("24G", "memory-budget"), int64_t{24} << 30);
+  EXPECT_EQ(parse_memory_size("1.5G", "memory-budget"), int64_t{3} << 29);
+  EXPECT_EQ(parse_memory_size("16000MiB", "memory-budget"), int64_t{16000} << 20);
+  EXPECT_EQ(parse_memory_size("24GB", "memory-budget"), int64_t{24000000000});
+  EXPECT_EQ(parse_memory_size("4096", "memory-budget"), 4096);
+  for (const char* bad : {"", "G", "24X", "-1G", "0", "0GiB", "1e30G", "nanG", "24 GiBs"})
+    EXPECT_THROW(parse_memory_size(bad, "memory-budget"), OptionError) << bad;
+  auto budget_of = [](std::vector<std::string> extra) {
+    std::vector<std::string> args = {"generate", "--model", "m", "--prompt", "x"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    std::vector<char*> p;
+    for (std::string& a : args) p.push_back(a.data());
+    wan::ParallelArgs pa;
+    const wan::GenerateOptions o =
+        generate_options(parse_argv(generate_spec(), static_cast<int>(p.size()), p.data()), &pa);
+    return std::pair{o.memory_budget, o.host_memory_budget};
+  };
+  EXPECT_EQ(budget_of({}), (std::pair<int64_t, int64_t>{0, 0}));
+  EXPECT_EQ(budget_of({"--memory-budget", "24GiB", "--host-memory-budget", "64G"}),
+            (std::pair<int64_t, int64_t>{int64_t{24} << 30, int64_t{64} << 30}));
+  try {
+    budget_of({"--memory-budget", "lots"});
+    ADD_FAILURE() << "a bad size accepted";
+  } catch (const OptionError& e) {
+    EXPECT_EQ(e.key(), "memory-budget");
+  }
 }
 
 TEST(Options, ValueParsers) {

@@ -1,0 +1,112 @@
+// `--memory-budget` (issue 27): the run plan picks the fastest weight residency that fits the budget,
+// every choice gives the all-resident run's latents byte for byte, a budget nothing fits is refused
+// naming the smallest that works, and a budget beyond the device or on the CPU is a keyed bad-input
+// error before any work. Tiny random weights at 5 blocks, prompt embeddings from files and no decode,
+// so the denoise stage is the plan's peak.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <set>
+#include <string>
+
+#include "../cpu/test_util.h"
+#include "api/options.h"
+#include "core/philox.h"
+#include "gpu_test_model.h"
+#include "pipeline/files.h"
+#include "pipeline/pipeline.h"
+#include "runtime/memory_plan.h"
+
+using namespace wan;
+
+namespace {
+
+GenerateOptions tiny(const test::TempDir& t) {
+  GenerateOptions o;
+  o.random_weights = true;
+  o.weights_seed = 21;
+  o.config = "tiny";
+  o.layers = 5;
+  o.width = 64;
+  o.height = 48;
+  o.frames = 9;
+  o.steps = 4;
+  o.seed = 8;
+  o.device = "cuda";
+  o.decode = false;
+  const DiTConfig c = dit_preset("tiny");
+  for (const char* name : {"p.safetensors", "n.safetensors"}) {
+    Tensor e = Tensor::empty(DType::F32, {7, c.text_dim});
+    for (int64_t i = 0; i < e.numel(); ++i) e.f32()[i] = 0.3f * philox_normal(name[0], static_cast<uint64_t>(i));
+    write_prompt_embeds(t / name, e);
+  }
+  o.prompt_embeds_file = t / "p.safetensors";
+  o.negative_embeds_file = t / "n.safetensors";
+  return o;
+}
+
+bool same_bytes(const Tensor& a, const Tensor& b) {
+  return a.shape() == b.shape() && a.nbytes() == b.nbytes() && std::memcmp(a.data(), b.data(), a.nbytes()) == 0;
+}
+
+}  // namespace
+
+TEST(MemoryBudgetGpu, EveryChosenResidencyGivesTheResidentLatents) {
+  REQUIRE_GPU();
+  test::TempDir t{"memory_budget"};
+  GenerateOptions o = tiny(t);
+  const GeneratePlan p0 = plan_generate(o);
+  ASSERT_EQ(p0.residency_name, "resident");
+  const GenerateResult ref = run_generate(p0, {}, false);
+  std::set<std::string> seen{p0.residency_name};
+  size_t budget = p0.memory->peak(p0.device);
+  std::string refusal;
+  for (int i = 0; i < 8 && refusal.empty(); ++i) {
+    o.memory_budget = static_cast<int64_t>(budget) - 1;
+    try {
+      const GeneratePlan p = plan_generate(o);
+      SCOPED_TRACE(p.residency_name);
+      EXPECT_LT(p.memory->peak(p.device), budget);
+      EXPECT_NE(p.memory->str().find(p.residency_name), std::string::npos) << p.memory->str();
+      seen.insert(p.residency_name);
+      const GenerateResult r = run_generate(p, {}, false);
+      EXPECT_TRUE(same_bytes(r.latents, ref.latents));
+      EXPECT_LE(r.peak_device_bytes - r.device_bytes_at_start, static_cast<int64_t>(budget));
+      printf("  budget %zu B: %s, plan peak %zu B, measured %lld B above the start\n", budget - 1,
+             p.residency_name.c_str(), p.memory->peak(p.device),
+             static_cast<long long>(r.peak_device_bytes - r.device_bytes_at_start));
+      budget = p.memory->peak(p.device);
+    } catch (const Error& e) {
+      refusal = e.what();
+    }
+  }
+  EXPECT_NE(refusal.find("the smallest budget that runs it: --memory-budget"), std::string::npos) << refusal;
+  EXPECT_TRUE(seen.count("block streaming (2 slots)")) << "modes seen: " << seen.size();
+  EXPECT_GE(seen.size(), 3u);
+}
+
+TEST(MemoryBudgetGpu, BudgetsBeyondTheDeviceAreBadInput) {
+  REQUIRE_GPU();
+  test::TempDir t{"memory_budget_bad"};
+  GenerateOptions o = tiny(t);
+  o.memory_budget = int64_t{1} << 50;  // 1 PiB
+  try {
+    (void)plan_generate(o);
+    ADD_FAILURE() << "a budget beyond the device accepted";
+  } catch (const OptionError& e) {
+    EXPECT_EQ(e.key(), "memory-budget");
+    EXPECT_NE(std::string(e.what()).find("is more than device"), std::string::npos) << e.what();
+  }
+  o.memory_budget = 1 << 20;  // 1 MiB: nothing fits
+  try {
+    (void)plan_generate(o);
+    ADD_FAILURE() << "1 MiB accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::BadInput);
+    EXPECT_NE(std::string(e.what()).find("the smallest budget that runs it"), std::string::npos) << e.what();
+  }
+  // Host memory for the swapped or streamed weights: a host budget of 1 MiB leaves only the resident plan.
+  o.memory_budget = 0;
+  o.host_memory_budget = 1 << 20;
+  EXPECT_EQ(plan_generate(o).residency_name, "resident");
+}
