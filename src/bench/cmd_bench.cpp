@@ -696,10 +696,11 @@ void report_in_step(const BenchSettings& o, const LayerRuns& lr, int target_laye
 void report_memory(const LayerRuns& lr, nlohmann::json& J) {
   const cuda::ForwardTiming& deepest = *lr.hi;  // the most layers: the largest plan and the fullest device
   const size_t peak = deepest.device_used_peak, before = deepest.device_used_before;
-  printf("memory (%d layers): plan %.2f GiB = weights %.2f + activations %.2f + reserve %.2f; device used at peak "
-         "%.2f GiB (cudaMemGetInfo; %.2f GiB before create)\n",
-         deepest.layers, deepest.plan.total_bytes() / kGiB, deepest.plan.weight_bytes / kGiB,
-         deepest.plan.arena_bytes / kGiB, deepest.plan.reserve_bytes / kGiB, peak / kGiB, before / kGiB);
+  printf("memory (%d layers): plan %.2f GiB = weights %.2f (%d expert(s), %s) + activations %.2f + reserve %.2f; "
+         "device used at peak %.2f GiB (cudaMemGetInfo; %.2f GiB before create); pinned host %.2f GiB\n",
+         deepest.layers, deepest.plan.total_bytes() / kGiB, deepest.plan.device_weight_bytes() / kGiB,
+         deepest.plan.experts, deepest.plan.residency.str().c_str(), deepest.plan.arena_bytes / kGiB,
+         deepest.plan.reserve_bytes / kGiB, peak / kGiB, before / kGiB, deepest.plan.host_weight_bytes() / kGiB);
   J["peak_memory"] = {{"device_used_peak_bytes", peak},
                       {"device_used_before_bytes", before},
                       {"plan_total_bytes", deepest.plan.total_bytes()},
