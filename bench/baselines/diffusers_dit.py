@@ -223,6 +223,15 @@ def run_one(size, frames, blocks, mode, args, budget, est_s, est_fwd_ms):
     build_s = time.time() - t0
     fn_model = model
     compile_s = None
+    if mode == "offload":
+        # The peer of `wan bench --memory-budget` (issue 27): diffusers' group offload with CUDA streams,
+        # one block per group, every group waiting in (pinned) CPU memory and prefetched on a side stream.
+        model.to("cpu")
+        free_cached()
+        model.enable_group_offload(onload_device=torch.device(DEVICE), offload_device=torch.device("cpu"),
+                                   offload_type="block_level", num_blocks_per_group=1, use_stream=True)
+        torch.cuda.reset_peak_memory_stats()
+        build_s = time.time() - t0
     if mode == "compile":
         torch._dynamo.reset()
         fn_model = torch.compile(model)
@@ -311,7 +320,7 @@ def main():
     ap.add_argument("--sizes", default="", help="WxH,... (default: t2v/i2v 832x480,1280x720; ti2v-5B 1280x704)")
     ap.add_argument("--frames", type=int, default=0, help="pixel frames (default: 81; ti2v-5B 121)")
     ap.add_argument("--blocks", default="1,3")
-    ap.add_argument("--modes", default="eager,compile")
+    ap.add_argument("--modes", default="eager,compile", help="eager,compile,offload (offload: group offload with streams)")
     ap.add_argument("--compile-sizes", default="", help="sizes for torch.compile (default: all of --sizes)")
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--warmup", type=int, default=2)
@@ -388,6 +397,7 @@ def main():
         return 10 + fwd_s + comp
 
     plan = [(s, b, "eager") for s in sizes for b in args.blocks if "eager" in modes]
+    plan += [(s, b, "offload") for s in sizes for b in args.blocks if "offload" in modes]
     plan += [(s, b, "compile") for s in compile_sizes for b in args.blocks if "compile" in modes]
     for size, blocks, mode in plan:
         try:

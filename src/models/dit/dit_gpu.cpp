@@ -272,6 +272,10 @@ void DiTGpu::Impl::allocate_arena() {
   bind_buffers();
   setup_parallel();
   gemm = std::make_unique<GemmRunner>(gemm_ws, GemmRunner::kWorkspaceBytes);
+  write_rope();
+}
+
+void DiTGpu::Impl::write_rope() {
   const std::vector<float> rope_host = rope_table_f32(128, kRopeMaxPos);
   WAN_ASSERT(rope_host.size() * 4 == plan.get("rope").bytes, "rope table size");
   CUDA_CHECK(cudaMemcpy(rope, rope_host.data(), rope_host.size() * 4, cudaMemcpyHostToDevice));

@@ -215,6 +215,8 @@ struct DiTGpu::Impl {
   // The activation arena and what lives in it (bound buffers, parallel setup, GEMM runner, RoPE table):
   // in create(), or later with Options::defer_arena. Checks the free memory first.
   void allocate_arena();
+  // The RoPE table: the one arena buffer written once, not per forward (again after a fill used the arena).
+  void write_rope();
   // ---- the weights' residency (dit_gpu_residency.cpp) ----
   // create()'s weight part: the allocations of plan.residency, filled from `experts`; ptrs resolved.
   void place_weights(const std::vector<DiTWeightSource>& experts);

@@ -3,6 +3,7 @@
 // the SwapExperts swap. Not Resident, every expert's weights are filled through device memory (a window:
 // the arena, or the slots when larger) exactly as a resident load fills them, then copied to pinned
 // host memory, so every mode runs on the same bytes.
+// Invariant: a fill through the arena leaves no arena state behind (the RoPE table is written again).
 // Invariant (StreamBlocks): every block is copied exactly once per forward, after the block that used
 // its slot last, and s waits for block i + 1's copy before block i's last add reads its modulation; so
 // a forward's copies are all joined into s (a graph capture's requirement) and no slot is overwritten
@@ -162,6 +163,7 @@ void DiTGpu::Impl::place_weights(const std::vector<DiTWeightSource>& experts) {
     p.expert = i;
     ptrs.push_back(std::move(p));
   }
+  if (window == arena) write_rope();  // the fills overwrote it
 }
 
 void DiTGpu::Impl::stream_begin(int expert, cudaStream_t s) {
