@@ -30,6 +30,12 @@ void send_error(httplib::Response& res, const ApiError& e) {
   res.set_content(e.body().dump(), "application/json");
 }
 
+// cpp-httplib 0.11 applies a request's Range to whatever body a routed handler answers, an error object
+// included (a 400 came back as multipart/byteranges slices of the JSON). Only a video is ranged, so an
+// answer that is not one forgets the Range. The Request is the server's own mutable object, handed to
+// handlers as const.
+void ignore_range(const httplib::Request& req) { const_cast<httplib::Request&>(req).ranges.clear(); }
+
 void send_json(httplib::Response& res, const nlohmann::json& j, int status = 200) {
   res.status = status;
   res.set_content(j.dump(), "application/json");
@@ -235,11 +241,14 @@ httplib::Server::Handler guarded(F f) {
   return [f](const httplib::Request& req, httplib::Response& res) {
     try {
       f(req, res);
+      if (!res.body.empty()) ignore_range(req);  // a JSON answer; the video is a content provider
+      return;
     } catch (const ApiError& e) {
       send_error(res, e);
     } catch (const std::exception& e) {
       send_error(res, ApiError(500, cat("internal: ", e.what())));
     }
+    ignore_range(req);
   };
 }
 
@@ -260,6 +269,7 @@ void HttpServer::Impl::routes() {
   svr.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
     const bool open = req.path == "/health" || req.path == "/ready";
     if (open || authorised(req)) return httplib::Server::HandlerResponse::Unhandled;
+    ignore_range(req);
     res.set_header("WWW-Authenticate", "Bearer");
     send_error(res, ApiError(401, "a valid API key is required (Authorization: Bearer KEY)", "", "invalid_api_key"));
     return httplib::Server::HandlerResponse::Handled;

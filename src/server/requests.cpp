@@ -29,7 +29,7 @@ std::string ApiError::type() const {
 
 nlohmann::json ApiError::body() const {
   nlohmann::json e = {{"message", printable(message)}, {"type", type()}, {"param", nullptr}, {"code", nullptr}};
-  if (!param.empty()) e["param"] = param;
+  if (!param.empty()) e["param"] = printable(param);  // a form field's name is raw bytes
   if (!code.empty()) e["code"] = code;
   return {{"error", e}};
 }
@@ -218,6 +218,9 @@ VideoRequest parse_video_request(const std::map<std::string, std::string>& field
   for (const auto& [k, text] : fields) {
     const api::Option* o = api::find_option(spec, k);
     if (!o) throw ApiError(400, cat("unknown parameter '", k, "'"), k, "unknown_parameter");
+    // Form fields arrive as raw bytes; the video object and the job record are JSON, which holds UTF-8 only.
+    if (first_invalid_utf8(text) != std::string::npos)
+      throw ApiError(400, cat("'", k, "': not valid UTF-8 text"), k, "invalid_value");
     try {
       api::validate(*o, text);
     } catch (const OptionError& e) {

@@ -100,6 +100,13 @@ TEST(ServeRequests, BadFieldsAre400NamingTheParam) {
     EXPECT_FALSE(e.message.empty());
   }
   EXPECT_EQ(error_of({{"prompt", "x"}, {"model", "wan2.2-t2v-A14B"}, {"fps", "16"}}).status, 0);
+  // Form fields are raw bytes: text that is not UTF-8 would make the video object unwritable as JSON.
+  const ApiError utf8 = error_of({{"prompt", "caf\xe9"}});
+  EXPECT_EQ(utf8.status, 400);
+  EXPECT_EQ(utf8.param, "prompt");
+  const ApiError name = error_of({{"prompt", "x"}, {"\xff\xfe", "1"}});
+  EXPECT_EQ(name.status, 400);
+  EXPECT_NO_THROW(name.body().dump());
 }
 
 TEST(ServeRequests, ThePlanRunsBeforeQueuing) {
