@@ -51,7 +51,7 @@ fi
 
 # Python oracle for the tests (pinned: fixtures were made with these versions).
 if [ "${WAN_SKIP_ORACLE:-0}" != "1" ]; then
-  if [ ! -x .venv/bin/python3 ] || ! .venv/bin/python3 -c 'import torch, diffusers, transformers, safetensors, sentencepiece, peft, gguf, openai' 2>/dev/null; then
+  if [ ! -x .venv/bin/python3 ] || ! .venv/bin/python3 -c 'import torch, diffusers, transformers, safetensors, sentencepiece, peft, gguf, openai, schemathesis' 2>/dev/null; then
     log "creating .venv with the test oracle (torch, diffusers, transformers)"
     python3 -m venv .venv
     .venv/bin/python3 -m pip install -q --upgrade pip

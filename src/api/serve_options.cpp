@@ -71,8 +71,8 @@ const CommandSpec& serve_spec() {
     c.usage = {"serve --model DIR [--host 127.0.0.1] [--port 8000] [options]",
                "serve --weights random --config tiny [options]   (tests)"};
     c.about =
-        "Serves POST/GET/DELETE /v1/videos, GET /v1/models, /health, /ready and /metrics. Requests are checked "
-        "with generate's rules and planned before they are queued (bad ones get 400 at once); one worker runs "
+        "Serves POST/GET/DELETE /v1/videos, GET /v1/videos/{id}/events (server-sent events), GET /v1/models, "
+        "/health, /ready and /metrics (docs/openapi.yaml). Requests are checked with generate's rules and planned before they are queued (bad ones get 400 at once); one worker runs "
         "the jobs in order. SIGTERM / SIGINT: stop accepting, let the running job finish within "
         "--drain-timeout or cancel it, exit 0.";
     for (const char* n : kModelRows) c.options.push_back(generate_row(n));
@@ -90,12 +90,37 @@ const CommandSpec& serve_spec() {
     c.options.push_back(duration_row("job-timeout", "1h", "a job running longer fails (0: no limit)"));
     c.options.push_back(int_row("max-body-mb", "N", "32", "largest request body in MiB (more: 413)", 1, 4096));
     c.options.push_back(int_row("max-prompt", "N", "10000", "longest prompt in bytes (more: 400)", 1, 1e7));
+    c.options.push_back(option("lora-dir", Kind::Path, "DIR", "",
+                               "LoRA files a request may name in 'loras' (names resolve only inside DIR; "
+                               "none: requests with loras get 400)"));
+    c.options.push_back(duration_row("request-timeout", "30s",
+                                     "a client that sends or reads nothing this long is disconnected"));
     c.options.push_back(flag_option("quiet", "no log lines on stderr"));
     c.epilog = "Exit codes: 0 stopped by SIGTERM / SIGINT after draining, 1 internal error, 2 bad options or a\n"
                "model that cannot be planned.\n";
     return c;
   }();
   return s;
+}
+
+// The request fields that are generate rows under their API names, in the order of the request table:
+// the rows are copied from generate's (so the checks are generate's), and requests.cpp sets each field
+// on generate's Values under generate's name. "prompt" is the request's own row (required, documented
+// as the API's) but passes on the same way.
+const std::vector<RequestRename>& video_request_renames() {
+  static const std::vector<RequestRename> r = {
+      {"prompt", "prompt", ""},
+      {"size", "size", "WxH"},
+      {"negative_prompt", "negative-prompt", ""},
+      {"seed", "seed", ""},
+      {"steps", "steps", ""},
+      {"guidance_scale", "guide-scale", "G or low,high"},
+      {"shift", "shift", ""},
+      {"sampler", "sampler", ""},
+      {"num_frames", "frames", "4n+1"},
+      {"preset", "preset", ""},
+  };
+  return r;
 }
 
 const CommandSpec& video_request_spec() {
@@ -105,23 +130,25 @@ const CommandSpec& video_request_spec() {
     c.options.push_back(option("prompt", Kind::String, "TEXT", "", "the prompt"));
     c.options.back().required = true;
     c.options.push_back(option("model", Kind::String, "NAME", "", "the served model's id"));
-    c.options.push_back(renamed("size", "size", "WxH"));
     Option seconds = option("seconds", Kind::Float, "S", "", "frames = seconds * fps + 1, rounded to 4n+1");
     seconds.min = 0;
     seconds.max = 3600;
     c.options.push_back(seconds);
-    c.options.push_back(renamed("negative-prompt", "negative_prompt", ""));
-    Option seed = renamed("seed", "seed", "");
-    seed.min = 0;
-    seed.max = 9007199254740991.0;  // 2^53 - 1: exact in every JSON client
-    c.options.push_back(seed);
-    c.options.push_back(renamed("steps", "steps", ""));
-    c.options.push_back(renamed("guide-scale", "guidance_scale", "G or low,high"));
-    c.options.push_back(renamed("shift", "shift", ""));
-    c.options.push_back(renamed("sampler", "sampler", ""));
-    c.options.push_back(renamed("frames", "num_frames", "4n+1"));
     c.options.push_back(int_row("fps", "N", "", "must be the model's frame rate (used with seconds)", 1, 1000));
-    c.options.push_back(renamed("preset", "preset", ""));
+    for (const RequestRename& r : video_request_renames()) {
+      if (r.field == "prompt") continue;
+      Option o = renamed(r.generate, r.field, r.help);
+      if (r.field == "seed") {
+        o.min = 0;
+        o.max = 9007199254740991.0;  // 2^53 - 1: exact in every JSON client
+      }
+      c.options.push_back(o);
+    }
+    // LoRA files by name under serve's --lora-dir, with scales: a JSON array of {name, scale, expert}
+    // or "name[:scale]" strings, or one such string. Parsed, resolved inside --lora-dir and passed on
+    // as generate's --lora rows by the server (server/requests.h parse_loras, resolve_lora), which
+    // needs the folder this table does not know.
+    c.options.push_back(option("loras", Kind::String, "LIST", "", "LoRAs under --lora-dir: [{name, scale, expert}]"));
     return c;
   }();
   return s;

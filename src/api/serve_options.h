@@ -5,6 +5,7 @@
 // request row is a path: a request can never name a file on the server.
 #pragma once
 #include <string>
+#include <vector>
 
 #include "api/options.h"
 
@@ -14,6 +15,15 @@ const CommandSpec& serve_spec();
 // The fields of POST /v1/videos (strings or numbers in JSON, strings in multipart); input_reference is
 // an uploaded file and has no row.
 const CommandSpec& video_request_spec();
+
+// A request field that is a generate row under another name (or the same): the one table both the
+// request rows and the request -> generate conversion are built from.
+struct RequestRename {
+  std::string field;     // the API's name ("num_frames")
+  std::string generate;  // generate's row ("frames")
+  std::string help;      // the request row's help ("" : none)
+};
+const std::vector<RequestRename>& video_request_renames();
 
 // serve's model rows (those it shares with generate) as generate Values: the base every request's
 // options start from.

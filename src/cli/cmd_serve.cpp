@@ -61,6 +61,11 @@ int cmd_serve(int argc, char** argv) {
   WAN_CHECK(server::http_available(), server::kNoHttp);
   server::ServedModel model(api::generate_base_values(v));
   model.max_prompt = static_cast<size_t>(v.get_int("max-prompt", 10000));
+  if (auto dir = v.get("lora-dir")) {
+    std::error_code lec;
+    WAN_CHECK_OPTION("lora-dir", std::filesystem::is_directory(*dir, lec), "{} ", *dir, ": not a folder");
+    model.lora_dir = std::filesystem::weakly_canonical(*dir).string();
+  }
   const std::string out_dir = v.str("output-dir");
   std::error_code ec;
   std::filesystem::create_directories(out_dir, ec);
@@ -91,6 +96,8 @@ int cmd_serve(int argc, char** argv) {
   const char* env_key = std::getenv("WAN_API_KEY");
   hc.api_key = v.get_or("api-key", env_key ? env_key : "");
   hc.max_body = static_cast<size_t>(v.get_int("max-body-mb", 32)) << 20;
+  hc.request_timeout_s = api::parse_duration(v.str("request-timeout"), "request-timeout");
+  hc.device = v.device("device");
   hc.video_content_type = video_have_ffmpeg() ? "video/mp4" : "video/x-yuv4mpeg";
   if (!quiet) hc.log = [](const std::string& s) { fprintf(stderr, "wan serve: %s\n", s.c_str()); };
   server::HttpServer http(hc, model, jobs);

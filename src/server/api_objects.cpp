@@ -1,6 +1,10 @@
 // The API's objects that need no HTTP library: the video object and the /metrics text (http_server.h).
+#include <unistd.h>
+
+#include <fstream>
 #include <sstream>
 
+#include "pipeline/models.h"
 #include "server/http_server.h"
 
 namespace wan::server {
@@ -25,7 +29,23 @@ nlohmann::json video_object(const JobInfo& j) {
   return o;
 }
 
-std::string metrics_text(const QueueStats& s, bool draining) {
+MemoryGauges memory_gauges(int device) {
+  MemoryGauges g;
+  long pages = 0, resident = 0;
+  if (std::ifstream statm("/proc/self/statm"); statm >> pages >> resident)
+    g.host_rss_bytes = static_cast<int64_t>(resident) * sysconf(_SC_PAGESIZE);
+  if (device >= 0) {
+    try {  // in use is what every process holds on the device, as nvidia-smi shows it
+      g.device_used_bytes = gpu_memory_in_use(device);
+      g.device_total_bytes = g.device_used_bytes + static_cast<int64_t>(gpu_free_bytes(device));
+      g.device = device;
+    } catch (const std::exception&) {  // no device (a CPU build): the host gauge only
+    }
+  }
+  return g;
+}
+
+std::string metrics_text(const QueueStats& s, bool draining, const MemoryGauges& mem) {
   std::ostringstream m;
   m << "# HELP wan_jobs Jobs the server knows, by state.\n# TYPE wan_jobs gauge\n";
   for (const auto& [st, n] : s.by_state) m << "wan_jobs{state=\"" << state_name(st) << "\"} " << n << "\n";
@@ -40,6 +60,18 @@ std::string metrics_text(const QueueStats& s, bool draining) {
     << "# HELP wan_jobs_rejected_total Requests refused with 429 (queue full).\n"
     << "# TYPE wan_jobs_rejected_total counter\nwan_jobs_rejected_total " << s.rejected_full << "\n"
     << "# HELP wan_ready 1 while accepting jobs.\n# TYPE wan_ready gauge\nwan_ready " << (draining ? 0 : 1) << "\n";
+  if (mem.host_rss_bytes >= 0)
+    m << "# HELP wan_host_memory_rss_bytes Resident memory of the server process.\n"
+      << "# TYPE wan_host_memory_rss_bytes gauge\nwan_host_memory_rss_bytes " << mem.host_rss_bytes << "\n";
+  if (mem.device >= 0) {
+    const std::string label = cat("{device=\"cuda:", mem.device, "\"}");
+    m << "# HELP wan_device_memory_used_bytes Device memory in use (cudaMemGetInfo: total - free).\n"
+      << "# TYPE wan_device_memory_used_bytes gauge\nwan_device_memory_used_bytes" << label << " "
+      << mem.device_used_bytes << "\n"
+      << "# HELP wan_device_memory_total_bytes Device memory in all.\n"
+      << "# TYPE wan_device_memory_total_bytes gauge\nwan_device_memory_total_bytes" << label << " "
+      << mem.device_total_bytes << "\n";
+  }
   return m.str();
 }
 

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -28,6 +29,12 @@ void send_error(httplib::Response& res, const ApiError& e) {
   res.status = e.status;
   res.set_content(e.body().dump(), "application/json");
 }
+
+// cpp-httplib 0.11 applies a request's Range to whatever body a routed handler answers, an error object
+// included (a 400 came back as multipart/byteranges slices of the JSON). Only a video is ranged, so an
+// answer that is not one forgets the Range. The Request is the server's own mutable object, handed to
+// handlers as const.
+void ignore_range(const httplib::Request& req) { const_cast<httplib::Request&>(req).ranges.clear(); }
 
 void send_json(httplib::Response& res, const nlohmann::json& j, int status = 200) {
   res.status = status;
@@ -70,6 +77,7 @@ struct HttpServer::Impl {
   void create(const httplib::Request& req, httplib::Response& res);
   void content(const std::string& id, httplib::Response& res);
   void list(const httplib::Request& req, httplib::Response& res);
+  void events(const std::string& id, httplib::Response& res);
   bool authorised(const httplib::Request& req) const;
 };
 
@@ -86,11 +94,14 @@ void HttpServer::Impl::create(const httplib::Request& req, httplib::Response& re
   std::map<std::string, std::string> fields;
   const httplib::MultipartFormData* image = nullptr;
   if (req.is_multipart_form_data()) {
+    std::vector<std::string> loras;  // repeatable; the OpenAI SDK sends a list in extra_body as "loras[]"
     for (const auto& [name, part] : req.files) {
       if (name == "input_reference") image = &part;
       else if (!part.filename.empty()) throw ApiError(400, cat("'", name, "': only input_reference may be a file"), name);
+      else if (name == "loras" || name == "loras[]") loras.push_back(part.content);
       else fields[name] = part.content;
     }
+    if (!loras.empty()) fields["loras"] = loras_from_form(loras);
   } else if (req.get_header_value("Content-Type").rfind("application/json", 0) == 0) {
     nlohmann::json body;
     try {
@@ -125,7 +136,7 @@ void HttpServer::Impl::create(const httplib::Request& req, httplib::Response& re
   plan_video_request(r, model);
   r.info.id = pre.id;
   r.info.input_file = pre.input_file;
-  switch (jobs.submit(r.info, std::move(r.opts))) {
+  switch (jobs.submit(r.info, std::move(r.opts), std::move(r.plan))) {
     case JobQueue::Submit::Full:
       res.set_header("Retry-After", "10");
       throw ApiError(429, "the job queue is full; retry later", "", "queue_full");
@@ -158,6 +169,39 @@ void HttpServer::Impl::content(const std::string& id, httplib::Response& res) {
                              const auto got = in->gcount();
                              return got > 0 && sink.write(buf.data(), static_cast<size_t>(got));
                            });
+}
+
+// Server-sent events: the video object as each event's data, first as it is now, then on every change of
+// state or progress; the stream ends after a terminal state, or with an "error" event when the job is
+// deleted. A comment line every 15 s keeps proxies from closing a quiet stream (and finds gone clients).
+void HttpServer::Impl::events(const std::string& id, httplib::Response& res) {
+  struct Stream {
+    std::optional<JobInfo> last;
+    std::chrono::steady_clock::time_point wrote = std::chrono::steady_clock::now();
+  };
+  auto st = std::make_shared<Stream>();
+  res.set_header("Cache-Control", "no-cache");
+  res.set_chunked_content_provider("text/event-stream", [this, id, st](size_t, httplib::DataSink& sink) {
+    const auto send = [&](const std::string& text) {
+      st->wrote = std::chrono::steady_clock::now();
+      return sink.write(text.data(), text.size());
+    };
+    // Short waits: the library checks for its own stop between calls, so a stopping server ends the stream.
+    const std::optional<JobInfo> j = st->last ? jobs.wait_change(id, *st->last, 1.0) : jobs.get(id);
+    if (!j) {
+      send("event: error\ndata: " + ApiError(404, cat("video '", id, "' was deleted"), "video_id", "not_found").body().dump() + "\n\n");
+      sink.done();
+      return true;
+    }
+    if (st->last && j->state == st->last->state && j->progress == st->last->progress) {
+      if (std::chrono::steady_clock::now() - st->wrote < std::chrono::seconds(15)) return true;
+      return send(": keep-alive\n\n");
+    }
+    st->last = j;
+    if (!send("data: " + video_object(*j).dump() + "\n\n")) return false;
+    if (j->state == JobState::Completed || j->state == JobState::Failed) sink.done();
+    return true;
+  });
 }
 
 void HttpServer::Impl::list(const httplib::Request& req, httplib::Response& res) {
@@ -197,11 +241,14 @@ httplib::Server::Handler guarded(F f) {
   return [f](const httplib::Request& req, httplib::Response& res) {
     try {
       f(req, res);
+      if (!res.body.empty()) ignore_range(req);  // a JSON answer; the video is a content provider
+      return;
     } catch (const ApiError& e) {
       send_error(res, e);
     } catch (const std::exception& e) {
       send_error(res, ApiError(500, cat("internal: ", e.what())));
     }
+    ignore_range(req);
   };
 }
 
@@ -213,11 +260,16 @@ void HttpServer::Impl::routes() {
     ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
   });
   svr.set_payload_max_length(cfg.max_body);
-  svr.set_read_timeout(30, 0);  // a client that stops sending is dropped
-  svr.set_write_timeout(30, 0);
+  // A client that stops sending (or reading) holds a worker thread; past the timeout it is dropped.
+  const auto secs = static_cast<time_t>(cfg.request_timeout_s);
+  const auto usecs = static_cast<time_t>((cfg.request_timeout_s - static_cast<double>(secs)) * 1e6);
+  svr.set_read_timeout(secs, usecs);
+  svr.set_write_timeout(secs, usecs);
+  svr.set_keep_alive_timeout(std::max<time_t>(1, std::min<time_t>(5, secs)));  // idle between requests
   svr.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
     const bool open = req.path == "/health" || req.path == "/ready";
     if (open || authorised(req)) return httplib::Server::HandlerResponse::Unhandled;
+    ignore_range(req);
     res.set_header("WWW-Authenticate", "Bearer");
     send_error(res, ApiError(401, "a valid API key is required (Authorization: Bearer KEY)", "", "invalid_api_key"));
     return httplib::Server::HandlerResponse::Handled;
@@ -228,8 +280,10 @@ void HttpServer::Impl::routes() {
       send_error(res, ApiError(413, cat("the request body is larger than ", cfg.max_body, " bytes"), "", "body_too_large"));
     else if (res.status == 404)
       send_error(res, ApiError(404, "no such route", "", "not_found"));
-    else if (res.status == 400)  // refused by the HTTP library itself
+    else if (res.status == 400) {  // refused by the HTTP library itself (bad framing, or a body that stalled)
+      res.set_header("Connection", "close");  // the stream may be mid-body: nothing more on it is a request
       send_error(res, ApiError(400, "malformed request (HTTP framing or multipart/form-data body)", "", "invalid_request"));
+    }
     else
       send_error(res, ApiError(res.status, cat("HTTP ", res.status)));
   });
@@ -260,7 +314,12 @@ void HttpServer::Impl::routes() {
             if (draining || jobs.closed()) throw ApiError(503, "the server is shutting down", "", "shutting_down");
             send_json(res, {{"status", "ready"}});
           }));
-  svr.Get("/metrics", [this](const auto&, auto& res) { res.set_content(metrics_text(jobs.stats(), draining), "text/plain; version=0.0.4"); });
+  svr.Get(R"(/v1/videos/([^/]+)/events)", guarded([this, find](const auto& req, auto& res) {
+            events(find(req.matches[1]).id, res);
+          }));
+  svr.Get("/metrics", [this](const auto&, auto& res) {
+    res.set_content(metrics_text(jobs.stats(), draining, memory_gauges(cfg.device)), "text/plain; version=0.0.4");
+  });
 }
 
 

@@ -1,7 +1,9 @@
 // The HTTP face of `wan serve` (cpp-httplib: a small, well-kept library in Debian that the llama.cpp
 // and stable-diffusion.cpp servers also use). Routes: POST/GET/DELETE /v1/videos[/{id}[/content]],
 // GET /v1/models, /health, /ready, /metrics. Every error is OpenAI's error object with its status.
-// The library's types stay in http_server.cpp; the job layer (jobs.h) knows nothing of HTTP.
+// GET /v1/videos/{id}/events streams the video object (server-sent events) on each change until the job
+// ends. The library's types stay in http_server.cpp; the job layer (jobs.h) knows nothing of HTTP.
+// docs/openapi.yaml describes the API; tests/e2e/serve_schema.py holds the server to it.
 #pragma once
 #include <functional>
 #include <memory>
@@ -18,6 +20,8 @@ struct HttpConfig {
   std::string api_key;              // empty: no authentication
   size_t max_body = 32u << 20;      // bytes; larger bodies get 413
   std::string video_content_type = "video/mp4";
+  double request_timeout_s = 30;    // a connection that sends or takes nothing this long is closed
+  int device = -1;                  // the model's CUDA device for /metrics (-1: CPU, host memory only)
   std::function<void(const std::string&)> log;  // one line per request; may be empty
 };
 
@@ -38,8 +42,15 @@ class HttpServer {
 
 // The video object of the API for a job.
 nlohmann::json video_object(const JobInfo& j);
-// The /metrics text (Prometheus exposition format) of the queue's counters.
-std::string metrics_text(const QueueStats& s, bool draining);
+// Memory for /metrics: the process's resident set, and the device's when the model runs on CUDA.
+struct MemoryGauges {
+  int64_t host_rss_bytes = -1;                            // -1: unknown (not Linux)
+  int device = -1;                                        // -1: no device gauges
+  int64_t device_used_bytes = -1, device_total_bytes = -1;  // cudaMemGetInfo: total - free, total
+};
+MemoryGauges memory_gauges(int device);
+// The /metrics text (Prometheus exposition format) of the queue's counters and the memory gauges.
+std::string metrics_text(const QueueStats& s, bool draining, const MemoryGauges& mem = {});
 
 // False in a build without cpp-httplib: HttpServer then throws kNoHttp, and `wan serve` refuses with it
 // before it loads anything.

@@ -18,6 +18,7 @@ namespace fs = std::filesystem;
 struct JobQueue::Entry {
   JobInfo info;
   GenerateOptions opts;
+  std::shared_ptr<const GeneratePlan> plan;  // the checked plan, until the run takes it
   std::atomic<bool> cancel{false};
   std::string cancel_code;  // why cancel was set: "deleted", "timeout", "server_shutdown"
   std::chrono::steady_clock::time_point started;
@@ -100,8 +101,11 @@ JobInfo job_from_record(const nlohmann::json& r) {
   return j;
 }
 
-void PlanningRunner::run(const GenerateOptions& o, const std::string& video_path, const RunHooks& hooks) {
-  const GeneratePlan plan = plan_generate(o);
+void PlanningRunner::run(const GenerateOptions& o, const GeneratePlan* checked, const std::string& video_path,
+                         const RunHooks& hooks) {
+  std::optional<GeneratePlan> own;
+  if (!checked) own = plan_generate(o);
+  const GeneratePlan& plan = checked ? *checked : *own;
   const GenerateResult res = run_generate(plan, hooks);
   WAN_ASSERT(res.video.defined(), "the run returned no video");
   const Tensor& v = res.video;
@@ -179,7 +183,7 @@ void JobQueue::load_records() {
   sweep_expired(now);
 }
 
-JobQueue::Submit JobQueue::submit(JobInfo& info, GenerateOptions o) {
+JobQueue::Submit JobQueue::submit(JobInfo& info, GenerateOptions o, std::shared_ptr<const GeneratePlan> plan) {
   std::lock_guard<std::mutex> lock(mu_);
   if (closing_) return Submit::Closed;
   if (queue_.size() >= cfg_.max_queue) {
@@ -194,11 +198,13 @@ JobQueue::Submit JobQueue::submit(JobInfo& info, GenerateOptions o) {
   auto e = std::make_shared<Entry>();
   e->info = info;
   e->opts = std::move(o);
+  e->plan = std::move(plan);
   persist(e->info);
   jobs_[info.id] = e;
   queue_.push_back(e);
   ++counters_.accepted;
   cv_.notify_all();
+  changed_.notify_all();
   return Submit::Accepted;
 }
 
@@ -207,6 +213,17 @@ std::optional<JobInfo> JobQueue::get(const std::string& id) const {
   auto it = jobs_.find(id);
   if (it == jobs_.end()) return std::nullopt;
   return it->second->info;
+}
+
+std::optional<JobInfo> JobQueue::wait_change(const std::string& id, const JobInfo& seen, double timeout_s) const {
+  std::unique_lock<std::mutex> lock(mu_);
+  std::optional<JobInfo> now;
+  changed_.wait_for(lock, std::chrono::duration<double>(timeout_s), [&] {
+    auto it = jobs_.find(id);
+    now = it == jobs_.end() ? std::nullopt : std::optional<JobInfo>(it->second->info);
+    return !now || now->state != seen.state || now->progress != seen.progress;
+  });
+  return now;
 }
 
 std::vector<JobInfo> JobQueue::list() const {
@@ -225,6 +242,7 @@ bool JobQueue::remove(const std::string& id) {
   if (it == jobs_.end()) return false;
   std::shared_ptr<Entry> e = it->second;
   jobs_.erase(it);
+  changed_.notify_all();
   if (e == running_) {  // the worker deletes its files when the run returns
     e->cancel_code = "deleted";
     e->cancel = true;
@@ -263,6 +281,7 @@ void JobQueue::sweep_expired(int64_t now) {
         ++it;
       }
     }
+    if (!gone.empty()) changed_.notify_all();
   }
   for (const JobInfo& j : gone) erase_files(j);
 }
@@ -288,6 +307,7 @@ void JobQueue::finish(Entry& e, JobState s, const std::string& code, const std::
   if (!j.input_file.empty()) fs::remove(path_of(j.input_file), ec);
   j.input_file.clear();
   persist(j);
+  changed_.notify_all();
 }
 
 void JobQueue::run_one(const std::shared_ptr<Entry>& e) {
@@ -301,6 +321,7 @@ void JobQueue::run_one(const std::shared_ptr<Entry>& e) {
     const int p = step ? 90 * ev.done / ev.total : ev.stage == Stage::Decode && ev.kind == ProgressEvent::End ? 99 : -1;
     if (p < 0) return;
     std::lock_guard<std::mutex> lock(mu_);
+    if (p > e->info.progress) changed_.notify_all();
     e->info.progress = std::max(e->info.progress, p);
     if (step) {
       counters_.step_seconds_sum += std::max(0.0, ev.seconds - step_began);
@@ -310,8 +331,13 @@ void JobQueue::run_one(const std::shared_ptr<Entry>& e) {
   };
   const std::string video = path_of(e->info.id + cfg_.video_ext);
   std::string code, message;
+  std::shared_ptr<const GeneratePlan> plan;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    plan = std::move(e->plan);  // freed when the run ends, not when the record expires
+  }
   try {
-    runner_.run(e->opts, video, hooks);
+    runner_.run(e->opts, plan.get(), video, hooks);
   } catch (const Cancelled&) {
     code = "cancelled";
   } catch (const Error& err) {
@@ -361,6 +387,7 @@ void JobQueue::worker() {
       e->info.state = JobState::InProgress;
       e->started = std::chrono::steady_clock::now();
       persist(e->info);
+      changed_.notify_all();
     }
     run_one(e);
   }

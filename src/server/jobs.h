@@ -43,19 +43,23 @@ struct JobInfo {
 nlohmann::json job_record(const JobInfo& j);
 JobInfo job_from_record(const nlohmann::json& r);  // throws on a malformed record
 
-// Runs one job. Throws Cancelled when hooks.cancel became true, anything else on failure; the video
-// must be complete at `video_path` when it returns. This slice plans and loads the models per job
-// (PlanningRunner); a runner that keeps them resident replaces it without touching the queue.
+// Runs one job. `plan` is the plan the request was checked with (null: plan `o` here). Throws Cancelled
+// when hooks.cancel became true, anything else on failure; the video must be complete at `video_path`
+// when it returns. This slice loads the models per job (PlanningRunner); a runner that keeps them
+// resident replaces it without touching the queue.
 class JobRunner {
  public:
   virtual ~JobRunner() = default;
-  virtual void run(const GenerateOptions& o, const std::string& video_path, const RunHooks& hooks) = 0;
+  virtual void run(const GenerateOptions& o, const GeneratePlan* plan, const std::string& video_path,
+                   const RunHooks& hooks) = 0;
 };
 
-// plan_generate + run_generate per job, the video written atomically (formats/video.h).
+// run_generate on the job's plan (plan_generate when it has none), the video written atomically
+// (formats/video.h).
 class PlanningRunner : public JobRunner {
  public:
-  void run(const GenerateOptions& o, const std::string& video_path, const RunHooks& hooks) override;
+  void run(const GenerateOptions& o, const GeneratePlan* plan, const std::string& video_path,
+           const RunHooks& hooks) override;
 };
 
 struct QueueConfig {
@@ -85,12 +89,16 @@ class JobQueue {
   JobQueue& operator=(const JobQueue&) = delete;
 
   enum class Submit { Accepted, Full, Closed };
-  // info's id, state, seq and created_at are set here; on Accepted `info` holds the queued job.
-  Submit submit(JobInfo& info, GenerateOptions o);
+  // info's id, state, seq and created_at are set here; on Accepted `info` holds the queued job. `plan`:
+  // the request's checked plan, passed to the runner (null: the runner plans).
+  Submit submit(JobInfo& info, GenerateOptions o, std::shared_ptr<const GeneratePlan> plan = nullptr);
   std::optional<JobInfo> get(const std::string& id) const;
   std::vector<JobInfo> list() const;  // creation order
   // Cancels a queued or running job and deletes its record and files; false when unknown.
   bool remove(const std::string& id);
+  // Waits up to timeout_s for the job's state or progress to differ from `seen` (or for it to go).
+  // nullopt: the job is gone (deleted or expired); else the job now, which may still equal `seen`.
+  std::optional<JobInfo> wait_change(const std::string& id, const JobInfo& seen, double timeout_s) const;
   std::string path_of(const std::string& file) const { return cfg_.dir + "/" + file; }
   QueueStats stats() const;
   // Removes finished jobs whose expires_at <= now (also done by the timer every second).
@@ -115,6 +123,7 @@ class JobQueue {
   JobRunner& runner_;
   mutable std::mutex mu_;
   std::condition_variable cv_;       // queue / running / closing changes
+  mutable std::condition_variable changed_;  // any job's state or progress, or its removal (wait_change)
   std::map<std::string, std::shared_ptr<Entry>> jobs_;
   std::deque<std::shared_ptr<Entry>> queue_;
   std::shared_ptr<Entry> running_;

@@ -1,9 +1,10 @@
 // The job layer of `wan serve` (src/server/jobs.h) with a scripted runner (no model): states and
 // progress, the bounded queue, DELETE of queued and running jobs, failures, the per-job time limit,
 // drain and cancel on shutdown, records that survive a restart (interrupted jobs failed with a
-// reason) and retention.
+// reason), retention, the checked plan handed to the runner, and wait_change (the events stream's wait).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <filesystem>
@@ -24,8 +25,10 @@ class ScriptedRunner : public JobRunner {
  public:
   std::atomic<bool> release{false};
   std::atomic<int> started{0}, cancelled{0};
-  void run(const GenerateOptions& o, const std::string& path, const RunHooks& hooks) override {
+  std::atomic<uint64_t> plan_seed{0};  // the seed of the last plan handed over (0: none)
+  void run(const GenerateOptions& o, const GeneratePlan* plan, const std::string& path, const RunHooks& hooks) override {
     ++started;
+    plan_seed = plan ? plan->seed : 0;
     const std::string p = o.prompt.value_or("");
     if (p == "fail") throw Error("scripted failure", ErrorKind::BadInput);
     while (p == "hold" && !release) {
@@ -130,6 +133,47 @@ TEST(ServeJobs, RunsAJobToCompletedWithItsFileAndRecord) {
   EXPECT_EQ(s.job_seconds_count, 1u);
   EXPECT_EQ(s.step_seconds_count, 4u);
   EXPECT_DOUBLE_EQ(s.step_seconds_sum, 2.0);
+  EXPECT_EQ(r.plan_seed, 0u);  // no plan handed over: the runner plans
+}
+
+TEST(ServeJobs, TheRunnerGetsThePlanTheRequestWasCheckedWith) {
+  Dir d;
+  ScriptedRunner r;
+  JobQueue q(config(d), r);
+  auto plan = std::make_shared<GeneratePlan>();
+  plan->seed = 4242;
+  JobInfo j = job("go");
+  ASSERT_EQ(q.submit(j, opts("go"), plan), JobQueue::Submit::Accepted);
+  ASSERT_TRUE(eventually([&] { return state_of(q, j.id) == JobState::Completed; }));
+  EXPECT_EQ(r.plan_seed, 4242u);
+  EXPECT_TRUE(eventually([&] { return plan.use_count() == 1; }));  // the queue lets go of it after the run
+}
+
+TEST(ServeJobs, WaitChangeReturnsOnEachStateOrProgressChangeAndWhenDeleted) {
+  Dir d;
+  ScriptedRunner r;
+  JobQueue q(config(d), r);
+  const JobInfo held = submit_until(q, "hold", JobState::InProgress);
+  JobInfo seen = *q.get(held.id);
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(q.wait_change(held.id, seen, 0.2)->state, JobState::InProgress);  // nothing changed: the timeout
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(150));
+  r.release = true;
+  std::vector<int> progress;
+  while (seen.state != JobState::Completed) {
+    seen = q.wait_change(held.id, seen, 5).value();
+    progress.push_back(seen.progress);
+  }
+  EXPECT_TRUE(std::is_sorted(progress.begin(), progress.end()));
+  EXPECT_EQ(progress.back(), 100);
+  r.release = false;
+  const JobInfo gone = submit_until(q, "hold", JobState::InProgress);
+  std::thread del([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    q.remove(gone.id);
+  });
+  EXPECT_FALSE(q.wait_change(gone.id, *q.get(gone.id), 5).has_value());
+  del.join();
 }
 
 TEST(ServeJobs, BoundedQueueRefusesWhenFullAndCountsIt) {

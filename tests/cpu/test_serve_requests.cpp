@@ -1,9 +1,16 @@
 // A video request of `wan serve` (src/server/requests.h, api/serve_options.h): fields checked with
 // generate's rules under their API names, seconds -> 4n+1 frames, the served model and frame rate,
-// limits, the plan run before queuing (tiny random model), OpenAI error objects, the constant-time
-// key check and serve's durations.
+// limits, the plan run before queuing (tiny random model), LoRAs named under --lora-dir (resolved
+// only inside it, passed on as --lora / --lora-high / --lora-low), OpenAI error objects, the
+// constant-time key check and serve's durations.
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
+
+#include "models/config.h"
+#include "server/jobs.h"
+#include "testing/make_lora.h"
 #include "api/serve_options.h"
 #include "server/http_server.h"
 #include "server/requests.h"
@@ -93,6 +100,13 @@ TEST(ServeRequests, BadFieldsAre400NamingTheParam) {
     EXPECT_FALSE(e.message.empty());
   }
   EXPECT_EQ(error_of({{"prompt", "x"}, {"model", "wan2.2-t2v-A14B"}, {"fps", "16"}}).status, 0);
+  // Form fields are raw bytes: text that is not UTF-8 would make the video object unwritable as JSON.
+  const ApiError utf8 = error_of({{"prompt", "caf\xe9"}});
+  EXPECT_EQ(utf8.status, 400);
+  EXPECT_EQ(utf8.param, "prompt");
+  const ApiError name = error_of({{"prompt", "x"}, {"\xff\xfe", "1"}});
+  EXPECT_EQ(name.status, 400);
+  EXPECT_NO_THROW(name.body().dump());
 }
 
 TEST(ServeRequests, ThePlanRunsBeforeQueuing) {
@@ -207,6 +221,117 @@ TEST(ServeRequests, DurationsAndServeOptions) {
   EXPECT_THROW(api::parse_argv(api::serve_spec(), 3, const_cast<char**>(bad)), OptionError);
   const char* port[] = {"serve", "--port", "70000"};
   EXPECT_THROW(api::parse_argv(api::serve_spec(), 3, const_cast<char**>(port)), OptionError);
+}
+
+// A --lora-dir with a tiny-DiT LoRA (a.safetensors, sub/b.safetensors), a file that is no LoRA, a
+// symlink inside (in.safetensors -> a) and one that leads out (out.safetensors -> ../outside.safetensors).
+struct LoraDir {
+  std::filesystem::path root, dir;
+  LoraDir() {
+    namespace fs = std::filesystem;
+    root = fs::temp_directory_path() / ("wan_serve_loras_" + new_job_id());
+    dir = root / "loras";
+    fs::create_directories(dir / "sub");
+    gen::MakeLoraOptions o;
+    o.dit = model_preset("tiny").dit;
+    o.rank = 2;
+    for (const fs::path& p : {dir / "a.safetensors", dir / "sub" / "b.safetensors", root / "outside.safetensors"}) {
+      o.out = p.string();
+      gen::make_lora(o);
+    }
+    std::ofstream(dir / "junk.safetensors") << "not a safetensors file";
+    fs::create_symlink("a.safetensors", dir / "in.safetensors");
+    fs::create_symlink("../outside.safetensors", dir / "out.safetensors");
+  }
+  ~LoraDir() { std::filesystem::remove_all(root); }
+  ServedModel model() const {
+    ServedModel m = tiny();
+    m.lora_dir = std::filesystem::weakly_canonical(dir).string();
+    return m;
+  }
+};
+
+ApiError lora_error_of(const ServedModel& m, const std::string& loras, bool plan = false) {
+  try {
+    VideoRequest r = parse_video_request({{"prompt", "x"}, {"size", "64x64"}, {"num_frames", "5"}, {"loras", loras}}, m, "");
+    if (plan) plan_video_request(r, m);
+  } catch (const ApiError& e) {
+    return e;
+  }
+  return ApiError(0, "");
+}
+
+TEST(ServeRequests, LoraNamesResolveOnlyInsideTheLoraDir) {
+  const LoraDir d;
+  const std::string dir = d.model().lora_dir;
+  EXPECT_EQ(resolve_lora(dir, "a.safetensors"), dir + "/a.safetensors");
+  EXPECT_EQ(resolve_lora(dir, "sub/b.safetensors"), dir + "/sub/b.safetensors");
+  EXPECT_EQ(resolve_lora(dir, "in.safetensors"), dir + "/a.safetensors");  // a symlink that stays inside
+  struct Case {
+    std::string name, code;
+  } refused[] = {
+      {"/etc/passwd", "invalid_value"},
+      {(d.root / "outside.safetensors").string(), "invalid_value"},  // absolute, though it exists
+      {"../outside.safetensors", "invalid_value"},
+      {"sub/../a.safetensors", "invalid_value"},  // ".." anywhere, even when it would stay inside
+      {"out.safetensors", "invalid_value"},       // a symlink that leads out
+      {"missing.safetensors", "lora_not_found"},
+      {"sub", "lora_not_found"},  // a folder
+      {"", "invalid_value"},
+  };
+  for (const Case& c : refused) {
+    try {
+      resolve_lora(dir, c.name);
+      ADD_FAILURE() << "resolved " << c.name;
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.status, 400) << c.name;
+      EXPECT_EQ(e.param, "loras") << c.name;
+      EXPECT_EQ(e.code, c.code) << c.name << ": " << e.message;
+      EXPECT_EQ(e.message.find(dir), std::string::npos) << e.message;  // no server path in the answer
+    }
+  }
+  EXPECT_EQ(lora_error_of(tiny(), R"([{"name":"a.safetensors"}])").code, "loras_not_enabled");  // no --lora-dir
+}
+
+TEST(ServeRequests, LorasBecomeTheCliLoraOptions) {
+  const LoraDir d;
+  const ServedModel m = d.model();
+  VideoRequest r = parse_video_request(
+      {{"prompt", "x"}, {"size", "64x64"}, {"num_frames", "5"}, {"steps", "2"},
+       {"loras", R"([{"name":"a.safetensors","scale":0.5,"expert":"high"},"sub/b.safetensors:0.25",{"name":"in.safetensors","expert":"low"}])"}},
+      m, "");
+  ASSERT_EQ(r.opts.loras.size(), 3u);  // generate's order: --lora, then --lora-high, then --lora-low
+  EXPECT_EQ(r.opts.loras[0].path, m.lora_dir + "/sub/b.safetensors");
+  EXPECT_EQ(r.opts.loras[0].expert, LoraExpert::All);
+  EXPECT_FLOAT_EQ(r.opts.loras[0].strength, 0.25f);
+  EXPECT_EQ(r.opts.loras[1].path, m.lora_dir + "/a.safetensors");
+  EXPECT_EQ(r.opts.loras[1].expert, LoraExpert::High);
+  EXPECT_FLOAT_EQ(r.opts.loras[1].strength, 0.5f);
+  EXPECT_EQ(r.opts.loras[2].expert, LoraExpert::Low);
+  EXPECT_FLOAT_EQ(r.opts.loras[2].strength, 1.0f);
+  plan_video_request(r, m);  // the plan reads and checks the files against the tiny DiT
+  ASSERT_TRUE(r.plan);
+  EXPECT_EQ(r.plan->loras.size(), 3u);
+  EXPECT_TRUE(r.plan->lora_high || r.plan->lora_low);
+  // The string form (one multipart value) and a single object.
+  EXPECT_EQ(parse_loras("a.safetensors:0.75").at(0).scale, 0.75);
+  EXPECT_EQ(parse_loras(R"({"name":"a.safetensors"})").at(0).scale, 1.0);
+  EXPECT_EQ(parse_loras(loras_from_form({"a.safetensors:2", R"([{"name":"b","scale":"0.5"}])"})).size(), 2u);
+  // Malformed lists name the param; a file that is no LoRA fails its plan with a 400 that shows no path.
+  for (const char* bad : {R"([{"name":"a.safetensors","scale":"big"}])", R"([{"name":"a.safetensors","expert":"mid"}])",
+                          R"([{"file":"a.safetensors"}])", R"([{"scale":1}])", R"([1])", R"([{"name":"a.safetensors","scale":1e9}])"}) {
+    const ApiError e = lora_error_of(m, bad);
+    EXPECT_EQ(e.status, 400) << bad;
+    EXPECT_EQ(e.param, "loras") << bad << ": " << e.message;
+  }
+  const ApiError junk = lora_error_of(m, R"(["junk.safetensors"])", true);
+  EXPECT_EQ(junk.status, 400) << junk.message;
+  EXPECT_EQ(junk.param, "loras") << junk.message << " / " << junk.code;
+  EXPECT_EQ(junk.message.find(m.lora_dir), std::string::npos) << junk.message;
+  EXPECT_NE(junk.message.find("junk.safetensors"), std::string::npos) << junk.message;
+  // JSON bodies keep "loras" as an array.
+  const Fields f = fields_from_json(nlohmann::json::parse(R"({"prompt":"p","loras":[{"name":"a"}]})"));
+  EXPECT_EQ(nlohmann::json::parse(f.at("loras")).size(), 1u);
 }
 
 }  // namespace

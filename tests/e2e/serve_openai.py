@@ -8,14 +8,22 @@
 3. TI2V (tiny-ti2v) with input_reference uploaded through the SDK; a t2v server refuses an image.
 4. SIGTERM mid-job: the job finishes within --drain-timeout, the exit code is 0, and a restart lists it;
    with --drain-timeout 0 the running job is cancelled, and a restart shows it failed with the reason.
+5. LoRAs by name under --lora-dir (a `wan make-lora` file), as JSON objects and through the SDK's
+   multipart form; names that leave the folder or do not exist, and a server without --lora-dir, get 400.
+6. GET /v1/videos/{id}/events: server-sent events with the video object until the job ends.
+7. Slow clients: connections that send headers (or part of them) and stall get 400 (or nothing) within
+   --request-timeout and are closed after at most one more keep-alive interval, while other clients are
+   served at once.
 Usage: serve_openai.py WAN_BINARY WORK_DIR
 """
 import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -174,6 +182,7 @@ def http_cases(srv):
     metrics = call(srv, "GET", "/metrics")[2].decode()
     assert 'wan_jobs{state="completed"}' in metrics and "wan_queue_depth" in metrics, metrics
     assert "wan_jobs_rejected_total" in metrics and "wan_job_seconds_count" in metrics
+    assert int(metrics.split("\nwan_host_memory_rss_bytes ")[1].split()[0]) > 1 << 20, metrics  # CPU: host RSS
     assert int(metrics.split("wan_step_seconds_count ")[1].split()[0]) >= 4, metrics  # 2 jobs of 2 steps
     for v in json.loads(call(srv, "GET", "/v1/videos?order=asc&limit=100")[2])["data"]:
         wait_status(srv, v["id"], ("completed", "failed"))
@@ -217,6 +226,8 @@ def image_cases():
     i2v = Server(os.path.join(WORK, "i2v"), "--config", "tiny-i2v")  # starts although its plan needs an image
     assert json.loads(call(i2v, "GET", "/v1/models")[2])["data"][0]["id"] == "wan2.2-i2v-A14B"
     expect_error(i2v, 400, "POST", "/v1/videos", {"prompt": "x", "size": "64x64"}, param="input_reference")
+    _, err = expect_error(i2v, 400, "POST", "/v1/videos", {"prompt": "x", "loras": "a.safetensors:1"}, param="loras")
+    assert err["code"] == "loras_not_enabled", err  # started without --lora-dir
     assert i2v.stop(signal.SIGINT) == 0
 
 
@@ -257,9 +268,112 @@ def sigterm_cases():
     assert third.stop(signal.SIGINT) == 0
 
 
+def make_loras():
+    folder = os.path.join(WORK, "loras")
+    os.makedirs(folder, exist_ok=True)
+    subprocess.run([WAN, "make-lora", "--config", "tiny", "--rank", "2", "--output",
+                    os.path.join(folder, "style.safetensors")], check=True, capture_output=True)
+    with open(os.path.join(WORK, "secret.safetensors"), "wb") as f:
+        f.write(b"outside the LoRA folder")
+    link = os.path.join(folder, "escape.safetensors")
+    if not os.path.lexists(link):
+        os.symlink(os.path.join(WORK, "secret.safetensors"), link)
+    return folder
+
+
+def lora_cases(srv):
+    import openai
+    st, _, raw = call(srv, "POST", "/v1/videos", {"prompt": "lora", "steps": 2, **TINY,
+                                                  "loras": [{"name": "style.safetensors", "scale": 0.8, "expert": "both"}]})
+    assert st == 200, raw
+    assert wait_status(srv, json.loads(raw)["id"], ("completed", "failed"))["status"] == "completed"
+    client = openai.OpenAI(base_url=srv.base + "/v1", api_key=KEY, max_retries=0)
+    v = client.videos.create(prompt="lora", size="64x64", seconds="0.25",  # multipart: "loras[]" fields
+                             extra_body={"steps": 2, "loras": ["style.safetensors:0.5"]})
+    assert wait_status(srv, v.id, ("completed", "failed"))["status"] == "completed"
+    for name, code in (("../secret.safetensors", "invalid_value"), ("/etc/passwd", "invalid_value"),
+                       ("escape.safetensors", "invalid_value"), ("none.safetensors", "lora_not_found")):
+        _, err = expect_error(srv, 400, "POST", "/v1/videos", {"prompt": "x", **TINY, "loras": [{"name": name}]},
+                              param="loras")
+        assert err["code"] == code and WORK not in err["message"], err
+    expect_error(srv, 400, "POST", "/v1/videos", {"prompt": "x", **TINY, "loras": [{"name": "style.safetensors",
+                                                                                    "expert": "middle"}]}, param="loras")
+
+
+def read_events(srv, vid, timeout=60):
+    """The events of /v1/videos/{vid}/events until the server ends the stream: [(event, data)]."""
+    req = urllib.request.Request(f"{srv.base}/v1/videos/{vid}/events", headers={"Authorization": "Bearer " + KEY})
+    events, kind, data = [], "message", []
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        assert r.headers["Content-Type"].startswith("text/event-stream"), r.headers
+        for line in r:
+            line = line.decode().rstrip("\n")
+            if line.startswith("event: "):
+                kind = line[7:]
+            elif line.startswith("data: "):
+                data.append(line[6:])
+            elif not line and data:
+                events.append((kind, json.loads("\n".join(data))))
+                kind, data = "message", []
+    return events
+
+
+def sse_cases(srv):
+    st, _, raw = call(srv, "POST", "/v1/videos", {"prompt": "events", "steps": 4, **TINY})
+    assert st == 200, raw
+    vid = json.loads(raw)["id"]
+    events = read_events(srv, vid)  # returns only once the server ends the stream
+    objs = [d for k, d in events if k == "message"]
+    assert len(objs) >= 2 and all(o["id"] == vid and o["object"] == "video" for o in objs), events
+    progress = [o["progress"] for o in objs]
+    assert progress == sorted(progress) and objs[-1]["status"] == "completed" and progress[-1] == 100, objs
+    assert len(set((o["status"], o["progress"]) for o in objs)) == len(objs), objs  # one event per change
+    again = read_events(srv, vid)  # a finished job: its object once, then the end
+    assert len(again) == 1 and again[0][1]["status"] == "completed", again
+    expect_error(srv, 404, "GET", "/v1/videos/video_doesnotexist/events")
+
+
+def slow_client_case(srv, timeout_s):
+    """Stalled requests hold a thread each: past --request-timeout they get 400 (or nothing), and the
+    connection closes after at most one more keep-alive interval (min(5 s, the timeout))."""
+    host, port = srv.base.split("//")[1].split(":")
+    stalled = []
+    for head in (b"POST /v1/videos HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + KEY.encode()
+                 + b"\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{",
+                 b"GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: ", b"GET /hea", b""):
+        s = socket.create_connection((host, int(port)))
+        s.sendall(head)
+        s.settimeout(3 * timeout_s + 10)
+        stalled.append(s)
+    t0, seen = time.time(), {}
+
+    def watch(i, s):  # (first bytes, time of the first answer, time the server closed the connection)
+        first = s.recv(65536)
+        answered = time.time() - t0
+        while s.recv(65536):
+            pass
+        seen[i] = (first, answered, time.time() - t0)
+        s.close()
+
+    watchers = [threading.Thread(target=watch, args=(i, s)) for i, s in enumerate(stalled)]
+    for w in watchers:
+        w.start()
+    for _ in range(3):  # the stalled connections hold threads; others are served at once
+        t = time.time()
+        assert call(srv, "GET", "/health", key=None)[0] == 200
+        assert time.time() - t < 1.0
+    for w in watchers:
+        w.join()
+    for first, answered, closed in seen.values():
+        assert not first or first.startswith(b"HTTP/1.1 400"), first
+        assert (answered < timeout_s + 1.5 or not first) and closed < 2 * timeout_s + 1.5, seen
+    assert call(srv, "GET", "/ready", key=None)[0] == 200
+
+
 def main():
     os.makedirs(WORK, exist_ok=True)
-    srv = Server(os.path.join(WORK, "main"), "--max-queue", "1", "--max-body-mb", "1")
+    srv = Server(os.path.join(WORK, "main"), "--max-queue", "1", "--max-body-mb", "1", "--lora-dir", make_loras(),
+                 "--request-timeout", "2")
     try:
         port = srv.base.rsplit(":", 1)[1]  # a second server on a port in use: exit 2, one line
         dup = subprocess.run([WAN, "serve", "--weights", "random", "--config", "tiny", "--port", port, "--output-dir",
@@ -268,6 +382,9 @@ def main():
         sdk_flow(srv)
         t2v_refuses_image(srv)
         http_cases(srv)
+        lora_cases(srv)
+        sse_cases(srv)
+        slow_client_case(srv, 2)
         assert srv.stop() == 0
     finally:
         if srv.proc.poll() is None:

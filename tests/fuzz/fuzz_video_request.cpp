@@ -2,11 +2,13 @@
 // without the HTTP library: an input whose first byte is '{' is a JSON body, anything else form fields
 // ("name=value" lines, as a multipart body's fields arrive). The server's answer must be an ApiError with
 // a 4xx status (a bad request is never a 500) or a request that planned, whose options then hold what
-// the rules promise: the served model's weights, a prompt within max_prompt, a 4n+1 frame count and a
-// size the plan accepted. The model is the tiny random one `wan serve --weights random --config tiny`
-// serves on the CPU.
+// the rules promise: the served model's weights, a prompt within max_prompt, a 4n+1 frame count, a
+// size the plan accepted, and LoRA files ("loras") only inside the --lora-dir (an empty temporary
+// folder: every name fails, but must fail as a 4xx). The model is the tiny random one `wan serve
+// --weights random --config tiny` serves on the CPU.
 #include <cstddef>
 #include <cstdint>
+#include <filesystem>
 #include <map>
 #include <string>
 
@@ -26,6 +28,9 @@ const server::ServedModel& model() {
     s.id = "wan2.2-t2v-A14B";
     s.fps = 16;
     s.max_prompt = 2000;
+    const std::filesystem::path dir = std::filesystem::temp_directory_path() / "wan_fuzz_loras";
+    std::filesystem::create_directories(dir);
+    s.lora_dir = std::filesystem::weakly_canonical(dir).string();
     return s;
   }();
   return m;
@@ -64,6 +69,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       fields = form_fields(text);
     }
     server::VideoRequest r = server::parse_video_request(fields, m, "");
+    for (const LoraSpec& l : r.opts.loras)
+      fuzz::require(l.path.rfind(m.lora_dir + "/", 0) == 0, "a LoRA resolves inside --lora-dir");
     server::plan_video_request(r, m);
     fuzz::require(r.opts.random_weights && r.opts.config == "tiny", "the served model's weights");
     fuzz::require(!r.info.prompt.empty() && r.info.prompt.size() <= m.max_prompt, "a prompt within the limit");
