@@ -13,7 +13,8 @@ namespace {
 // The generate rows serve takes over unchanged: which weights, where they run, how.
 const char* const kModelRows[] = {"model", "dit-high", "dit-low", "dit", "text-encoder", "vae", "tokenizer",
                                   "weights", "weights-seed", "config", "layers", "task", "device", "attention",
-                                  "gemm", "precision", "keep-text-encoder"};
+                                  "gemm", "precision", "keep-text-encoder", "memory-budget",
+                                  "host-memory-budget"};
 
 Option generate_row(const std::string& name) {
   const Option* o = find_option(generate_spec(), name);

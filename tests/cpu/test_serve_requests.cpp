@@ -74,6 +74,23 @@ TEST(ServeRequests, FieldsBecomeGenerateOptionsWithTheCliRules) {
   EXPECT_EQ(n.opts.image_file, "/srv/in.png");
 }
 
+TEST(ServeRequests, TheServersMemoryBudgetReachesEveryJob) {
+  api::Values serve(api::serve_spec());
+  serve.set("weights", "random");
+  serve.set("config", "tiny");
+  serve.set("memory-budget", "24GiB");
+  serve.set("host-memory-budget", "64G");
+  ServedModel m(api::generate_base_values(serve));
+  m.id = "wan2.2-t2v-A14B";
+  m.fps = 16;
+  m.max_prompt = 100;
+  const VideoRequest r = parse_video_request({{"prompt", "a cat"}}, m, "");
+  EXPECT_EQ(r.opts.memory_budget, int64_t{24} << 30);
+  EXPECT_EQ(r.opts.host_memory_budget, int64_t{64} << 30);
+  // A request cannot set it: the budget is the server's.
+  EXPECT_EQ(error_of({{"prompt", "x"}, {"memory_budget", "1G"}}).status, 400);
+}
+
 TEST(ServeRequests, BadFieldsAre400NamingTheParam) {
   struct Case {
     Fields f;
