@@ -4,7 +4,7 @@
 // jobs (503), let the running one finish within --drain-timeout or cancel it, stop, exit 0; a second
 // signal exits at once (128 + signal).
 // The signals are blocked in every thread and taken with sigwait, so no handler runs inside the server.
-// Models are loaded per job (server::PlanningRunner); a runner with resident models replaces it here.
+// Jobs run with the server's resident models (server::ResidentRunner, pipeline/model_cache.h).
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -86,7 +86,7 @@ int cmd_serve(int argc, char** argv) {
   qc.retention_s = api::parse_duration(v.str("retention"), "retention");
   qc.job_timeout_s = api::parse_duration(v.str("job-timeout"), "job-timeout");
   qc.video_ext = video_have_ffmpeg() ? ".mp4" : ".y4m";
-  server::PlanningRunner runner;
+  server::ResidentRunner runner;
   server::JobQueue jobs(qc, runner);
   for (const std::string& n : jobs.load_notes()) fprintf(stderr, "wan serve: %s\n", n.c_str());
 

@@ -34,6 +34,7 @@
 #include "pipeline/startup.h"
 #include "pipeline/checkpoint_check.h"
 #include "pipeline/conditioning.h"
+#include "pipeline/model_cache.h"
 #include "pipeline/pipeline_internal.h"
 #include "runtime/memory_plan.h"
 #include "sampler/presets.h"
@@ -439,6 +440,7 @@ void plan_memory(const GenerateOptions& o, GeneratePlan& p) {
                      "of the weights resident)");
   }
   p.memory_budget = o.memory_budget;
+  p.plan_as_owner = o.plan_as_owner;
   p.host_memory_budget = o.host_memory_budget;
   check_generate_host_memory(p, on_gpu, o.decode);
   if (on_gpu) plan_gpu_run(o.parallel, o.decode, o.keep_text_encoder, p);
@@ -546,21 +548,34 @@ namespace {
 // The sequential text stage: load the encoder only when a prompt must be encoded, encode what the plan
 // lacks, then release it before the DiT loads (on the GPU unless --keep-text-encoder: it then lives next
 // to the DiT until the denoising ends).
+// With a cache (model_cache.h) the encoder comes from it when its key matches and goes back to it after
+// the encoding; the DiT's make_room frees it when the DiT needs the memory.
 void run_text_stage(const GeneratePlan& p, const RunHooks& hooks, int gpu, const std::function<void()>& probe,
-                    Tensor& cond, Tensor& uncond, std::unique_ptr<GpuTextEncoder>& te_gpu, Timings& tm) {
-  TextEncoder te;
+                    Tensor& cond, Tensor& uncond, std::unique_ptr<GpuTextEncoder>& te_gpu, Timings& tm,
+                    ModelCache* cache) {
+  std::shared_ptr<TextEncoder> te;
   std::function<Tensor(const std::string&)> encode;
+  const std::string key = cache ? pipeline_detail::text_cache_key(p) : std::string();
+  if (cache && cache->text_key != key) cache->drop_text();
   {
     StageTimer st(hooks, Stage::LoadTextEncoder);
-    PromptTokenizer tokens = load_prompt_tokenizer(&p.ckpt, p.t5.vocab, /*allow_stand_in=*/p.random_weights);
-    const uint64_t t5_seed = random_t5_seed(p.weights_seed);
-    if (gpu >= 0) {
-      te_gpu = make_gpu_text_encoder(p.ckpt, p.t5, p.random_weights, t5_seed, std::move(tokens), gpu);
-      encode = [&](const std::string& s) { return te_gpu->encode(s); };
+    if (cache && (cache->text_gpu || cache->text_cpu)) {
+      te_gpu = std::move(cache->text_gpu);
+      te = std::move(cache->text_cpu);
+      ++cache->stats.reused;
     } else {
-      te = p.random_weights ? random_text_encoder(p.t5, t5_seed, std::move(tokens)) : load_text_encoder(p.ckpt);
-      encode = [&](const std::string& s) { return encode_prompt(te, s); };
+      if (cache) pipeline_detail::make_room(*cache, gpu, static_cast<int64_t>(p.t5_device_bytes), false, false);
+      PromptTokenizer tokens = load_prompt_tokenizer(&p.ckpt, p.t5.vocab, /*allow_stand_in=*/p.random_weights);
+      const uint64_t t5_seed = random_t5_seed(p.weights_seed);
+      if (gpu >= 0)
+        te_gpu = make_gpu_text_encoder(p.ckpt, p.t5, p.random_weights, t5_seed, std::move(tokens), gpu);
+      else
+        te = std::make_shared<TextEncoder>(p.random_weights ? random_text_encoder(p.t5, t5_seed, std::move(tokens))
+                                                            : load_text_encoder(p.ckpt));
+      if (cache) ++cache->stats.built;
     }
+    if (gpu >= 0) encode = [&](const std::string& s) { return te_gpu->encode(s); };
+    else encode = [&](const std::string& s) { return encode_prompt(*te, s); };
     tm.load_text_encoder = st.end();
     probe();
   }
@@ -578,12 +593,58 @@ void run_text_stage(const GeneratePlan& p, const RunHooks& hooks, int gpu, const
   }
   tm.text_encode = st.end();
   probe();
+  if (cache && !p.keep_text_encoder && (gpu >= 0 || pipeline_detail::cpu_may_keep(p))) {
+    cache->text_gpu = std::move(te_gpu);
+    cache->text_cpu = std::move(te);
+    cache->text_key = key;
+  }
   if (!p.keep_text_encoder) te_gpu.reset();  // frees its device memory before the DiT is created
+}
+
+// The sequential start (no fast start, or the DiT from a cache): text (run_text_stage), the image's
+// condition, the experts the schedule uses (from the cache when they match), then (GPU) the warm-up.
+std::unique_ptr<Denoiser> sequential_start(const GeneratePlan& p, const RunHooks& hooks, int gpu,
+                                           const std::function<void()>& probe, const DenoiserSpec& spec,
+                                           const std::vector<std::pair<Expert, int>>& uses, Tensor& cond,
+                                           Tensor& uncond, std::unique_ptr<GpuTextEncoder>& te_gpu,
+                                           LatentCondition& condition, VaeWeights& vae_weights, Timings& tm,
+                                           ModelCache* cache) {
+  std::unique_ptr<Denoiser> dit_model;
+  // 1. Text (see run_text_stage).
+  if (p.needs_text_encoder) run_text_stage(p, hooks, gpu, probe, cond, uncond, te_gpu, tm, cache);
+  if (p.image.defined()) {
+    if (cache) pipeline_detail::make_room(*cache, gpu, p.vae_encoder_device_bytes, false, false);
+    condition = pipeline_detail::encode_condition(p, hooks, &vae_weights, &tm);
+    probe();
+  }
+  // 3. Experts actually used by the schedule, on the CPU or streamed to the GPU, then (GPU) the warm-up.
+  {
+    StageTimer st(hooks, Stage::LoadDiT, (spec.use_high ? 1 : 0) + (spec.use_low ? 1 : 0));
+    if (cache && cache->dit) {
+      dit_model = std::move(cache->dit);
+      ++cache->stats.reused;
+    } else {
+      if (cache && p.memory)
+        pipeline_detail::make_room(*cache, gpu, static_cast<int64_t>(p.memory->stage_peak(p.device, RunStage::Denoise)),
+                                   false, false);
+      dit_model = make_denoiser(p.ckpt, spec);
+      if (cache) ++cache->stats.built;
+    }
+    tm.load_dit = st.end();
+    probe();
+  }
+  if (gpu >= 0) {
+    StageTimer st(hooks, Stage::WarmUp);
+    dit_model->warm_up(uses);
+    tm.warm_up = st.end();
+    probe();
+  }
+  return dit_model;
 }
 
 }  // namespace
 
-GenerateResult run_generate(const GeneratePlan& p, const RunHooks& hooks, bool decode) {
+GenerateResult run_generate(const GeneratePlan& p, const RunHooks& hooks, bool decode, ModelCache* cache) {
   GenerateResult r;
   Timings& tm = r.timings;
   const DiTConfig& dit = p.ckpt.dit;
@@ -614,8 +675,14 @@ GenerateResult run_generate(const GeneratePlan& p, const RunHooks& hooks, bool d
   // is taken; on the CPU after the text encoder is released.
   VaeWeights vae_weights;
   LatentCondition condition;
-  if (p.image.defined() && p.fast_start) condition = pipeline_detail::encode_condition(p, hooks, &vae_weights, &tm);
-  if (p.fast_start) {
+  // A cache: the DiT is reused when its key matches; a mismatch frees the old one first. The fast start
+  // loads the text encoder and the DiT together onto a device it plans as empty.
+  const std::string dit_key = cache ? pipeline_detail::dit_cache_key(p) : std::string();
+  if (cache && cache->dit_key != dit_key) cache->drop_dit();
+  const bool fast = p.fast_start && !(cache && cache->dit);
+  if (cache && fast) cache->drop_text();
+  if (p.image.defined() && fast) condition = pipeline_detail::encode_condition(p, hooks, &vae_weights, &tm);
+  if (fast) {
     // 1-3. Text encoder and experts stream in together; encoding and warm-up overlap the load.
     FastStart fs = gpu_fast_start(p, spec, uses, hooks);
     cond = fs.cond;
@@ -630,27 +697,11 @@ GenerateResult run_generate(const GeneratePlan& p, const RunHooks& hooks, bool d
     r.load_bytes = fs.bytes;
     r.load_gb_per_s = fs.gb_per_s;
     r.load_setup_s = fs.setup;
+    if (cache) ++cache->stats.built;
     probe();
   } else {
-    // 1. Text (see run_text_stage).
-    if (p.needs_text_encoder) run_text_stage(p, hooks, gpu, probe, cond, uncond, te_gpu, tm);
-    if (p.image.defined()) {
-      condition = pipeline_detail::encode_condition(p, hooks, &vae_weights, &tm);
-      probe();
-    }
-    // 3. Experts actually used by the schedule, on the CPU or streamed to the GPU, then (GPU) the warm-up.
-    {
-      StageTimer st(hooks, Stage::LoadDiT, (spec.use_high ? 1 : 0) + (spec.use_low ? 1 : 0));
-      dit_model = make_denoiser(p.ckpt, spec);
-      tm.load_dit = st.end();
-      probe();
-    }
-    if (gpu >= 0) {
-      StageTimer st(hooks, Stage::WarmUp);
-      dit_model->warm_up(uses);
-      tm.warm_up = st.end();
-      probe();
-    }
+    dit_model = sequential_start(p, hooks, gpu, probe, spec, uses, cond, uncond, te_gpu, condition, vae_weights, tm,
+                                 cache);
   }
   WAN_ASSERT(cond.dim(1) == dit.text_dim && uncond.dim(1) == dit.text_dim, "text width");
 
@@ -661,10 +712,10 @@ GenerateResult run_generate(const GeneratePlan& p, const RunHooks& hooks, bool d
 
   // 4. Sampling (the loop every run shares; --resume: from the saved sampler state).
   if (decode && p.stop_after_steps == 0 && !p.image.defined() && (p.fast_start || gpu >= 0))
-    vae_ahead = std::async(std::launch::async, [&p, gpu] {
+    vae_ahead = std::async(std::launch::async, [&p, gpu, cache] {
       pipeline_detail::VaeAhead a;
       const auto t0 = Clock::now();
-      a.weights = pipeline_detail::run_vae_weights(p);
+      a.weights = pipeline_detail::cached_vae_weights(p, cache);
       a.read_s = seconds_since(t0);
       if (gpu >= 0)
         a.decoder = plan_gpu_vae_decoder(p.vae, a.weights, p.latent_shape[2], p.latent_shape[3], gpu);
@@ -672,6 +723,12 @@ GenerateResult run_generate(const GeneratePlan& p, const RunHooks& hooks, bool d
     });
   dit_model->set_condition(condition);
   pipeline_detail::denoise(p, *dit_model, cond, uncond, x, p.resume ? &p.resume->sampler : nullptr, hooks, probe, &r);
+  if (cache && (gpu >= 0 || pipeline_detail::cpu_may_keep(p))) {  // kept for the next run unless the decode needs it
+    cache->dit = std::move(dit_model);
+    cache->dit_key = dit_key;
+    if (decode && p.stop_after_steps == 0)
+      pipeline_detail::make_room(*cache, gpu, p.vae_device_bytes, false, false);
+  }
   dit_model.reset();  // frees the experts before the VAE decoder is built
   if (r.state) {  // paused: the state carries the text and the timings so far; no decode
     pipeline_detail::complete_state(p, cond, uncond, &r);
@@ -686,7 +743,7 @@ GenerateResult run_generate(const GeneratePlan& p, const RunHooks& hooks, bool d
       if (vae_weights.decoder.conv1.present())
         a.weights = std::move(vae_weights);  // read for the image encode
       else
-        a.weights = pipeline_detail::run_vae_weights(p);
+        a.weights = pipeline_detail::cached_vae_weights(p, cache);
       return a;
     };
     r.video = decode_with(get, p.vae, r.latents, hooks, &tm, p.device, &r.peak_device_bytes);

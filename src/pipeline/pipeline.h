@@ -102,6 +102,9 @@ struct GenerateOptions {
   // cuda, one GPU (issue 27): the device bytes the run may use (0: the free memory) and the pinned host
   // bytes its weights may take when swapped or streamed (0: the machine's memory).
   int64_t memory_budget = 0, host_memory_budget = 0;
+  // cuda: plan against the device's capacity (less a margin for the context), not its free memory now: a
+  // server whose model cache (model_cache.h) holds memory it frees for the run when needed.
+  bool plan_as_owner = false;
   std::string resume_file;                 // continue the run saved in this state file
   int stop_after_steps = 0;                // > 0: stop after this step and return the state (no decode)
   // One plan for every rank of a multi-GPU run (pipeline/generate_parallel.h): the device fits of the
@@ -169,6 +172,7 @@ struct GeneratePlan {
   int64_t vae_encoder_device_bytes = 0;    // the GPU image encoder's (I2V / TI2V); 0: no image
   int64_t host_weights_bytes = 0;          // cuda: host memory for weights at once (VAE + one tensor)
   int64_t memory_budget = 0, host_memory_budget = 0;  // GenerateOptions'
+  bool plan_as_owner = false;                          // GenerateOptions'
   int residency = 0;                       // cuda: the chosen weight residency (plan_gpu_dit_memory's choice)
   std::string residency_name;              // its name ("resident", "expert swap", "block streaming (3 slots)")
   // cuda, checkpoint weights: the text encoder and both experts stream to the device concurrently
@@ -281,8 +285,11 @@ struct GenerateResult {
   double load_setup_s = 0;  // of the load's wall time: until the loader started (objects, allocations)
 };
 
-// decode = false stops after sampling (latents only).
-GenerateResult run_generate(const GeneratePlan& plan, const RunHooks& hooks, bool decode = true);
+// decode = false stops after sampling (latents only). `cache` (model_cache.h, wan serve): models are taken
+// from it when they match the plan and left there for the next run.
+struct ModelCache;
+GenerateResult run_generate(const GeneratePlan& plan, const RunHooks& hooks, bool decode = true,
+                            ModelCache* cache = nullptr);
 
 // Latents -> video [3, F, H, W] in [-1, 1] with the checkpoint's VAE (load + decode, reported as
 // the LoadVae and Decode stages; seconds added to timings when given). latents must have z_dim

@@ -118,7 +118,10 @@ RunMemoryPlan run_memory(const GeneratePlan& p, const GpuDiTMemory& m, bool fast
 // budget; sets p.memory, p.dit_memory, p.fast_start, p.residency. Refuses in one line when none does,
 // naming the smallest budget that would work.
 void choose_residency(GeneratePlan& p, DenoiserSpec spec, GpuDiTMemory m, bool decode) {
-  const size_t free_now = m.free_bytes;
+  // As the device's owner (a server's cache frees what the run needs): its capacity less the context's.
+  constexpr size_t kContextMargin = size_t{1} << 30;
+  const size_t free_now = p.plan_as_owner && m.total_bytes > kContextMargin ? m.total_bytes - kContextMargin
+                                                                              : m.free_bytes;
   const size_t budget = static_cast<size_t>(p.memory_budget);
   if (p.memory_budget > 0)
     WAN_CHECK_OPTION("memory-budget", budget <= m.total_bytes, "{} ", memory_str(budget), " is more than device ",

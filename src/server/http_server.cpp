@@ -318,7 +318,8 @@ void HttpServer::Impl::routes() {
             events(find(req.matches[1]).id, res);
           }));
   svr.Get("/metrics", [this](const auto&, auto& res) {
-    res.set_content(metrics_text(jobs.stats(), draining, memory_gauges(cfg.device)), "text/plain; version=0.0.4");
+    res.set_content(metrics_text(jobs.stats(), draining, memory_gauges(cfg.device)) + jobs.runner_metrics(),
+                    "text/plain; version=0.0.4");
   });
 }
 

@@ -101,12 +101,37 @@ JobInfo job_from_record(const nlohmann::json& r) {
   return j;
 }
 
-void PlanningRunner::run(const GenerateOptions& o, const GeneratePlan* checked, const std::string& video_path,
+ResidentRunner::ResidentRunner() : cache_(std::make_unique<ModelCache>()) {}
+ResidentRunner::~ResidentRunner() = default;
+
+ModelCacheStats ResidentRunner::stats() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return stats_;
+}
+
+std::string ResidentRunner::metrics() const {
+  const ModelCacheStats s = stats();
+  return cat("# HELP wan_models_built_total Models (text encoder, DiT, VAE weights) built by jobs.\n",
+             "# TYPE wan_models_built_total counter\nwan_models_built_total ", s.built, "\n",
+             "# HELP wan_models_reused_total Models a job took from the resident ones.\n",
+             "# TYPE wan_models_reused_total counter\nwan_models_reused_total ", s.reused, "\n",
+             "# HELP wan_models_evicted_total Resident models freed for another job's memory or settings.\n",
+             "# TYPE wan_models_evicted_total counter\nwan_models_evicted_total ", s.evicted, "\n");
+}
+
+void ResidentRunner::run(const GenerateOptions& o, const GeneratePlan* checked, const std::string& video_path,
                          const RunHooks& hooks) {
   std::optional<GeneratePlan> own;
   if (!checked) own = plan_generate(o);
   const GeneratePlan& plan = checked ? *checked : *own;
-  const GenerateResult res = run_generate(plan, hooks);
+  struct Snapshot {  // the stats reach other threads whether the job succeeds or not
+    ResidentRunner& r;
+    ~Snapshot() {
+      std::lock_guard<std::mutex> lk(r.mu_);
+      r.stats_ = r.cache_->stats;
+    }
+  } snapshot{*this};
+  const GenerateResult res = run_generate(plan, hooks, true, cache_.get());
   WAN_ASSERT(res.video.defined(), "the run returned no video");
   const Tensor& v = res.video;
   write_video(video_path, v.f32(), static_cast<int>(v.dim(1)), static_cast<int>(v.dim(2)),

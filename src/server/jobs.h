@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "pipeline/model_cache.h"
 #include "pipeline/pipeline.h"
 
 namespace wan::server {
@@ -45,21 +46,32 @@ JobInfo job_from_record(const nlohmann::json& r);  // throws on a malformed reco
 
 // Runs one job. `plan` is the plan the request was checked with (null: plan `o` here). Throws Cancelled
 // when hooks.cancel became true, anything else on failure; the video must be complete at `video_path`
-// when it returns. This slice loads the models per job (PlanningRunner); a runner that keeps them
-// resident replaces it without touching the queue.
+// when it returns. metrics(): Prometheus lines of the runner's own (called from other threads).
 class JobRunner {
  public:
   virtual ~JobRunner() = default;
   virtual void run(const GenerateOptions& o, const GeneratePlan* plan, const std::string& video_path,
                    const RunHooks& hooks) = 0;
+  virtual std::string metrics() const { return {}; }
 };
 
-// run_generate on the job's plan (plan_generate when it has none), the video written atomically
-// (formats/video.h).
-class PlanningRunner : public JobRunner {
+// run_generate on the job's plan (plan_generate when it has none) with the server's resident models
+// (pipeline/model_cache.h: a job reuses the text encoder, the DiT with its CUDA graphs and the VAE's
+// weights of an earlier job built the same way), the video written atomically (formats/video.h).
+class ResidentRunner : public JobRunner {
  public:
+  ResidentRunner();
+  ~ResidentRunner() override;
   void run(const GenerateOptions& o, const GeneratePlan* plan, const std::string& video_path,
            const RunHooks& hooks) override;
+  // wan_models_built_total, wan_models_reused_total, wan_models_evicted_total.
+  std::string metrics() const override;
+  ModelCacheStats stats() const;  // as of the last finished job
+
+ private:
+  std::unique_ptr<ModelCache> cache_;  // the worker's only
+  mutable std::mutex mu_;
+  ModelCacheStats stats_;              // a copy for other threads, under mu_
 };
 
 struct QueueConfig {
@@ -85,6 +97,7 @@ class JobQueue {
   // Loads the records in cfg.dir/jobs (interrupted jobs become failed) and starts the worker.
   JobQueue(QueueConfig cfg, JobRunner& runner);
   ~JobQueue();  // shutdown(0) if not done
+  std::string runner_metrics() const { return runner_.metrics(); }
   JobQueue(const JobQueue&) = delete;
   JobQueue& operator=(const JobQueue&) = delete;
 

@@ -251,6 +251,7 @@ VideoRequest parse_video_request(const std::map<std::string, std::string>& field
   r.frames_from_seconds = from_seconds;
   try {
     r.opts = api::generate_options(g, nullptr);
+    r.opts.plan_as_owner = true;  // the resident models are the server's to free (pipeline/model_cache.h)
   } catch (const std::exception& e) {
     const std::string msg = without_lora_dir(api::json_error_message(api::generate_spec(), e), m);
     throw ApiError(400, msg, param_of(msg), "invalid_value");

@@ -184,6 +184,8 @@ def http_cases(srv):
     assert "wan_jobs_rejected_total" in metrics and "wan_job_seconds_count" in metrics
     assert int(metrics.split("\nwan_host_memory_rss_bytes ")[1].split()[0]) > 1 << 20, metrics  # CPU: host RSS
     assert int(metrics.split("wan_step_seconds_count ")[1].split()[0]) >= 4, metrics  # 2 jobs of 2 steps
+    # Resident models: the jobs of equal settings after the first reuse its text encoder, DiT and VAE.
+    assert int(metrics.split("\nwan_models_reused_total ")[1].split()[0]) >= 3, metrics
     for v in json.loads(call(srv, "GET", "/v1/videos?order=asc&limit=100")[2])["data"]:
         wait_status(srv, v["id"], ("completed", "failed"))
     return vid

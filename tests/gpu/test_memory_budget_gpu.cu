@@ -14,6 +14,7 @@
 #include "core/philox.h"
 #include "gpu_test_model.h"
 #include "pipeline/files.h"
+#include "pipeline/model_cache.h"
 #include "pipeline/pipeline.h"
 #include "runtime/memory_plan.h"
 
@@ -111,4 +112,38 @@ TEST(MemoryBudgetGpu, BudgetsBeyondTheDeviceAreBadInput) {
   o.memory_budget = 0;
   o.host_memory_budget = 1 << 20;
   EXPECT_EQ(plan_generate(o).residency_name, "resident");
+}
+
+// The server's resident models on the GPU (pipeline/model_cache.h): the second run of equal settings
+// takes the text encoder, the DiT (with its CUDA graphs) and the VAE's weights from the cache, planned as
+// the device's owner, and gives the uncached run's latents and video byte for byte; so does a run whose
+// budget streams the blocks, after which the resident DiT of the first settings is rebuilt.
+TEST(MemoryBudgetGpu, ResidentModelsGiveTheUncachedRunsBytes) {
+  REQUIRE_GPU();
+  test::TempDir t{"model_cache_gpu"};
+  GenerateOptions o = tiny(t);
+  o.prompt_embeds_file.clear();
+  o.negative_embeds_file.clear();
+  o.prompt = "a red fox";
+  o.decode = true;
+  const GenerateResult plain = run_generate(plan_generate(o), {});
+  o.plan_as_owner = true;
+  ModelCache cache;
+  for (int i = 0; i < 2; ++i) {
+    const GenerateResult r = run_generate(plan_generate(o), {}, true, &cache);
+    EXPECT_TRUE(same_bytes(r.latents, plain.latents)) << "run " << i;
+    EXPECT_TRUE(same_bytes(r.video, plain.video)) << "run " << i;
+  }
+  EXPECT_EQ(cache.stats.built, 3u);
+  EXPECT_EQ(cache.stats.reused, 3u);
+  GenerateOptions streamed = o;
+  const GeneratePlan p0 = plan_generate(o);
+  streamed.memory_budget = static_cast<int64_t>(p0.memory->peak(p0.device)) - 1;
+  const GeneratePlan ps = plan_generate(streamed);
+  EXPECT_NE(ps.residency_name, "resident");
+  const GenerateResult s = run_generate(ps, {}, true, &cache);
+  EXPECT_TRUE(same_bytes(s.latents, plain.latents));
+  EXPECT_GE(cache.stats.evicted, 1u);  // the resident DiT made way for the streamed one
+  printf("  model cache: built %llu, reused %llu, evicted %llu\n", (unsigned long long)cache.stats.built,
+         (unsigned long long)cache.stats.reused, (unsigned long long)cache.stats.evicted);
 }

@@ -1,0 +1,79 @@
+// The resident models of consecutive runs (see model_cache.h): the cache's keys and its eviction.
+#include "pipeline/model_cache.h"
+
+#include "core/error.h"
+#include "pipeline/host_memory.h"
+#include "pipeline/pipeline_internal.h"
+
+namespace wan {
+
+void ModelCache::drop_text() {
+  if (text_gpu || text_cpu) ++stats.evicted;
+  text_gpu.reset();
+  text_cpu.reset();
+  text_key.clear();
+}
+
+void ModelCache::drop_dit() {
+  if (dit) ++stats.evicted;
+  dit.reset();
+  dit_key.clear();
+}
+
+void ModelCache::clear() {
+  drop_text();
+  drop_dit();
+  vae.reset();
+  vae_key.clear();
+}
+
+namespace pipeline_detail {
+
+std::string text_cache_key(const GeneratePlan& p) {
+  return cat(p.device, "|", p.ckpt.root, "|", p.t5.num_layers, "x", p.t5.dim, "|",
+             p.random_weights ? cat("random ", p.weights_seed) : std::string("checkpoint"));
+}
+
+std::string dit_cache_key(const GeneratePlan& p) {
+  const DenoiserSpec s = denoiser_spec(p);
+  std::string loras;
+  for (const LoraSpec& l : p.loras) loras += cat(l.path, ":", l.strength, ":", static_cast<int>(l.expert), ";");
+  return cat(p.device, "|", p.ckpt.root, "|", s.use_high, s.use_low, "|", s.latent_shape.str(), "|", s.first_frame_t,
+             "|", s.attention, "|", s.gemm, "|", s.residency, "|",
+             s.random_weights ? cat("random ", s.seed_high, " ", s.seed_low) : std::string("checkpoint"), "|",
+             p.ckpt.dit.num_layers, "|", loras);
+}
+
+std::string vae_cache_key(const GeneratePlan& p) {
+  return cat(p.ckpt.root, "|", p.vae.z_dim, "x", p.vae.base_dim, "|",
+             p.random_weights ? cat("random ", p.weights_seed) : std::string("checkpoint"));
+}
+
+void make_room(ModelCache& c, int gpu, int64_t bytes, bool keep_text, bool keep_dit) {
+  if (gpu < 0 || bytes <= 0) return;
+  auto short_of_room = [&] { return static_cast<int64_t>(gpu_free_bytes(gpu)) < bytes; };
+  if (!keep_text && c.text_gpu && short_of_room()) c.drop_text();
+  if (!keep_dit && c.dit && short_of_room()) c.drop_dit();
+}
+
+bool cpu_may_keep(const GeneratePlan& p) {
+  const int64_t weights = 2 * dit_f32_bytes(p.ckpt.dit) + (p.needs_text_encoder ? t5_f32_bytes(p.t5) : 0);
+  return weights <= physical_memory_bytes() / 2;
+}
+
+VaeWeights cached_vae_weights(const GeneratePlan& p, ModelCache* c) {
+  if (!c) return run_vae_weights(p);
+  const std::string key = vae_cache_key(p);
+  if (c->vae && c->vae_key == key) {
+    ++c->stats.reused;
+    return *c->vae;
+  }
+  auto w = std::make_shared<const VaeWeights>(run_vae_weights(p));
+  ++c->stats.built;
+  c->vae = w;
+  c->vae_key = key;
+  return *w;
+}
+
+}  // namespace pipeline_detail
+}  // namespace wan

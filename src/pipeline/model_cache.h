@@ -1,0 +1,56 @@
+// Models kept from one run to the next (wan serve's resident models): the text encoder (GPU or CPU), the
+// DiT (a Denoiser: weights, activation arena, GEMM / attention plans and CUDA graphs) and the VAE's host
+// weights, each under a key that names everything it was built from, so a run reuses only a model it
+// would have built the same way (bit-identical results). run_generate(plan, hooks, decode, &cache) takes
+// matching models from the cache and leaves what it built there.
+// Device memory: a run was planned as if the device were its own (GenerateOptions::plan_as_owner);
+// before each stage that allocates, make_room frees cached models that stage does not use (the text
+// encoder first, then the DiT) until the device has the bytes the stage needs. The CPU keeps its f32
+// models only while they fit half of the host's memory.
+// Invariants: a key mismatch frees the old model before the new one loads; not thread-safe (one worker).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "pipeline/denoiser.h"
+#include "pipeline/models.h"
+#include "pipeline/pipeline.h"
+
+namespace wan {
+
+struct ModelCacheStats {
+  uint64_t built = 0;    // models built by runs that had a cache (text encoder, DiT, VAE weights)
+  uint64_t reused = 0;   // models a run took from the cache
+  uint64_t evicted = 0;  // models freed to make room or on a key change
+};
+
+struct ModelCache {
+  std::string text_key, dit_key, vae_key;
+  std::unique_ptr<GpuTextEncoder> text_gpu;
+  std::shared_ptr<TextEncoder> text_cpu;
+  std::unique_ptr<Denoiser> dit;
+  std::shared_ptr<const VaeWeights> vae;
+  ModelCacheStats stats;
+
+  void drop_text();
+  void drop_dit();
+  void clear();
+};
+
+namespace pipeline_detail {
+
+// What a model of the plan is built from; equal keys build bit-identical models.
+std::string text_cache_key(const GeneratePlan& p);
+std::string dit_cache_key(const GeneratePlan& p);
+std::string vae_cache_key(const GeneratePlan& p);
+// GPU `gpu`: frees the cached text encoder (unless keep_text), then the cached DiT (unless keep_dit),
+// while fewer than `bytes` are free. Nothing on the CPU (gpu < 0).
+void make_room(ModelCache& c, int gpu, int64_t bytes, bool keep_text, bool keep_dit);
+// The CPU keeps its f32 models only while the text encoder's and both experts' weights fit half the host.
+bool cpu_may_keep(const GeneratePlan& p);
+// The run's VAE weights: the cache's when the key matches, else read (or drawn) and kept there.
+VaeWeights cached_vae_weights(const GeneratePlan& p, ModelCache* c);
+
+}  // namespace pipeline_detail
+}  // namespace wan
