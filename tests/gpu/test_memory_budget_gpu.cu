@@ -136,9 +136,10 @@ TEST(MemoryBudgetGpu, ResidentModelsGiveTheUncachedRunsBytes) {
   }
   EXPECT_EQ(cache.stats.built, 3u);
   EXPECT_EQ(cache.stats.reused, 3u);
-  // Latents only, so the denoise stage is the plan's peak (a decode plans its VAE at an upper bound).
-  GenerateOptions streamed = o;
-  streamed.decode = false;
+  // Embeddings and latents only, so the denoise stage is the plan's peak (the tiny text encoder's stage
+  // is larger, and a decode plans its VAE at an upper bound).
+  GenerateOptions streamed = tiny(t);
+  streamed.plan_as_owner = true;
   const GeneratePlan p0 = plan_generate(streamed);
   streamed.memory_budget = static_cast<int64_t>(p0.memory->peak(p0.device)) - 1;
   const GeneratePlan ps = plan_generate(streamed);
