@@ -135,6 +135,7 @@ void choose_residency(GeneratePlan& p, DenoiserSpec spec, GpuDiTMemory m, bool d
   std::string host_refused;
   size_t smallest = SIZE_MAX;
   std::string smallest_refusal;
+  RunStage smallest_stage = RunStage::Denoise;
   for (int c = 0; c < m.residencies; ++c) {
     if (c > 0) {
       spec.residency = c;
@@ -147,7 +148,11 @@ void choose_residency(GeneratePlan& p, DenoiserSpec spec, GpuDiTMemory m, bool d
       run = std::make_shared<RunMemoryPlan>(gpu_run_memory(p, m, decode, &p.fast_start));
     }
     const size_t peak = run->peak(p.device);
-    if (peak < smallest) smallest = peak, smallest_refusal = run->refusal(p.device, limit);
+    if (peak < smallest) {
+      smallest = peak;
+      smallest_refusal = run->refusal(p.device, limit);
+      smallest_stage = run->peak_stage(p.device);
+    }
     if (peak > limit) continue;
     if (static_cast<int64_t>(m.host_weight_bytes) > host_limit) {
       host_refused = cat(m.residency, " fits the device but pins ", memory_str(m.host_weight_bytes),
@@ -161,9 +166,12 @@ void choose_residency(GeneratePlan& p, DenoiserSpec spec, GpuDiTMemory m, bool d
     return;
   }
   if (!host_refused.empty()) throw Error(cat("device ", p.device, ": ", host_refused, " (--host-memory-budget)"));
-  throw Error(cat(smallest_refusal.empty() ? cat("the run does not fit ", what) : smallest_refusal,
-                  " (with the weights ", m.residency, ", the least device memory of any plan); the smallest budget "
-                  "that runs it: --memory-budget ", memory_str(smallest)));
+  const std::string why = smallest_stage == RunStage::Denoise
+                              ? cat(" (with the weights ", m.residency, ", the least device memory of any plan)")
+                              : cat(" (the ", run_stage_name(smallest_stage), " stage, whatever the DiT's residency)");
+  const size_t mib = (smallest + (size_t{1} << 20) - 1) >> 20;  // rounded up: a budget that runs it
+  throw Error(cat(smallest_refusal.empty() ? cat("the run does not fit ", what) : smallest_refusal, why,
+                  "; the smallest budget that runs it: --memory-budget ", mib, "MiB"));
 }
 
 RunMemoryPlan gpu_run_memory(const GeneratePlan& p, const GpuDiTMemory& m, bool decode, bool* fast_start) {
