@@ -22,11 +22,13 @@
 #include "models/weight_spec.h"
 #include "pipeline/files.h"
 #include "pipeline/host_memory.h"
+#include "pipeline/model_cache.h"
 #include "pipeline/models.h"
 #include "pipeline/pipeline.h"
 #include "formats/safetensors.h"
 #include "formats/video.h"
 #include "run_util.h"
+#include "testing/make_lora.h"
 
 namespace fs = std::filesystem;
 using namespace wan;
@@ -434,3 +436,67 @@ TEST(GenerateRandom, TextEncoderThatCannotFitIsRefused) {
 }
 }  // namespace
 }  // namespace wan
+
+// ---- the resident models of consecutive runs (pipeline/model_cache.h, wan serve's ResidentRunner) ----
+// A second run with the same settings takes the text encoder, the DiT and the VAE's weights from the cache and
+// gives the uncached run's bytes; a setting that shapes a model (a LoRA, the size) rebuilds that model only;
+// a sampling change (seed, shift, prompt) rebuilds nothing.
+
+TEST(ModelCache, ASecondRunReusesEveryModelAndGivesTheSameVideo) {
+  ModelCache cache;
+  const GenerateResult plain = run_generate(plan_generate(tiny()), {});
+  const GenerateResult first = run_generate(plan_generate(tiny()), {}, true, &cache);
+  EXPECT_EQ(cache.stats.built, 3u);  // text encoder, DiT, VAE weights
+  EXPECT_EQ(cache.stats.reused, 0u);
+  EXPECT_TRUE(cache.dit && cache.text_cpu && cache.vae);
+  const GenerateResult second = run_generate(plan_generate(tiny()), {}, true, &cache);
+  EXPECT_EQ(cache.stats.built, 3u);
+  EXPECT_EQ(cache.stats.reused, 3u);
+  for (const GenerateResult* r : {&first, &second}) {
+    EXPECT_TRUE(same_bytes(r->latents, plain.latents));
+    EXPECT_TRUE(same_bytes(r->video, plain.video));
+  }
+  // Sampling settings shape no model: nothing is rebuilt, and the result is the uncached one's. (The
+  // step count can: it decides which experts the schedule uses.)
+  GenerateOptions other = tiny(9);
+  other.shift = 3.0;
+  other.prompt = "a boat";
+  const GenerateResult third = run_generate(plan_generate(other), {}, true, &cache);
+  EXPECT_EQ(cache.stats.built, 3u);
+  EXPECT_TRUE(same_bytes(third.video, run_generate(plan_generate(other), {}).video));
+}
+
+TEST(ModelCache, ASettingThatShapesAModelRebuildsOnlyThatModel) {
+  test::TempDir t;
+  ModelCache cache;
+  (void)run_generate(plan_generate(tiny()), {}, false, &cache);
+  ASSERT_EQ(cache.stats.built, 2u);  // latents only: no VAE
+  // Another size: the DiT (planned for the latent shape) again; the text encoder stays.
+  GenerateOptions wide = tiny();
+  wide.width = 96;
+  const GenerateResult w = run_generate(plan_generate(wide), {}, false, &cache);
+  EXPECT_EQ(cache.stats.built, 3u);
+  EXPECT_EQ(cache.stats.reused, 1u);
+  EXPECT_EQ(cache.stats.evicted, 1u);
+  EXPECT_TRUE(same_bytes(w.latents, run_generate(plan_generate(wide), {}, false).latents));
+  // A LoRA changes the DiT's weights: rebuilt, and the run equals an uncached one with that LoRA.
+  gen::MakeLoraOptions l;
+  l.dit = plan_generate(tiny()).ckpt.dit;
+  l.rank = 4;
+  l.format = gen::LoraFormat::Kohya;
+  l.dtype = DType::F32;
+  l.seed = 5;
+  l.up_std = 0.05f;
+  l.out = t / "l.safetensors";
+  gen::make_lora(l);
+  GenerateOptions lora = tiny();
+  lora.loras.push_back({l.out, 0.8f, LoraExpert::All});
+  const GenerateResult a = run_generate(plan_generate(lora), {}, false, &cache);
+  EXPECT_EQ(cache.stats.built, 4u);
+  EXPECT_EQ(cache.stats.evicted, 2u);
+  const GenerateResult b = run_generate(plan_generate(lora), {}, false);
+  EXPECT_TRUE(same_bytes(a.latents, b.latents));
+  EXPECT_FALSE(same_bytes(a.latents, run_generate(plan_generate(tiny()), {}, false).latents));
+  cache.clear();
+  EXPECT_FALSE(cache.dit || cache.text_cpu || cache.vae);
+}

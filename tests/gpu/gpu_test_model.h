@@ -6,12 +6,17 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "models/config.h"
 #include "core/tensor.h"
+#include "lora/lora.h"
 #include "models/dit/dit_gpu.h"
+#include "models/dit/weights.h"
+#include "testing/make_lora.h"
 #include "gpu_test_util.h"
 
 namespace wan::gpu_test {
@@ -91,6 +96,23 @@ inline DiTHostInputs dit_host_inputs(const DiTConfig& c, const cuda::DiTShape& s
   EXPECT_EQ(f.t.size(), static_cast<size_t>(s.batch));
   EXPECT_EQ(f.lens.size(), static_cast<size_t>(s.batch));
   return f;
+}
+
+// A LoRA set for `cfg` read from `dir`/lora.safetensors, which it writes: one kohya file of rank 4 (alpha 2,
+// up factors ~ N(0, 0.05²), seed 21) on every projection, strength 1.1, for the high-noise expert.
+inline std::shared_ptr<const LoraSet> tiny_kohya_lora(const DiTConfig& cfg, const std::string& dir) {
+  gen::MakeLoraOptions l;
+  l.dit = cfg;
+  l.rank = 4;
+  l.alpha = 2.0f;
+  l.format = gen::LoraFormat::Kohya;
+  l.dtype = DType::F32;
+  l.seed = 21;
+  l.up_std = 0.05f;
+  l.out = dir + "/lora.safetensors";
+  gen::make_lora(l);
+  return std::make_shared<const LoraSet>(
+      load_lora_set({{l.out, 1.1f, LoraExpert::All}}, LoraExpert::High, dit_weight_table(cfg)));
 }
 
 }  // namespace wan::gpu_test

@@ -120,20 +120,8 @@ Tensor as_tensor(const std::vector<float>& v, const Shape& s) {
   return t;
 }
 
-// A LoRA set for `cfg` (one kohya file of rank 4 on every projection).
 std::shared_ptr<const LoraSet> tiny_lora(const DiTConfig& cfg, const test::TempDir& t) {
-  gen::MakeLoraOptions l;
-  l.dit = cfg;
-  l.rank = 4;
-  l.alpha = 2.0f;
-  l.format = gen::LoraFormat::Kohya;
-  l.dtype = DType::F32;
-  l.seed = 21;
-  l.up_std = 0.05f;
-  l.out = t / "lora.safetensors";
-  gen::make_lora(l);
-  return std::make_shared<const LoraSet>(
-      load_lora_set({{l.out, 1.1f, LoraExpert::All}}, LoraExpert::High, dit_weight_table(cfg)));
+  return gpu_test::tiny_kohya_lora(cfg, t.str());
 }
 
 }  // namespace
