@@ -21,10 +21,12 @@ using namespace wan;
 using namespace wan::server;
 using Fields = std::map<std::string, std::string>;
 
-ServedModel tiny() {
+// `serve_options`: more of the server's own options (name -> value).
+ServedModel tiny(const Fields& serve_options = {}) {
   api::Values serve(api::serve_spec());
   serve.set("weights", "random");
   serve.set("config", "tiny");
+  for (const auto& [k, v] : serve_options) serve.set(k, v);
   ServedModel m(api::generate_base_values(serve));
   m.id = "wan2.2-t2v-A14B";
   m.fps = 16;
@@ -75,15 +77,7 @@ TEST(ServeRequests, FieldsBecomeGenerateOptionsWithTheCliRules) {
 }
 
 TEST(ServeRequests, TheServersMemoryBudgetReachesEveryJob) {
-  api::Values serve(api::serve_spec());
-  serve.set("weights", "random");
-  serve.set("config", "tiny");
-  serve.set("memory-budget", "24GiB");
-  serve.set("host-memory-budget", "64G");
-  ServedModel m(api::generate_base_values(serve));
-  m.id = "wan2.2-t2v-A14B";
-  m.fps = 16;
-  m.max_prompt = 100;
+  const ServedModel m = tiny({{"memory-budget", "24GiB"}, {"host-memory-budget", "64G"}});
   const VideoRequest r = parse_video_request({{"prompt", "a cat"}}, m, "");
   EXPECT_EQ(r.opts.memory_budget, int64_t{24} << 30);
   EXPECT_EQ(r.opts.host_memory_budget, int64_t{64} << 30);
