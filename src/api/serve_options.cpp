@@ -96,6 +96,8 @@ const CommandSpec& serve_spec() {
                                "none: requests with loras get 400)"));
     c.options.push_back(duration_row("request-timeout", "30s",
                                      "a client that sends or reads nothing this long is disconnected"));
+    c.options.push_back(flag_option("no-preload", "load the models with the first job instead of at start (at "
+                                                  "start: those of a request of the default size and frames)"));
     c.options.push_back(flag_option("quiet", "no log lines on stderr"));
     c.epilog = "Exit codes: 0 stopped by SIGTERM / SIGINT after draining, 1 internal error, 2 bad options or a\n"
                "model that cannot be planned.\n";

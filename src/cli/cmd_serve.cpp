@@ -87,6 +87,18 @@ int cmd_serve(int argc, char** argv) {
   qc.job_timeout_s = api::parse_duration(v.str("job-timeout"), "job-timeout");
   qc.video_ext = video_have_ffmpeg() ? ".mp4" : ".y4m";
   server::ResidentRunner runner;
+  if (!v.flag("no-preload")) {  // the models a request of the default size and frames uses, before serving
+    api::Values g = model.base;
+    g.set("prompt", "preload");
+    try {
+      GenerateOptions o = api::generate_options(g, nullptr);
+      o.plan_as_owner = true;
+      const double s = runner.preload(o);
+      if (!quiet) fprintf(stderr, "wan serve: models resident in %.1f s\n", s);
+    } catch (const Error& e) {  // e.g. a task that needs an image: the first job loads them
+      fprintf(stderr, "wan serve: models load with the first job (%s)\n", e.what());
+    }
+  }
   server::JobQueue jobs(qc, runner);
   for (const std::string& n : jobs.load_notes()) fprintf(stderr, "wan serve: %s\n", n.c_str());
 

@@ -27,6 +27,29 @@ void ModelCache::clear() {
   vae_key.clear();
 }
 
+void preload_models(const GeneratePlan& p, ModelCache& c) {
+  const int gpu = parse_device(p.device);
+  if (gpu < 0 && !pipeline_detail::cpu_may_keep(p)) return;  // each run loads its own
+  const std::string dit_key = pipeline_detail::dit_cache_key(p);
+  if (c.dit_key != dit_key) {
+    c.drop_dit();
+    DenoiserSpec spec = pipeline_detail::denoiser_spec(p);
+    c.dit = make_denoiser(p.ckpt, spec);
+    if (gpu >= 0) c.dit->warm_up(pipeline_detail::forward_uses(p, 0));
+    c.dit_key = dit_key;
+    ++c.stats.built;
+  }
+  (void)pipeline_detail::cached_vae_weights(p, &c);
+  const std::string text_key = pipeline_detail::text_cache_key(p);
+  if (!p.needs_text_encoder || c.text_key == text_key) return;
+  c.drop_text();
+  const int64_t room = p.t5_device_bytes + p.vae_device_bytes;
+  if (gpu >= 0 ? static_cast<int64_t>(gpu_free_bytes(gpu)) < room : !pipeline_detail::cpu_may_keep(p)) return;
+  pipeline_detail::build_text_encoder(p, gpu, c.text_gpu, c.text_cpu);
+  c.text_key = text_key;
+  ++c.stats.built;
+}
+
 namespace pipeline_detail {
 
 std::string text_cache_key(const GeneratePlan& p) {

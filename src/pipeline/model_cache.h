@@ -38,6 +38,11 @@ struct ModelCache {
   void clear();
 };
 
+// Loads the models a run of `p` uses into the cache without running it (wan serve at start): the DiT
+// (and its CUDA graphs), the VAE's weights, and the text encoder when the device keeps room for it next to
+// the DiT and the VAE decoder. A later run of a plan with equal keys builds nothing.
+void preload_models(const GeneratePlan& p, ModelCache& cache);
+
 namespace pipeline_detail {
 
 // What a model of the plan is built from; equal keys build bit-identical models.

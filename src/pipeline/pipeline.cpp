@@ -466,6 +466,27 @@ GeneratePlan plan_generate(const GenerateOptions& o) {
 
 namespace pipeline_detail {
 
+std::vector<std::pair<Expert, int>> forward_uses(const GeneratePlan& p, int first_step) {
+  std::vector<std::pair<Expert, int>> uses;
+  for (size_t i = static_cast<size_t>(first_step); i < p.experts.steps.size(); ++i) {
+    const ExpertStep& es = p.experts.steps[i];
+    const std::pair<Expert, int> u{es.expert, es.guide != 1.0f ? 2 : 1};
+    if (std::find(uses.begin(), uses.end(), u) == uses.end()) uses.push_back(u);
+  }
+  return uses;
+}
+
+void build_text_encoder(const GeneratePlan& p, int gpu, std::unique_ptr<GpuTextEncoder>& te_gpu,
+                        std::shared_ptr<TextEncoder>& te) {
+  PromptTokenizer tokens = load_prompt_tokenizer(&p.ckpt, p.t5.vocab, /*allow_stand_in=*/p.random_weights);
+  const uint64_t t5_seed = random_t5_seed(p.weights_seed);
+  if (gpu >= 0)
+    te_gpu = make_gpu_text_encoder(p.ckpt, p.t5, p.random_weights, t5_seed, std::move(tokens), gpu);
+  else
+    te = std::make_shared<TextEncoder>(p.random_weights ? random_text_encoder(p.t5, t5_seed, std::move(tokens))
+                                                        : load_text_encoder(p.ckpt));
+}
+
 void set_parallel_numerics(GeneratePlan& p, const std::string& parallel) {
   p.parallel = parallel;
   auto j = nlohmann::ordered_json::parse(p.fingerprint, nullptr, false);
@@ -565,13 +586,7 @@ void run_text_stage(const GeneratePlan& p, const RunHooks& hooks, int gpu, const
       ++cache->stats.reused;
     } else {
       if (cache) pipeline_detail::make_room(*cache, gpu, static_cast<int64_t>(p.t5_device_bytes), false, false);
-      PromptTokenizer tokens = load_prompt_tokenizer(&p.ckpt, p.t5.vocab, /*allow_stand_in=*/p.random_weights);
-      const uint64_t t5_seed = random_t5_seed(p.weights_seed);
-      if (gpu >= 0)
-        te_gpu = make_gpu_text_encoder(p.ckpt, p.t5, p.random_weights, t5_seed, std::move(tokens), gpu);
-      else
-        te = std::make_shared<TextEncoder>(p.random_weights ? random_text_encoder(p.t5, t5_seed, std::move(tokens))
-                                                            : load_text_encoder(p.ckpt));
+      pipeline_detail::build_text_encoder(p, gpu, te_gpu, te);
       if (cache) ++cache->stats.built;
     }
     if (gpu >= 0) encode = [&](const std::string& s) { return te_gpu->encode(s); };
@@ -656,13 +671,7 @@ GenerateResult run_generate(const GeneratePlan& p, const RunHooks& hooks, bool d
   if (gpu >= 0) r.device_bytes_at_start = r.peak_device_bytes = gpu_memory_in_use(gpu);
   pipeline_detail::begin_result(p, &r);
 
-  // The (expert, batch) forwards of the remaining steps: the GPU warm-up captures their graphs.
-  std::vector<std::pair<Expert, int>> uses;
-  for (size_t i = static_cast<size_t>(r.first_step); i < p.experts.steps.size(); ++i) {
-    const ExpertStep& es = p.experts.steps[i];
-    const std::pair<Expert, int> u{es.expert, es.guide != 1.0f ? 2 : 1};
-    if (std::find(uses.begin(), uses.end(), u) == uses.end()) uses.push_back(u);
-  }
+  const std::vector<std::pair<Expert, int>> uses = pipeline_detail::forward_uses(p, r.first_step);
   const DenoiserSpec spec = pipeline_detail::denoiser_spec(p);
   Tensor cond = p.prompt_embeds, uncond = p.negative_embeds;
   std::unique_ptr<GpuTextEncoder> te_gpu;

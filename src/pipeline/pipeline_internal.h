@@ -79,6 +79,11 @@ inline std::vector<Role> expert_roles(const CheckpointInfo& ckpt, bool use_high,
 // The denoiser of plan p's run: device, experts, latent shape, weights' seeds and the DiT's checked
 // memory plan (p.dit_memory).
 DenoiserSpec denoiser_spec(const GeneratePlan& p);
+// The distinct (expert, batch) forwards of steps [first_step, end): what the GPU warm-up captures.
+std::vector<std::pair<Expert, int>> forward_uses(const GeneratePlan& p, int first_step);
+// The plan's text encoder, built (loaded, or drawn): on GPU `gpu` into te_gpu, on the CPU (gpu < 0) into te.
+void build_text_encoder(const GeneratePlan& p, int gpu, std::unique_ptr<GpuTextEncoder>& te_gpu,
+                        std::shared_ptr<TextEncoder>& te);
 
 // The denoising stage of a run. From x [z, T, H, W] (the initial or the resumed latents) and the sampler
 // state `from` (nullptr: step 0; else a state of p's sampler, e.g. p.resume->sampler), runs the plan's

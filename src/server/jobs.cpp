@@ -119,6 +119,14 @@ std::string ResidentRunner::metrics() const {
              "# TYPE wan_models_evicted_total counter\nwan_models_evicted_total ", s.evicted, "\n");
 }
 
+double ResidentRunner::preload(const GenerateOptions& o) {
+  const auto t0 = std::chrono::steady_clock::now();
+  preload_models(plan_generate(o), *cache_);
+  std::lock_guard<std::mutex> lk(mu_);
+  stats_ = cache_->stats;
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
 void ResidentRunner::run(const GenerateOptions& o, const GeneratePlan* checked, const std::string& video_path,
                          const RunHooks& hooks) {
   std::optional<GeneratePlan> own;

@@ -64,6 +64,9 @@ class ResidentRunner : public JobRunner {
   ~ResidentRunner() override;
   void run(const GenerateOptions& o, const GeneratePlan* plan, const std::string& video_path,
            const RunHooks& hooks) override;
+  // Loads the models a job of `o` would use (pipeline/model_cache.h preload_models), before the queue
+  // starts; returns the seconds it took.
+  double preload(const GenerateOptions& o);
   // wan_models_built_total, wan_models_reused_total, wan_models_evicted_total.
   std::string metrics() const override;
   ModelCacheStats stats() const;  // as of the last finished job

@@ -500,3 +500,18 @@ TEST(ModelCache, ASettingThatShapesAModelRebuildsOnlyThatModel) {
   cache.clear();
   EXPECT_FALSE(cache.dit || cache.text_cpu || cache.vae);
 }
+
+TEST(ModelCache, PreloadedModelsServeTheFirstRun) {
+  ModelCache cache;
+  const GeneratePlan p = plan_generate(tiny());
+  preload_models(p, cache);
+  EXPECT_EQ(cache.stats.built, 3u);  // DiT, VAE weights, text encoder
+  EXPECT_TRUE(cache.dit && cache.text_cpu && cache.vae);
+  preload_models(p, cache);  // already resident: nothing more is built
+  EXPECT_EQ(cache.stats.built, 3u);
+  const uint64_t reused = cache.stats.reused;
+  const GenerateResult r = run_generate(p, {}, true, &cache);
+  EXPECT_EQ(cache.stats.built, 3u);
+  EXPECT_EQ(cache.stats.reused - reused, 3u);
+  EXPECT_TRUE(same_bytes(r.video, run_generate(plan_generate(tiny()), {}).video));
+}
