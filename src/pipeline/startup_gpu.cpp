@@ -54,20 +54,24 @@ RunMemoryPlan run_memory(const GeneratePlan& p, const GpuDiTMemory& m, bool fast
   const bool text = t5_bytes > 0;
   const StageSet denoise = stage_bit(RunStage::Denoise);
   const StageSet loading = fast ? stage_bit(RunStage::Load) | (text ? stage_bit(RunStage::TextEncode) : 0) : StageSet{0};
+  // A server (plan_as_owner) keeps its text encoder and DiT (weights, arena, reserve) resident from one
+  // job to the next (model_cache.h): they are counted in every stage, so the residency chosen lets them
+  // stay, and the decoder and image encoder fit next to them.
+  const StageSet kept = p.plan_as_owner ? kAllStages : StageSet{0};
   run.request = cat(p.width, "x", p.height, ", ", p.frames, " frames, ", m.experts,
                     m.experts == 1 ? " expert" : " experts", " (", m.residency, ")",
                     text ? (p.keep_text_encoder ? ", text encoder kept" : ", text encoder freed first") : "");
   if (text)
     run.add(dev, "text encoder (weights + activations)", t5_bytes,
-            stage_bit(RunStage::TextEncode) | loading | (p.keep_text_encoder ? denoise : StageSet{0}));
+            stage_bit(RunStage::TextEncode) | loading | (p.keep_text_encoder ? denoise : StageSet{0}) | kept);
   using pipeline_detail::uses_expert;
   const bool high = uses_expert(p.experts, Expert::High), low = uses_expert(p.experts, Expert::Low);
   if (m.host_weight_bytes == 0) {
     for (Role r : pipeline_detail::expert_roles(p.ckpt, high, low))
       run.add(dev, r == Role::DiTLow ? "low-noise expert weights" : "high-noise expert weights", m.weight_bytes,
-              loading | denoise);
+              loading | denoise | kept);
   } else {  // the rest waits in pinned host memory (dit_gpu.h WeightResidency)
-    run.add(dev, cat("DiT weights, ", m.residency), m.device_weight_bytes, denoise);
+    run.add(dev, cat("DiT weights, ", m.residency), m.device_weight_bytes, denoise | kept);
   }
   if (fast) run.add(dev, "loader staging", m.staging_bytes, loading);
   // LoRA: tensors assembled in fp32 and one tensor's factors while the weights load (lora_gpu.h); the
@@ -84,24 +88,24 @@ RunMemoryPlan run_memory(const GeneratePlan& p, const GpuDiTMemory& m, bool fast
     run.add(dev, fp8 ? "LoRA merge / FP8 quantisation (fp32 work, during the load)"
                      : "LoRA merge (fp32 work, during the load)",
             lora, loading | denoise);
-  run.add(dev, "DiT activations", m.arena_bytes, denoise);
+  run.add(dev, "DiT activations", m.arena_bytes, denoise | kept);
   run.add(dev, "sampler state", m.sampler_bytes, denoise);
-  run.add(dev, "DiT reserve", m.reserve_bytes, loading | denoise);
+  run.add(dev, "DiT reserve", m.reserve_bytes, loading | denoise | kept);
   // I2V / TI2V: the image is encoded before the DiT loads (and after the text encoder is freed).
   if (encoder_bytes > 0)
     run.add(dev, "VAE encoder (weights + activations)", encoder_bytes, stage_bit(RunStage::ImageEncode));
   // The decoder is built after the DiT is freed.
   if (vae_bytes > 0) run.add(dev, "VAE decoder (weights + activations)", vae_bytes, stage_bit(RunStage::Decode));
   // What fits: the largest frame count at this size whose denoise stage fits.
-  const size_t kept = p.keep_text_encoder ? t5_bytes : 0;
+  const size_t kept_text = p.keep_text_encoder || p.plan_as_owner ? t5_bytes : 0;
   const int tf = vae_temporal_factor(p.vae);
-  run.what_fits = [m, kept, tf, w = p.width, h = p.height, T = p.latent_shape[1]](const std::string&, RunStage st,
+  run.what_fits = [m, kept_text, tf, w = p.width, h = p.height, T = p.latent_shape[1]](const std::string&, RunStage st,
                                                                                    size_t free_bytes) -> std::string {
     if (st == RunStage::Decode || st == RunStage::ImageEncode)
       return cat("the VAE's activations scale with the frame size, not the frame count: a smaller size than ", w,
                  "x", h, " fits");
     if (st != RunStage::Denoise) return {};
-    const int64_t fit = largest_fitting(T - 1, [&](int64_t t) { return m.bytes_at_frames(t) + kept <= free_bytes; });
+    const int64_t fit = largest_fitting(T - 1, [&](int64_t t) { return m.bytes_at_frames(t) + kept_text <= free_bytes; });
     if (fit >= 1)
       return cat("at most ", (fit - 1) * tf + 1, " frames fit at ", w, "x", h, " (", fit, " latent frames, ",
                  m.residency, ")");
