@@ -392,10 +392,10 @@ int64_t parse_memory_size(const std::string& s, const std::string& key) {
 void add_memory_budget_rows(std::vector<Option>& t) {
   Option dev = option("memory-budget", Kind::String, "SIZE", "the device's free memory",
                       "cuda, one GPU: the device memory the run may use, e.g. 24GiB. The plan keeps both experts "
-                      "resident when they fit, else one expert at a time (swapped from pinned host memory at the "
-                      "boundary), else streams the DiT blocks from pinned host memory while the others compute "
-                      "(same latents, bit for bit); --verbose prints the choice. A budget nothing fits is refused, "
-                      "naming the smallest that works");
+                      "resident when they fit, else takes the cheaper that fits of one expert at a time (swapped "
+                      "from pinned host memory when the expert changes) and the DiT blocks streamed from pinned "
+                      "host memory while the others compute (same latents, bit for bit); --verbose prints the "
+                      "choice. A budget nothing fits is refused, naming the smallest that works");
   dev.check = [](const std::string& s) {
     (void)parse_memory_size(s, "memory-budget");
     return std::string();

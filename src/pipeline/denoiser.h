@@ -128,6 +128,8 @@ struct GpuDiTMemory {
   size_t device_weight_bytes = 0;  // what the experts hold on the device under the spec's residency
   size_t host_weight_bytes = 0;    // the pinned host memory the residency holds (0: resident)
   std::string residency;           // its name ("resident", "expert swap", "block streaming (3 slots)")
+  bool streams = false;            // block streaming: each forward copies every block (block_bytes each)
+  size_t block_bytes = 0;
   int residencies = 1;             // how many DenoiserSpec::residency choices there are
   size_t arena_bytes = 0;    // activations + workspaces (cuDNN's attention workspace excluded: known at creation)
   size_t reserve_bytes = 0;  // kept free for handles, kernels and graphs

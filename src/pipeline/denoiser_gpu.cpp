@@ -183,6 +183,8 @@ GpuDiTMemory plan_gpu_dit_memory(const CheckpointInfo& ckpt, const DenoiserSpec&
   m.device_weight_bytes = plan->device_weight_bytes();
   m.host_weight_bytes = plan->host_weight_bytes();
   m.residency = res.str();
+  m.streams = res.mode == cuda::WeightResidency::Mode::StreamBlocks;
+  m.block_bytes = plan->block_bytes;
   m.arena_bytes = plan->arena_bytes;
   m.reserve_bytes = plan->reserve_bytes;
   m.sampler_bytes = sampler_bytes(spec, ckpt.dit.in_dim);

@@ -91,6 +91,16 @@ RunMemoryPlan rank_run_memory(const GeneratePlan& plan, const GpuDiTMemory& m, c
 // memory now, then the VAE check. Several GPUs: each rank checks its rank_run_memory before any work on
 // its device.
 void plan_gpu_run(bool parallel, bool decode, bool keep_text_encoder, GeneratePlan& p);
+// What a weight residency (GpuDiTMemory's) adds to a run's time, in seconds, by the plan's arithmetic:
+// SwapExperts copies an expert's allocation over PCIe at every change of expert (the first step's
+// included, since the fill leaves the last expert on the device); StreamBlocks copies every block every
+// forward, hidden behind the other blocks' compute except where a block's copy outlasts a block's compute
+// (FLOPs at kResidencyFlops; copies at kResidencyPcie). Resident: 0. The choice among the residencies
+// that fit takes the cheapest (the fastest first on a tie).
+constexpr double kResidencyPcie = 50e9;      // B/s, pinned host to device (H100, measured ~55 GB/s)
+constexpr double kResidencyFlops = 500e12;   // FLOP/s, a block's bf16 GEMMs and attention (measured ~640)
+double residency_cost_seconds(const GeneratePlan& plan, const GpuDiTMemory& m);
+
 // The host memory a GPU run holds for weights at once (its plan's host_weights_bytes).
 int64_t gpu_host_weights_bytes(const GeneratePlan& p);
 

@@ -117,10 +117,34 @@ RunMemoryPlan run_memory(const GeneratePlan& p, const GpuDiTMemory& m, bool fast
 
 }  // namespace
 
-// The residency (DenoiserSpec::residency) of a one-GPU run: the first, fastest first, whose run plan fits
-// the budget (the free memory, or --memory-budget when smaller) and whose pinned host copies fit the host
-// budget; sets p.memory, p.dit_memory, p.fast_start, p.residency. Refuses in one line when none does,
-// naming the smallest budget that would work.
+double residency_cost_seconds(const GeneratePlan& p, const GpuDiTMemory& m) {
+  if (m.host_weight_bytes == 0) return 0;
+  const int steps = static_cast<int>(p.experts.steps.size());
+  if (!m.streams) {  // SwapExperts: a copy at every change of expert
+    int changes = 0;
+    for (int i = 0; i < steps; ++i)
+      if (i == 0 || p.experts.steps[static_cast<size_t>(i)].expert != p.experts.steps[static_cast<size_t>(i) - 1].expert)
+        ++changes;
+    return changes * static_cast<double>(m.weight_bytes) / kResidencyPcie;
+  }
+  // StreamBlocks: per forward, each block's copy beyond one block's compute (ANCHORS.md's count: attention
+  // 4·L²·D and the linear layers 2·L·(6D² + 2DF) per sample).
+  const DiTConfig& c = p.ckpt.dit;
+  const double L = static_cast<double>(p.seq_len), D = c.dim, F = c.ffn_dim;
+  double cost = 0;
+  for (const ExpertStep& es : p.experts.steps) {
+    const double batch = es.guide != 1.0f ? 2 : 1;
+    const double block_s = batch * (4.0 * L * L * D + 2.0 * L * (6.0 * D * D + 2.0 * D * F)) / kResidencyFlops;
+    const double copy_s = static_cast<double>(m.block_bytes) / kResidencyPcie;
+    cost += c.num_layers * std::max(0.0, copy_s - block_s);
+  }
+  return cost;
+}
+
+// The residency (DenoiserSpec::residency) of a one-GPU run: the cheapest (residency_cost_seconds) whose
+// run plan fits the budget (the free memory, or --memory-budget when smaller) and whose pinned host copies
+// fit the host budget; sets p.memory, p.dit_memory, p.fast_start, p.residency. Refuses in one line when
+// none does, naming the smallest budget that would work.
 void choose_residency(GeneratePlan& p, DenoiserSpec spec, GpuDiTMemory m, bool decode) {
   // As the device's owner (a server's cache frees what the run needs): its capacity less the context's.
   constexpr size_t kContextMargin = size_t{1} << 30;
@@ -140,6 +164,10 @@ void choose_residency(GeneratePlan& p, DenoiserSpec spec, GpuDiTMemory m, bool d
   size_t smallest = SIZE_MAX;
   std::string smallest_refusal;
   RunStage smallest_stage = RunStage::Denoise;
+  std::shared_ptr<RunMemoryPlan> best;
+  std::shared_ptr<const cuda::MemoryPlan> best_dit;
+  double best_cost = 0;
+  bool best_fast = false;
   for (int c = 0; c < m.residencies; ++c) {
     if (c > 0) {
       spec.residency = c;
@@ -163,10 +191,21 @@ void choose_residency(GeneratePlan& p, DenoiserSpec spec, GpuDiTMemory m, bool d
                          " of host memory, more than the host budget of ", memory_str(static_cast<size_t>(host_limit)));
       continue;
     }
-    p.residency = c;
-    p.residency_name = m.residency;
-    p.memory = std::move(run);
-    p.dit_memory = m.plan;
+    const double cost = residency_cost_seconds(p, m);
+    if (!best || cost < best_cost) {
+      best_cost = cost;
+      p.residency = c;
+      p.residency_name = m.residency;
+      best = std::move(run);
+      best_dit = m.plan;
+      best_fast = p.fast_start;
+    }
+    if (cost == 0) break;  // nothing is cheaper than free
+  }
+  if (best) {
+    p.memory = std::move(best);
+    p.dit_memory = std::move(best_dit);
+    p.fast_start = best_fast;
     return;
   }
   if (!host_refused.empty()) throw Error(cat("device ", p.device, ": ", host_refused, " (--host-memory-budget)"));

@@ -25,6 +25,7 @@
 #include "pipeline/model_cache.h"
 #include "pipeline/models.h"
 #include "pipeline/pipeline.h"
+#include "pipeline/startup.h"
 #include "formats/safetensors.h"
 #include "formats/video.h"
 #include "run_util.h"
@@ -514,4 +515,28 @@ TEST(ModelCache, PreloadedModelsServeTheFirstRun) {
   EXPECT_EQ(cache.stats.built, 3u);
   EXPECT_EQ(cache.stats.reused - reused, 3u);
   EXPECT_TRUE(same_bytes(r.video, run_generate(plan_generate(tiny()), {}).video));
+}
+
+// The residency's cost model (pipeline/startup.h residency_cost_seconds): resident is free; a swap pays
+// one PCIe copy of an expert per change of expert (the first step's included); streaming pays what a
+// block's copy exceeds a block's compute, which at the real width and 720p is nothing.
+TEST(ResidencyCost, SwapsPayPerChangeStreamingOnlyWhatComputeDoesNotHide) {
+  GeneratePlan p = plan_generate(tiny());
+  ASSERT_EQ(p.experts.steps.size(), 5u);
+  ASSERT_GT(p.experts.num_high(), 0);
+  ASSERT_LT(p.experts.num_high(), 5);  // both experts: two changes, counting the first step
+  GpuDiTMemory m;
+  m.weight_bytes = 50'000'000'000;  // 1 s over PCIe at kResidencyPcie
+  EXPECT_EQ(residency_cost_seconds(p, m), 0.0);  // resident: no host copies
+  m.host_weight_bytes = 2 * m.weight_bytes;
+  EXPECT_NEAR(residency_cost_seconds(p, m), 2.0, 1e-9);
+  m.streams = true;
+  m.block_bytes = 500'000'000;  // 10 ms a block; the tiny model's blocks compute in far less
+  const double tiny_cost = residency_cost_seconds(p, m);
+  EXPECT_GT(tiny_cost, 0.9 * 5 * p.ckpt.dit.num_layers * 0.01);
+  EXPECT_LE(tiny_cost, 5 * p.ckpt.dit.num_layers * 0.01);
+  p.ckpt.dit = dit_preset("t2v-A14B");
+  p.seq_len = 75600;  // 720p, 81 frames: a block computes for about 0.6 s
+  m.block_bytes = 720'000'000;
+  EXPECT_EQ(residency_cost_seconds(p, m), 0.0);
 }
