@@ -14,6 +14,7 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -50,6 +51,10 @@ struct DeviceEntry {
   float scale = 0.0f, offset_value = 0.0f;  // random init: normal·scale + offset_value (normal_draw)
   size_t scale_offset = 0;  // F8E4M3: the fp32 row scales [shape[0]] at this byte offset
   bool fp8() const { return dtype == DType::F8E4M3; }
+  // One past its last byte, its e4m3 row scales included.
+  size_t end() const {
+    return fp8() ? std::max(offset + bytes, scale_offset + static_cast<size_t>(rows()) * 4) : offset + bytes;
+  }
   int64_t rows() const { return shape[0]; }                 // F8E4M3: [rows, cols]
   int64_t cols() const { return shape.numel() / shape[0]; }
 };

@@ -129,7 +129,7 @@ void DiTGpu::Impl::place_weights(const std::vector<DiTWeightSource>& experts) {
   // The fill window: the arena (free until the first forward) or the slots, whichever is larger.
   const size_t ring = st.slot_bytes * static_cast<size_t>(st.count);
   char* window = arena && plan.arena_bytes > ring ? arena : st.slots;
-  const size_t window_bytes = std::max(plan.arena_bytes * (arena ? 1 : 0), ring);
+  const size_t window_bytes = window == arena ? plan.arena_bytes : ring;
   for (int i = 0; i < n; ++i) {
     const DiTWeightSource& src = experts[static_cast<size_t>(i)];
     void* w = nullptr;
@@ -206,23 +206,21 @@ Tensor DiTGpu::Impl::download(int expert, const std::string& name) const {
   if (!res) return dit_gpu_detail::download_weight(table, weights[e], name);
   if (streaming() && res->nonblock.index.count(name))
     return dit_gpu_detail::download_weight(res->nonblock, weights[e], name);
-  // From the host image: the tensor (with its scales and any group behind it) through a device buffer.
-  const dit_gpu_detail::DeviceEntry& d = table.at(name);
-  auto extent_end = [](const dit_gpu_detail::DeviceEntry& o) {
-    return o.fp8() ? std::max(o.offset + o.bytes, o.scale_offset + static_cast<size_t>(o.rows()) * 4)
-                   : o.offset + o.bytes;
-  };
-  size_t end = extent_end(d);
-  for (const dit_gpu_detail::DeviceEntry& o : table.entries)  // the members of its group that start inside
-    if (o.offset >= d.offset && o.offset < end) end = std::max(end, extent_end(o));
+  // From the host image through a device buffer: the tensor's unit of weight_ranges (itself, or its e4m3
+  // fusion group with the scales behind it).
+  const size_t at = table.at(name).offset;
+  size_t begin = 0, bytes = 0;
+  for (const auto& [b, n] : DiTGpu::weight_ranges(cfg, nullptr, plan.gemm))
+    if (b <= at && at < b + n) begin = b, bytes = n;
+  WAN_ASSERT(bytes > 0, "DiT GPU: no weight range holds ", name);
   void* tmp = nullptr;
-  CUDA_CHECK(cudaMalloc(&tmp, end - d.offset));
+  CUDA_CHECK(cudaMalloc(&tmp, bytes));
   struct Free {
     void* p;
     ~Free() { cudaFree(p); }
   } f{tmp};
-  CUDA_CHECK(cudaMemcpy(tmp, res->host[e] + d.offset, end - d.offset, cudaMemcpyHostToDevice));
-  return dit_gpu_detail::download_weight(sub_table(table, {{d.offset, end, 0}}), tmp, name);
+  CUDA_CHECK(cudaMemcpy(tmp, res->host[e] + begin, bytes, cudaMemcpyHostToDevice));
+  return dit_gpu_detail::download_weight(sub_table(table, {{begin, begin + bytes, 0}}), tmp, name);
 }
 
 }  // namespace wan::cuda

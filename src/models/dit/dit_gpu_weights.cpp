@@ -84,13 +84,6 @@ ExpertPtrs resolve(const DeviceTable& t, const std::function<const char*(size_t 
   return e;
 }
 
-namespace {
-size_t extent_end(const DeviceEntry& e) {
-  return e.fp8() ? std::max(e.offset + e.bytes, e.scale_offset + static_cast<size_t>(e.rows()) * 4)
-                 : e.offset + e.bytes;
-}
-}  // namespace
-
 BlockLayout block_layout(const DeviceTable& t, int layers) {
   BlockLayout l;
   l.blocks.assign(static_cast<size_t>(layers), {SIZE_MAX, 0});
@@ -100,7 +93,7 @@ BlockLayout block_layout(const DeviceTable& t, int layers) {
     WAN_ASSERT(i >= 0 && i < layers, "block layout: ", e.name, " outside ", layers, " blocks");
     auto& [b, end] = l.blocks[static_cast<size_t>(i)];
     b = std::min(b, e.offset);
-    end = std::max(end, extent_end(e));
+    end = std::max(end, e.end());
   }
   for (size_t i = 0; i < l.blocks.size(); ++i) {
     const auto& [b, e] = l.blocks[i];
@@ -111,7 +104,7 @@ BlockLayout block_layout(const DeviceTable& t, int layers) {
   l.begin = l.blocks.empty() ? 0 : l.blocks.front().first;
   l.end = l.blocks.empty() ? 0 : l.blocks.back().second;
   for (const DeviceEntry& e : t.entries)
-    WAN_ASSERT(e.name.rfind("blocks.", 0) == 0 || extent_end(e) <= l.begin || e.offset >= l.end,
+    WAN_ASSERT(e.name.rfind("blocks.", 0) == 0 || e.end() <= l.begin || e.offset >= l.end,
                "block layout: ", e.name, " lies among the blocks");
   return l;
 }
@@ -121,7 +114,7 @@ DeviceTable sub_table(const DeviceTable& t, const std::vector<std::tuple<size_t,
   for (const auto& [b, e, to] : ranges) {
     for (const DeviceEntry& d : t.entries) {
       if (d.offset < b || d.offset >= e) continue;
-      WAN_ASSERT(extent_end(d) <= e, "sub-table: ", d.name, " runs past its range");
+      WAN_ASSERT(d.end() <= e, "sub-table: ", d.name, " runs past its range");
       DeviceEntry m = d;
       m.offset = d.offset - b + to;
       if (d.fp8()) m.scale_offset = d.scale_offset - b + to;
@@ -141,11 +134,7 @@ std::vector<std::pair<size_t, size_t>> DiTGpu::weight_ranges(const DiTConfig& cf
   // first extent runs over its other weights to the scales behind them.
   std::vector<std::pair<size_t, size_t>> spans;  // [begin, end)
   spans.reserve(table.entries.size());
-  for (const dit_gpu_detail::DeviceEntry& e : table.entries) {
-    size_t end = e.offset + e.bytes;
-    if (e.fp8()) end = std::max(end, e.scale_offset + static_cast<size_t>(e.rows()) * 4);
-    spans.emplace_back(e.offset, end);
-  }
+  for (const dit_gpu_detail::DeviceEntry& e : table.entries) spans.emplace_back(e.offset, e.end());
   std::sort(spans.begin(), spans.end());
   std::vector<std::pair<size_t, size_t>> ranges;
   for (const auto& [b, e] : spans) {
