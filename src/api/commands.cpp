@@ -390,25 +390,23 @@ int64_t parse_memory_size(const std::string& s, const std::string& key) {
 }
 
 void add_memory_budget_rows(std::vector<Option>& t) {
-  Option dev = option("memory-budget", Kind::String, "SIZE", "the device's free memory",
-                      "cuda, one GPU: the device memory the run may use, e.g. 24GiB. The plan keeps both experts "
-                      "resident when they fit, else takes the cheaper that fits of one expert at a time (swapped "
-                      "from pinned host memory when the expert changes) and the DiT blocks streamed from pinned "
-                      "host memory while the others compute (same latents, bit for bit); --verbose prints the "
-                      "choice. A budget nothing fits is refused, naming the smallest that works");
-  dev.check = [](const std::string& s) {
-    (void)parse_memory_size(s, "memory-budget");
-    return std::string();
+  auto size_row = [&t](const std::string& name, const std::string& def, const std::string& help) {
+    Option o = option(name, Kind::String, "SIZE", def, help);
+    o.check = [name](const std::string& s) {
+      (void)parse_memory_size(s, name);
+      return std::string();
+    };
+    t.push_back(o);
   };
-  t.push_back(dev);
-  Option host = option("host-memory-budget", Kind::String, "SIZE", "the machine's memory",
-                       "the pinned host memory the --memory-budget plan may hold for the experts' weights (swapped "
-                       "or streamed); a plan that needs more is not chosen");
-  host.check = [](const std::string& s) {
-    (void)parse_memory_size(s, "host-memory-budget");
-    return std::string();
-  };
-  t.push_back(host);
+  size_row("memory-budget", "the device's free memory",
+           "cuda, one GPU: the device memory the run may use, e.g. 24GiB. The plan keeps both experts resident "
+           "when they fit, else takes the cheaper that fits of one expert at a time (swapped from pinned host "
+           "memory when the expert changes) and the DiT blocks streamed from pinned host memory while the others "
+           "compute (same latents, bit for bit); --verbose prints the choice. A budget nothing fits is refused, "
+           "naming the smallest that works");
+  size_row("host-memory-budget", "the machine's memory",
+           "the pinned host memory the --memory-budget plan may hold for the experts' weights (swapped or "
+           "streamed); a plan that needs more is not chosen");
 }
 
 std::string gemm_from(const Values& v) {

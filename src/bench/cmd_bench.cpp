@@ -88,7 +88,7 @@ BenchSettings parse_settings(const api::Values& args) {
   o.attention_name = api::attention_from(args);
   o.gemm = api::gemm_from(args);
   if (auto b = args.get("memory-budget")) o.memory_budget = api::parse_memory_size(*b, "memory-budget");
-  if (o.memory_budget > 0 && o.breakdown) o.breakdown = false;  // the isolated ops hold their own weights
+  if (o.memory_budget > 0) o.breakdown = false;  // the isolated ops hold their own weights
   if (args.str("precision") == "fp8") printf("%s\n", api::kPrecisionFp8Note);
   if (o.gemm == "fp8" || o.attention_name == "own-fp8") o.breakdown = false;  // its isolated ops run bf16
   return o;

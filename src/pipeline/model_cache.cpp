@@ -72,11 +72,11 @@ std::string vae_cache_key(const GeneratePlan& p) {
              p.random_weights ? cat("random ", p.weights_seed) : std::string("checkpoint"));
 }
 
-void make_room(ModelCache& c, int gpu, int64_t bytes, bool keep_text, bool keep_dit) {
+void make_room(ModelCache& c, int gpu, int64_t bytes) {
   if (gpu < 0 || bytes <= 0) return;
   auto short_of_room = [&] { return static_cast<int64_t>(gpu_free_bytes(gpu)) < bytes; };
-  if (!keep_text && c.text_gpu && short_of_room()) c.drop_text();
-  if (!keep_dit && c.dit && short_of_room()) c.drop_dit();
+  if (c.text_gpu && short_of_room()) c.drop_text();
+  if (c.dit && short_of_room()) c.drop_dit();
 }
 
 bool cpu_may_keep(const GeneratePlan& p) {

@@ -49,9 +49,9 @@ namespace pipeline_detail {
 std::string text_cache_key(const GeneratePlan& p);
 std::string dit_cache_key(const GeneratePlan& p);
 std::string vae_cache_key(const GeneratePlan& p);
-// GPU `gpu`: frees the cached text encoder (unless keep_text), then the cached DiT (unless keep_dit),
-// while fewer than `bytes` are free. Nothing on the CPU (gpu < 0).
-void make_room(ModelCache& c, int gpu, int64_t bytes, bool keep_text, bool keep_dit);
+// GPU `gpu`: frees the cached text encoder, then the cached DiT, while fewer than `bytes` are free.
+// Nothing on the CPU (gpu < 0).
+void make_room(ModelCache& c, int gpu, int64_t bytes);
 // The CPU keeps its f32 models only while the text encoder's and both experts' weights fit half the host.
 bool cpu_may_keep(const GeneratePlan& p);
 // The run's VAE weights: the cache's when the key matches, else read (or drawn) and kept there.

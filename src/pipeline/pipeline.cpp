@@ -585,7 +585,7 @@ void run_text_stage(const GeneratePlan& p, const RunHooks& hooks, int gpu, const
       te = std::move(cache->text_cpu);
       ++cache->stats.reused;
     } else {
-      if (cache) pipeline_detail::make_room(*cache, gpu, static_cast<int64_t>(p.t5_device_bytes), false, false);
+      if (cache) pipeline_detail::make_room(*cache, gpu, static_cast<int64_t>(p.t5_device_bytes));
       pipeline_detail::build_text_encoder(p, gpu, te_gpu, te);
       if (cache) ++cache->stats.built;
     }
@@ -628,7 +628,7 @@ std::unique_ptr<Denoiser> sequential_start(const GeneratePlan& p, const RunHooks
   // 1. Text (see run_text_stage).
   if (p.needs_text_encoder) run_text_stage(p, hooks, gpu, probe, cond, uncond, te_gpu, tm, cache);
   if (p.image.defined()) {
-    if (cache) pipeline_detail::make_room(*cache, gpu, p.vae_encoder_device_bytes, false, false);
+    if (cache) pipeline_detail::make_room(*cache, gpu, p.vae_encoder_device_bytes);
     condition = pipeline_detail::encode_condition(p, hooks, &vae_weights, &tm);
     probe();
   }
@@ -640,8 +640,8 @@ std::unique_ptr<Denoiser> sequential_start(const GeneratePlan& p, const RunHooks
       ++cache->stats.reused;
     } else {
       if (cache && p.memory)
-        pipeline_detail::make_room(*cache, gpu, static_cast<int64_t>(p.memory->stage_peak(p.device, RunStage::Denoise)),
-                                   false, false);
+        pipeline_detail::make_room(*cache, gpu,
+                                   static_cast<int64_t>(p.memory->stage_peak(p.device, RunStage::Denoise)));
       dit_model = make_denoiser(p.ckpt, spec);
       if (cache) ++cache->stats.built;
     }
@@ -736,7 +736,7 @@ GenerateResult run_generate(const GeneratePlan& p, const RunHooks& hooks, bool d
     cache->dit = std::move(dit_model);
     cache->dit_key = dit_key;
     if (decode && p.stop_after_steps == 0)
-      pipeline_detail::make_room(*cache, gpu, p.vae_device_bytes, false, false);
+      pipeline_detail::make_room(*cache, gpu, p.vae_device_bytes);
   }
   dit_model.reset();  // frees the experts before the VAE decoder is built
   if (r.state) {  // paused: the state carries the text and the timings so far; no decode
