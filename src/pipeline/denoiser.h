@@ -65,10 +65,13 @@ class Denoiser {
   // The current x (a host copy) and the run's history brought back into s, so that s.state() gives
   // the resumable state (save it with x). The run may go on with guided_step() afterwards.
   virtual Tensor sync_sampling(Sampler& s);
-  // Prepares the (expert, batch) forwards the run will make at the planned latent shape without
-  // running them (GPU: allocates a deferred arena, builds every GEMM / attention plan and captures the
-  // CUDA graphs, DiTGpu::warm_up); nothing to do on the CPU.
-  virtual void warm_up(const std::vector<std::pair<Expert, int>>& uses) { (void)uses; }
+  // Prepares the (expert, batch) forwards the run will make at latent shape [z, T, H, W] (no larger
+  // than the one the denoiser was planned for) without running them (GPU: allocates a deferred arena,
+  // builds every GEMM / attention plan and captures the CUDA graphs, DiTGpu::warm_up); nothing to do on
+  // the CPU.
+  virtual void warm_up(const std::vector<std::pair<Expert, int>>& uses, const Shape& latent) {
+    (void)uses, (void)latent;
+  }
 
  protected:
   LatentCondition cond_;

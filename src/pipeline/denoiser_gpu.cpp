@@ -121,9 +121,8 @@ class GpuDenoiser : public Denoiser {
     CUDA_CHECK(cudaStreamSynchronize(nullptr));
   }
 
-  void warm_up(const std::vector<std::pair<Expert, int>>& uses) override {
+  void warm_up(const std::vector<std::pair<Expert, int>>& uses, const Shape& ls) override {
     std::vector<std::pair<int, cuda::DiTShape>> u;
-    const Shape& ls = spec_.latent_shape;
     for (const auto& [e, batch] : uses) {
       const int expert = e == Expert::High ? high_index_ : low_index_;
       cuda::DiTShape shape{batch, ls[1], ls[2], ls[3], /*one_latent=*/true};

@@ -18,6 +18,7 @@ void ModelCache::drop_dit() {
   if (dit) ++stats.evicted;
   dit.reset();
   dit_key.clear();
+  dit_latent = 0;
 }
 
 void ModelCache::clear() {
@@ -31,12 +32,11 @@ void preload_models(const GeneratePlan& p, ModelCache& c) {
   const int gpu = parse_device(p.device);
   if (gpu < 0 && !pipeline_detail::cpu_may_keep(p)) return;  // each run loads its own
   const std::string dit_key = pipeline_detail::dit_cache_key(p);
-  if (c.dit_key != dit_key) {
+  if (!pipeline_detail::dit_serves(c, p, dit_key)) {
     c.drop_dit();
-    DenoiserSpec spec = pipeline_detail::denoiser_spec(p);
-    c.dit = make_denoiser(p.ckpt, spec);
-    if (gpu >= 0) c.dit->warm_up(pipeline_detail::forward_uses(p, 0));
-    c.dit_key = dit_key;
+    std::unique_ptr<Denoiser> dit = make_denoiser(p.ckpt, pipeline_detail::denoiser_spec(p));
+    if (gpu >= 0) dit->warm_up(pipeline_detail::forward_uses(p, 0), p.latent_shape);
+    pipeline_detail::keep_dit(c, p, dit_key, std::move(dit), true);
     ++c.stats.built;
   }
   (void)pipeline_detail::cached_vae_weights(p, &c);
@@ -61,10 +61,19 @@ std::string dit_cache_key(const GeneratePlan& p) {
   const DenoiserSpec s = denoiser_spec(p);
   std::string loras;
   for (const LoraSpec& l : p.loras) loras += cat(l.path, ":", l.strength, ":", static_cast<int>(l.expert), ";");
-  return cat(p.device, "|", p.ckpt.root, "|", s.use_high, s.use_low, "|", s.latent_shape.str(), "|", s.first_frame_t,
-             "|", s.attention, "|", s.gemm, "|", s.residency, "|",
-             s.random_weights ? cat("random ", s.seed_high, " ", s.seed_low) : std::string("checkpoint"), "|",
-             p.ckpt.dit.num_layers, "|", loras);
+  return cat(p.device, "|", p.ckpt.root, "|", s.use_high, s.use_low, "|", s.first_frame_t, "|", s.attention, "|",
+             s.gemm, "|", s.random_weights ? cat("random ", s.seed_high, " ", s.seed_low) : std::string("checkpoint"),
+             "|", p.ckpt.dit.num_layers, "|", loras, "|budget ", p.memory_budget, " ", p.host_memory_budget);
+}
+
+bool dit_serves(const ModelCache& c, const GeneratePlan& p, const std::string& key) {
+  return c.dit && c.dit_key == key && p.latent_shape.numel() <= c.dit_latent;
+}
+
+void keep_dit(ModelCache& c, const GeneratePlan& p, const std::string& key, std::unique_ptr<Denoiser> dit, bool built) {
+  if (built || c.dit_key != key) c.dit_latent = p.latent_shape.numel();
+  c.dit = std::move(dit);
+  c.dit_key = key;
 }
 
 std::string vae_cache_key(const GeneratePlan& p) {

@@ -27,6 +27,10 @@ struct ModelCacheStats {
 
 struct ModelCache {
   std::string text_key, dit_key, vae_key;
+  // The latent elements (T·H·W) the cached DiT was planned for: it serves any run of its key whose latent
+  // is no larger (the GPU arena and CUDA graphs work per shape within the plan), so one DiT serves every
+  // request shape up to the largest seen so far; a larger one rebuilds it at that shape.
+  int64_t dit_latent = 0;
   std::unique_ptr<GpuTextEncoder> text_gpu;
   std::shared_ptr<TextEncoder> text_cpu;
   std::unique_ptr<Denoiser> dit;
@@ -45,9 +49,15 @@ void preload_models(const GeneratePlan& p, ModelCache& cache);
 
 namespace pipeline_detail {
 
-// What a model of the plan is built from; equal keys build bit-identical models.
+// What a model of the plan is built from; equal keys build bit-identical models. The DiT's key leaves out
+// the latent shape and the weights' residency, which change no result (dit_serves decides reuse), but
+// names the memory budgets: a DiT planned within a budget for a larger latent fits it for a smaller one.
 std::string text_cache_key(const GeneratePlan& p);
 std::string dit_cache_key(const GeneratePlan& p);
+// Whether the cached DiT (key `key`) can run p: the same key and a plan at least as large as p's latent.
+bool dit_serves(const ModelCache& c, const GeneratePlan& p, const std::string& key);
+// Puts a run's DiT back into the cache; `built`: made by this run (planned for p's latent shape).
+void keep_dit(ModelCache& c, const GeneratePlan& p, const std::string& key, std::unique_ptr<Denoiser> dit, bool built);
 std::string vae_cache_key(const GeneratePlan& p);
 // GPU `gpu`: frees the cached text encoder, then the cached DiT, while fewer than `bytes` are free.
 // Nothing on the CPU (gpu < 0).

@@ -650,7 +650,7 @@ std::unique_ptr<Denoiser> sequential_start(const GeneratePlan& p, const RunHooks
   }
   if (gpu >= 0) {
     StageTimer st(hooks, Stage::WarmUp);
-    dit_model->warm_up(uses);
+    dit_model->warm_up(uses, p.latent_shape);
     tm.warm_up = st.end();
     probe();
   }
@@ -684,11 +684,12 @@ GenerateResult run_generate(const GeneratePlan& p, const RunHooks& hooks, bool d
   // is taken; on the CPU after the text encoder is released.
   VaeWeights vae_weights;
   LatentCondition condition;
-  // A cache: the DiT is reused when its key matches; a mismatch frees the old one first. The fast start
-  // loads the text encoder and the DiT together onto a device it plans as empty.
+  // A cache: the DiT is reused when its key matches and its plan covers this latent; otherwise it is
+  // freed first. The fast start loads the text encoder and the DiT together onto a device it plans as empty.
   const std::string dit_key = cache ? pipeline_detail::dit_cache_key(p) : std::string();
-  if (cache && cache->dit_key != dit_key) cache->drop_dit();
+  if (cache && !pipeline_detail::dit_serves(*cache, p, dit_key)) cache->drop_dit();
   const bool fast = p.fast_start && !(cache && cache->dit);
+  const bool dit_built = !(cache && cache->dit);
   if (cache && fast) cache->drop_text();
   if (p.image.defined() && fast) condition = pipeline_detail::encode_condition(p, hooks, &vae_weights, &tm);
   if (fast) {
@@ -733,8 +734,7 @@ GenerateResult run_generate(const GeneratePlan& p, const RunHooks& hooks, bool d
   dit_model->set_condition(condition);
   pipeline_detail::denoise(p, *dit_model, cond, uncond, x, p.resume ? &p.resume->sampler : nullptr, hooks, probe, &r);
   if (cache && (gpu >= 0 || pipeline_detail::cpu_may_keep(p))) {  // kept for the next run unless the decode needs it
-    cache->dit = std::move(dit_model);
-    cache->dit_key = dit_key;
+    pipeline_detail::keep_dit(*cache, p, dit_key, std::move(dit_model), dit_built);
     if (decode && p.stop_after_steps == 0)
       pipeline_detail::make_room(*cache, gpu, p.vae_device_bytes);
   }

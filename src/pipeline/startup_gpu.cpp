@@ -409,7 +409,7 @@ FastStart gpu_fast_start(const GeneratePlan& p, const DenoiserSpec& spec,
   check_cancel();
   const Clock::time_point t2 = Clock::now();
   emit(ProgressEvent::Begin, Stage::WarmUp, 0);
-  dit->warm_up(uses);  // arena + plans + graph capture, while the experts stream
+  dit->warm_up(uses, p.latent_shape);  // arena + plans + graph capture, while the experts stream
   r.warm_up = seconds_since(t2);
   r.marks.warm_up_done = process_age_seconds();
   emit(ProgressEvent::End, Stage::WarmUp, r.warm_up);

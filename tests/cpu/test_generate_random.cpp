@@ -440,8 +440,9 @@ TEST(GenerateRandom, TextEncoderThatCannotFitIsRefused) {
 
 // ---- the resident models of consecutive runs (pipeline/model_cache.h, wan serve's ResidentRunner) ----
 // A second run with the same settings takes the text encoder, the DiT and the VAE's weights from the cache and
-// gives the uncached run's bytes; a setting that shapes a model (a LoRA, the size) rebuilds that model only;
-// a sampling change (seed, shift, prompt) rebuilds nothing.
+// gives the uncached run's bytes; a setting that shapes a model (a LoRA, a size larger than the DiT was
+// planned for) rebuilds that model only; a sampling change (seed, shift, prompt) or a smaller size rebuilds
+// nothing.
 
 TEST(ModelCache, ASecondRunReusesEveryModelAndGivesTheSameVideo) {
   ModelCache cache;
@@ -472,14 +473,24 @@ TEST(ModelCache, ASettingThatShapesAModelRebuildsOnlyThatModel) {
   ModelCache cache;
   (void)run_generate(plan_generate(tiny()), {}, false, &cache);
   ASSERT_EQ(cache.stats.built, 2u);  // latents only: no VAE
-  // Another size: the DiT (planned for the latent shape) again; the text encoder stays.
+  // A larger size: the DiT (planned for a latent no larger than its first run's) again; the text
+  // encoder stays.
   GenerateOptions wide = tiny();
   wide.width = 96;
   const GenerateResult w = run_generate(plan_generate(wide), {}, false, &cache);
   EXPECT_EQ(cache.stats.built, 3u);
   EXPECT_EQ(cache.stats.reused, 1u);
   EXPECT_EQ(cache.stats.evicted, 1u);
+  EXPECT_EQ(cache.dit_latent, plan_generate(wide).latent_shape.numel());
   EXPECT_TRUE(same_bytes(w.latents, run_generate(plan_generate(wide), {}, false).latents));
+  // A smaller size (and fewer frames) runs on the larger DiT: nothing is rebuilt, same bytes as uncached.
+  GenerateOptions small = tiny();
+  small.frames = 5;
+  const GenerateResult sm = run_generate(plan_generate(small), {}, false, &cache);
+  EXPECT_EQ(cache.stats.built, 3u);
+  EXPECT_EQ(cache.stats.reused, 3u);
+  EXPECT_EQ(cache.dit_latent, plan_generate(wide).latent_shape.numel());
+  EXPECT_TRUE(same_bytes(sm.latents, run_generate(plan_generate(small), {}, false).latents));
   // A LoRA changes the DiT's weights: rebuilt, and the run equals an uncached one with that LoRA.
   gen::MakeLoraOptions l;
   l.dit = plan_generate(tiny()).ckpt.dit;
@@ -495,6 +506,7 @@ TEST(ModelCache, ASettingThatShapesAModelRebuildsOnlyThatModel) {
   const GenerateResult a = run_generate(plan_generate(lora), {}, false, &cache);
   EXPECT_EQ(cache.stats.built, 4u);
   EXPECT_EQ(cache.stats.evicted, 2u);
+  EXPECT_EQ(cache.dit_latent, plan_generate(lora).latent_shape.numel());
   const GenerateResult b = run_generate(plan_generate(lora), {}, false);
   EXPECT_TRUE(same_bytes(a.latents, b.latents));
   EXPECT_FALSE(same_bytes(a.latents, run_generate(plan_generate(tiny()), {}, false).latents));

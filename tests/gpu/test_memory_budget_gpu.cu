@@ -116,8 +116,8 @@ TEST(MemoryBudgetGpu, BudgetsBeyondTheDeviceAreBadInput) {
 
 // The server's resident models on the GPU (pipeline/model_cache.h): the second run of equal settings
 // takes the text encoder, the DiT (with its CUDA graphs) and the VAE's weights from the cache, planned as
-// the device's owner, and gives the uncached run's latents and video byte for byte; so does a run whose
-// budget streams the blocks, after which the resident DiT of the first settings is rebuilt.
+// the device's owner, and gives the uncached run's latents and video byte for byte; so do a shorter run on
+// the same DiT and a run whose budget streams the blocks, after which the resident DiT of the first settings is rebuilt.
 TEST(MemoryBudgetGpu, ResidentModelsGiveTheUncachedRunsBytes) {
   REQUIRE_GPU();
   test::TempDir t{"model_cache_gpu"};
@@ -136,6 +136,18 @@ TEST(MemoryBudgetGpu, ResidentModelsGiveTheUncachedRunsBytes) {
   }
   EXPECT_EQ(cache.stats.built, 3u);
   EXPECT_EQ(cache.stats.reused, 3u);
+  // Fewer frames run on the same DiT (its arena and graphs work per shape within the plan): new CUDA
+  // graphs, no new model, the uncached run's bytes.
+  GenerateOptions shorter = o;
+  shorter.frames = 5;
+  shorter.plan_as_owner = false;
+  const GenerateResult plain_short = run_generate(plan_generate(shorter), {});
+  shorter.plan_as_owner = true;
+  const GenerateResult rs = run_generate(plan_generate(shorter), {}, true, &cache);
+  EXPECT_EQ(cache.stats.built, 3u);
+  EXPECT_EQ(cache.stats.reused, 6u);
+  EXPECT_TRUE(same_bytes(rs.latents, plain_short.latents));
+  EXPECT_TRUE(same_bytes(rs.video, plain_short.video));
   // Embeddings and latents only, so the denoise stage is the plan's peak (the tiny text encoder's stage
   // is larger, and a decode plans its VAE at an upper bound).
   GenerateOptions streamed = tiny(t);
