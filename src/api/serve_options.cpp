@@ -16,6 +16,9 @@ const char* const kModelRows[] = {"model", "dit-high", "dit-low", "dit", "text-e
                                   "gemm", "precision", "keep-text-encoder", "memory-budget",
                                   "host-memory-budget"};
 
+// Generate rows whose value in serve is the default of every request (and the preloaded models' shape).
+const char* const kRequestDefaultRows[] = {"size", "frames"};
+
 Option generate_row(const std::string& name) {
   const Option* o = find_option(generate_spec(), name);
   WAN_ASSERT(o != nullptr, "generate has no row ", name);
@@ -73,10 +76,23 @@ const CommandSpec& serve_spec() {
                "serve --weights random --config tiny [options]   (tests)"};
     c.about =
         "Serves POST/GET/DELETE /v1/videos, GET /v1/videos/{id}/events (server-sent events), GET /v1/models, "
-        "/health, /ready and /metrics (docs/openapi.yaml). Requests are checked with generate's rules and planned before they are queued (bad ones get 400 at once); one worker runs "
-        "the jobs in order. SIGTERM / SIGINT: stop accepting, let the running job finish within "
+        "/health, /ready and /metrics (docs/openapi.yaml). Requests are checked with generate's rules and planned before they are queued (bad ones get 400 at once); one worker per "
+        "model instance (one GPU, or a parallel layout's GPUs) takes the jobs in order. SIGTERM / SIGINT: stop accepting, let the running job finish within "
         "--drain-timeout or cancel it, exit 0.";
     for (const char* n : kModelRows) c.options.push_back(generate_row(n));
+    for (const char* n : kRequestDefaultRows) {
+      c.options.push_back(generate_row(n));
+      c.options.back().help += "; the default of a request that gives none, and the shape the models are preloaded for "
+                               "(one DiT serves every request up to its shape)";
+    }
+    Option gpus = generate_row("gpus");
+    gpus.help =
+        "serve on several GPUs: a replica of the models on each (one worker per GPU, models resident between "
+        "jobs), or with --cfg-parallel / --ulysses U / --ring R instances of that layout's GPUs (cfg x U x R "
+        "consecutive GPUs each; every job runs split over its instance and loads its models)";
+    c.options.push_back(gpus);
+    for (const char* n : {"devices", "cfg-parallel", "ulysses", "ring"}) c.options.push_back(generate_row(n));
+    c.options.back().help = "ring attention over R GPUs (each instance: cfg x U x R GPUs; a flag not given is 1)";
     c.options.push_back(option("host", Kind::String, "ADDR", "127.0.0.1", "address to listen on (loopback by default)"));
     c.options.push_back(int_row("port", "N", "8000", "TCP port; 0 picks a free one (printed)", 0, 65535));
     c.options.push_back(option("api-key", Kind::String, "KEY", "$WAN_API_KEY",
@@ -160,6 +176,8 @@ const CommandSpec& video_request_spec() {
 Values generate_base_values(const Values& serve) {
   Values g(generate_spec());
   for (const char* n : kModelRows)
+    if (serve.has(n)) g.set(n, *serve.get(n));
+  for (const char* n : kRequestDefaultRows)
     if (serve.has(n)) g.set(n, *serve.get(n));
   return g;
 }

@@ -4,11 +4,14 @@
 // jobs (503), let the running one finish within --drain-timeout or cancel it, stop, exit 0; a second
 // signal exits at once (128 + signal).
 // The signals are blocked in every thread and taken with sigwait, so no handler runs inside the server.
-// Jobs run with the server's resident models (server::ResidentRunner, pipeline/model_cache.h).
+// Jobs run with the server's resident models (server::ResidentRunner, pipeline/model_cache.h), one
+// worker per model instance (server/instances.h: a replica per GPU, or parallel layouts).
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <future>
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -17,6 +20,7 @@
 #include "cli/commands.h"
 #include "formats/video.h"
 #include "server/http_server.h"
+#include "server/instances.h"
 #include "server/jobs.h"
 
 namespace wan::cli {
@@ -59,7 +63,18 @@ int cmd_serve(int argc, char** argv) {
   if (api::print_help_if_asked(v, spec)) return 0;
   WAN_CHECK(v.positional().empty(), "serve takes no positional arguments");
   WAN_CHECK(server::http_available(), server::kNoHttp);
-  server::ServedModel model(api::generate_base_values(v));
+  server::InstanceArgs ia;
+  ia.gpus = v.get_or("gpus", "");
+  ia.devices = v.get_or("devices", "");
+  ia.cfg = v.flag("cfg-parallel");
+  ia.ulysses = v.get("ulysses");
+  ia.ring = v.get("ring");
+  ia.device = v.get("device");
+  const server::Instances instances = server::plan_instances(ia);
+  api::Values base = api::generate_base_values(v);
+  if (instances.active()) base.set("device", cat("cuda:", instances.groups[0][0]));  // where requests are planned
+  server::ServedModel model(base);
+  model.parallel = instances.layout.active();
   model.max_prompt = static_cast<size_t>(v.get_int("max-prompt", 10000));
   if (auto dir = v.get("lora-dir")) {
     std::error_code lec;
@@ -86,20 +101,40 @@ int cmd_serve(int argc, char** argv) {
   qc.retention_s = api::parse_duration(v.str("retention"), "retention");
   qc.job_timeout_s = api::parse_duration(v.str("job-timeout"), "job-timeout");
   qc.video_ext = video_have_ffmpeg() ? ".mp4" : ".y4m";
-  server::ResidentRunner runner;
-  if (!v.flag("no-preload")) {  // the models a request of the default size and frames uses, before serving
+  std::vector<std::unique_ptr<server::JobRunner>> runners;
+  std::vector<server::ResidentRunner*> resident;
+  if (!instances.active()) {
+    resident.push_back(new server::ResidentRunner());
+    runners.emplace_back(resident.back());
+  } else {
+    for (const std::vector<int>& g : instances.groups) {
+      if (model.parallel) {
+        runners.push_back(std::make_unique<server::ParallelRunner>(g, instances.layout));
+        continue;
+      }
+      resident.push_back(new server::ResidentRunner(cat("cuda:", g[0])));
+      runners.emplace_back(resident.back());
+    }
+    if (!quiet) fprintf(stderr, "wan serve: %s\n", instances.describe().c_str());
+  }
+  if (!v.flag("no-preload") && !resident.empty()) {  // the models of a request of the default size and frames
     api::Values g = model.base;
     g.set("prompt", "preload");
     try {
       GenerateOptions o = api::generate_options(g, nullptr);
       o.plan_as_owner = true;
-      const double s = runner.preload(o);
+      std::vector<std::future<double>> loads;  // each replica on its own GPU, at once
+      for (server::ResidentRunner* r : resident) loads.push_back(std::async(std::launch::async, [r, o] { return r->preload(o); }));
+      double s = 0;
+      for (auto& f : loads) s = std::max(s, f.get());
       if (!quiet) fprintf(stderr, "wan serve: models resident in %.1f s\n", s);
     } catch (const Error& e) {  // e.g. a task that needs an image: the first job loads them
       fprintf(stderr, "wan serve: models load with the first job (%s)\n", e.what());
     }
   }
-  server::JobQueue jobs(qc, runner);
+  std::vector<server::JobRunner*> workers;
+  for (const auto& r : runners) workers.push_back(r.get());
+  server::JobQueue jobs(qc, workers);
   for (const std::string& n : jobs.load_notes()) fprintf(stderr, "wan serve: %s\n", n.c_str());
 
   server::HttpConfig hc;
@@ -109,7 +144,11 @@ int cmd_serve(int argc, char** argv) {
   hc.api_key = v.get_or("api-key", env_key ? env_key : "");
   hc.max_body = static_cast<size_t>(v.get_int("max-body-mb", 32)) << 20;
   hc.request_timeout_s = api::parse_duration(v.str("request-timeout"), "request-timeout");
-  hc.device = v.device("device");
+  if (instances.active()) {
+    for (const std::vector<int>& g : instances.groups) hc.devices.insert(hc.devices.end(), g.begin(), g.end());
+  } else if (const int d = v.device("device"); d >= 0) {
+    hc.devices.push_back(d);
+  }
   hc.video_content_type = video_have_ffmpeg() ? "video/mp4" : "video/x-yuv4mpeg";
   if (!quiet) hc.log = [](const std::string& s) { fprintf(stderr, "wan serve: %s\n", s.c_str()); };
   server::HttpServer http(hc, model, jobs);

@@ -90,6 +90,7 @@ bool HttpServer::Impl::authorised(const httplib::Request& req) const {
 }
 
 void HttpServer::Impl::create(const httplib::Request& req, httplib::Response& res) {
+  const auto received = std::chrono::steady_clock::now();  // the body is in: parsing and planning count
   if (draining) throw ApiError(503, "the server is shutting down", "", "shutting_down");
   std::map<std::string, std::string> fields;
   const httplib::MultipartFormData* image = nullptr;
@@ -136,7 +137,7 @@ void HttpServer::Impl::create(const httplib::Request& req, httplib::Response& re
   plan_video_request(r, model);
   r.info.id = pre.id;
   r.info.input_file = pre.input_file;
-  switch (jobs.submit(r.info, std::move(r.opts), std::move(r.plan))) {
+  switch (jobs.submit(r.info, std::move(r.opts), std::move(r.plan), received)) {
     case JobQueue::Submit::Full:
       res.set_header("Retry-After", "10");
       throw ApiError(429, "the job queue is full; retry later", "", "queue_full");
@@ -318,7 +319,7 @@ void HttpServer::Impl::routes() {
             events(find(req.matches[1]).id, res);
           }));
   svr.Get("/metrics", [this](const auto&, auto& res) {
-    res.set_content(metrics_text(jobs.stats(), draining, memory_gauges(cfg.device)) + jobs.runner_metrics(),
+    res.set_content(metrics_text(jobs.stats(), draining, memory_gauges(cfg.devices)) + jobs.runner_metrics(),
                     "text/plain; version=0.0.4");
   });
 }

@@ -8,6 +8,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "server/jobs.h"
 #include "server/requests.h"
@@ -21,7 +22,7 @@ struct HttpConfig {
   size_t max_body = 32u << 20;      // bytes; larger bodies get 413
   std::string video_content_type = "video/mp4";
   double request_timeout_s = 30;    // a connection that sends or takes nothing this long is closed
-  int device = -1;                  // the model's CUDA device for /metrics (-1: CPU, host memory only)
+  std::vector<int> devices;         // the models' CUDA devices for /metrics (none: CPU, host memory only)
   std::function<void(const std::string&)> log;  // one line per request; may be empty
 };
 
@@ -42,13 +43,16 @@ class HttpServer {
 
 // The video object of the API for a job.
 nlohmann::json video_object(const JobInfo& j);
-// Memory for /metrics: the process's resident set, and the device's when the model runs on CUDA.
+// Memory for /metrics: the process's resident set, and each device's when the models run on CUDA.
 struct MemoryGauges {
-  int64_t host_rss_bytes = -1;                            // -1: unknown (not Linux)
-  int device = -1;                                        // -1: no device gauges
-  int64_t device_used_bytes = -1, device_total_bytes = -1;  // cudaMemGetInfo: total - free, total
+  int64_t host_rss_bytes = -1;  // -1: unknown (not Linux)
+  struct Device {
+    int index = 0;
+    int64_t used_bytes = -1, total_bytes = -1;  // cudaMemGetInfo: total - free, total
+  };
+  std::vector<Device> devices;
 };
-MemoryGauges memory_gauges(int device);
+MemoryGauges memory_gauges(const std::vector<int>& devices);
 // The /metrics text (Prometheus exposition format) of the queue's counters and the memory gauges.
 std::string metrics_text(const QueueStats& s, bool draining, const MemoryGauges& mem = {});
 

@@ -1,8 +1,11 @@
-// The job queue (see jobs.h). One mutex guards every job; the runner is called without it. The timer
-// thread enforces the per-job time limit and the retention; the worker thread runs the jobs in order.
+// The job queue (see jobs.h). One mutex guards every job; the runners are called without it. The timer
+// thread enforces the per-job time limit and the retention; each worker thread takes the oldest queued
+// job when its runner is free.
 #include "server/jobs.h"
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -21,7 +24,7 @@ struct JobQueue::Entry {
   std::shared_ptr<const GeneratePlan> plan;  // the checked plan, until the run takes it
   std::atomic<bool> cancel{false};
   std::string cancel_code;  // why cancel was set: "deleted", "timeout", "server_shutdown"
-  std::chrono::steady_clock::time_point started;
+  std::chrono::steady_clock::time_point accepted, started;
 };
 
 const char* state_name(JobState s) {
@@ -73,7 +76,9 @@ nlohmann::json job_record(const JobInfo& j) {
           {"progress", j.progress}, {"created_at", j.created_at}, {"completed_at", j.completed_at},
           {"expires_at", j.expires_at}, {"error_code", j.error_code}, {"error_message", j.error_message},
           {"video_file", j.video_file}, {"input_file", j.input_file}, {"seq", j.seq},
-          {"run_seconds", j.run_seconds}};
+          {"run_seconds", j.run_seconds}, {"queue_seconds", j.queue_seconds},
+          {"first_step_seconds", j.first_step_seconds}, {"stage_seconds", j.stage_seconds},
+          {"write_seconds", j.write_seconds}, {"worker", j.worker}};
 }
 
 JobInfo job_from_record(const nlohmann::json& r) {
@@ -98,10 +103,16 @@ JobInfo job_from_record(const nlohmann::json& r) {
     WAN_CHECK(f->find('/') == std::string::npos && *f != ".." && *f != ".", "bad file name in record");
   j.seq = r.at("seq").get<uint64_t>();
   j.run_seconds = r.at("run_seconds").get<double>();
+  // Records written before these existed have none.
+  j.queue_seconds = r.value("queue_seconds", -1.0);
+  j.first_step_seconds = r.value("first_step_seconds", -1.0);
+  j.stage_seconds = r.value("stage_seconds", -1.0);
+  j.write_seconds = r.value("write_seconds", -1.0);
+  j.worker = r.value("worker", -1);
   return j;
 }
 
-ResidentRunner::ResidentRunner() : cache_(std::make_unique<ModelCache>()) {}
+ResidentRunner::ResidentRunner(std::string device) : device_(std::move(device)), cache_(std::make_unique<ModelCache>()) {}
 ResidentRunner::~ResidentRunner() = default;
 
 ModelCacheStats ResidentRunner::stats() const {
@@ -109,19 +120,23 @@ ModelCacheStats ResidentRunner::stats() const {
   return stats_;
 }
 
-std::string ResidentRunner::metrics() const {
+std::vector<RunnerCounter> ResidentRunner::counters() const {
   const ModelCacheStats s = stats();
-  return cat("# HELP wan_models_built_total Models (text encoder, DiT, VAE weights) built by jobs.\n",
-             "# TYPE wan_models_built_total counter\nwan_models_built_total ", s.built, "\n",
-             "# HELP wan_models_reused_total Models a job took from the resident ones.\n",
-             "# TYPE wan_models_reused_total counter\nwan_models_reused_total ", s.reused, "\n",
-             "# HELP wan_models_evicted_total Resident models freed for another job's memory or settings.\n",
-             "# TYPE wan_models_evicted_total counter\nwan_models_evicted_total ", s.evicted, "\n");
+  return {{"wan_models_built_total", "Models (text encoder, DiT, VAE weights) built by jobs.", double(s.built)},
+          {"wan_models_reused_total", "Models a job took from the resident ones.", double(s.reused)},
+          {"wan_models_evicted_total", "Resident models freed for another job's memory or settings.",
+           double(s.evicted)}};
+}
+
+GenerateOptions ResidentRunner::on_device(const GenerateOptions& o) const {
+  GenerateOptions d = o;
+  if (!device_.empty()) d.device = device_;
+  return d;
 }
 
 double ResidentRunner::preload(const GenerateOptions& o) {
   const auto t0 = std::chrono::steady_clock::now();
-  preload_models(plan_generate(o), *cache_);
+  preload_models(plan_generate(on_device(o)), *cache_);
   std::lock_guard<std::mutex> lk(mu_);
   stats_ = cache_->stats;
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -130,7 +145,8 @@ double ResidentRunner::preload(const GenerateOptions& o) {
 void ResidentRunner::run(const GenerateOptions& o, const GeneratePlan* checked, const std::string& video_path,
                          const RunHooks& hooks) {
   std::optional<GeneratePlan> own;
-  if (!checked) own = plan_generate(o);
+  if (checked && !device_.empty() && checked->device != device_) checked = nullptr;  // checked for another GPU
+  if (!checked) own = plan_generate(on_device(o));
   const GeneratePlan& plan = checked ? *checked : *own;
   struct Snapshot {  // the stats reach other threads whether the job succeeds or not
     ResidentRunner& r;
@@ -146,13 +162,31 @@ void ResidentRunner::run(const GenerateOptions& o, const GeneratePlan* checked, 
               static_cast<int>(v.dim(3)), plan.fps);
 }
 
-JobQueue::JobQueue(QueueConfig cfg, JobRunner& runner) : cfg_(std::move(cfg)), runner_(runner) {
+JobQueue::JobQueue(QueueConfig cfg, std::vector<JobRunner*> runners) : cfg_(std::move(cfg)), runners_(std::move(runners)) {
+  WAN_ASSERT(!runners_.empty(), "a job queue without a runner");
   std::error_code ec;
   fs::create_directories(cfg_.dir + "/jobs", ec);
   WAN_CHECK(!ec, "cannot create --output-dir '", cfg_.dir, "/jobs': ", ec.message());
   load_records();
-  worker_ = std::thread([this] { worker(); });
+  for (size_t i = 0; i < runners_.size(); ++i) workers_.emplace_back([this, i] { worker(i); });
   timer_ = std::thread([this] { timer(); });
+}
+
+std::string JobQueue::runner_metrics() const {
+  std::vector<RunnerCounter> sum;
+  for (const JobRunner* r : runners_)
+    for (const RunnerCounter& c : r->counters()) {
+      auto it = std::find_if(sum.begin(), sum.end(), [&](const RunnerCounter& s) { return s.name == c.name; });
+      if (it == sum.end()) sum.push_back(c);
+      else it->value += c.value;
+    }
+  std::string out;
+  for (const RunnerCounter& c : sum)
+    out += cat("# HELP ", c.name, " ", c.help, "\n# TYPE ", c.name, " counter\n", c.name, " ",
+               c.value == std::floor(c.value) && std::fabs(c.value) < 1e15 ? cat(static_cast<int64_t>(c.value))
+                                                                             : cat(c.value),
+               "\n");
+  return out;
 }
 
 JobQueue::~JobQueue() { shutdown(0); }
@@ -216,7 +250,8 @@ void JobQueue::load_records() {
   sweep_expired(now);
 }
 
-JobQueue::Submit JobQueue::submit(JobInfo& info, GenerateOptions o, std::shared_ptr<const GeneratePlan> plan) {
+JobQueue::Submit JobQueue::submit(JobInfo& info, GenerateOptions o, std::shared_ptr<const GeneratePlan> plan,
+                                  std::chrono::steady_clock::time_point received) {
   std::lock_guard<std::mutex> lock(mu_);
   if (closing_) return Submit::Closed;
   if (queue_.size() >= cfg_.max_queue) {
@@ -229,6 +264,7 @@ JobQueue::Submit JobQueue::submit(JobInfo& info, GenerateOptions o, std::shared_
   info.seq = next_seq_++;
   info.created_at = unix_now();
   auto e = std::make_shared<Entry>();
+  e->accepted = received == std::chrono::steady_clock::time_point{} ? std::chrono::steady_clock::now() : received;
   e->info = info;
   e->opts = std::move(o);
   e->plan = std::move(plan);
@@ -276,7 +312,7 @@ bool JobQueue::remove(const std::string& id) {
   std::shared_ptr<Entry> e = it->second;
   jobs_.erase(it);
   changed_.notify_all();
-  if (e == running_) {  // the worker deletes its files when the run returns
+  if (std::find(running_.begin(), running_.end(), e) != running_.end()) {  // its worker deletes the files
     e->cancel_code = "deleted";
     e->cancel = true;
     return true;
@@ -343,11 +379,25 @@ void JobQueue::finish(Entry& e, JobState s, const std::string& code, const std::
   changed_.notify_all();
 }
 
-void JobQueue::run_one(const std::shared_ptr<Entry>& e) {
+void JobQueue::run_one(const std::shared_ptr<Entry>& e, size_t worker) {
   RunHooks hooks;
   hooks.cancel = &e->cancel;
   double step_began = 0;  // the denoise stage's clock at the previous step
+  using Clock = std::chrono::steady_clock;
+  Clock::time_point decoded{};
+  double stages = -1;  // the pipeline's stages, end to end (they do not nest); -1: none ended
+  auto since_accepted = [&] { return std::chrono::duration<double>(Clock::now() - e->accepted).count(); };
   hooks.progress = [&](const ProgressEvent& ev) {
+    if (ev.stage == Stage::Denoise && ev.kind == ProgressEvent::Begin) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (e->info.first_step_seconds < 0) {
+        e->info.first_step_seconds = since_accepted();
+        counters_.first_step_seconds_sum += e->info.first_step_seconds;
+        ++counters_.first_step_seconds_count;
+      }
+    }
+    if (ev.stage == Stage::Decode && ev.kind == ProgressEvent::End) decoded = Clock::now();
+    if (ev.kind == ProgressEvent::End) stages = std::max(stages, 0.0) + ev.seconds;
     // Denoising is the work that scales with the request: 0-90; the decode ends at 99, completion 100.
     const bool step = ev.stage == Stage::Denoise && ev.kind == ProgressEvent::Advance && ev.total > 0;
     if (ev.stage == Stage::Denoise && ev.kind == ProgressEvent::Begin) step_began = 0;
@@ -370,7 +420,7 @@ void JobQueue::run_one(const std::shared_ptr<Entry>& e) {
     plan = std::move(e->plan);  // freed when the run ends, not when the record expires
   }
   try {
-    runner_.run(e->opts, plan.get(), video, hooks);
+    runners_[worker]->run(e->opts, plan.get(), video, hooks);
   } catch (const Cancelled&) {
     code = "cancelled";
   } catch (const Error& err) {
@@ -380,12 +430,14 @@ void JobQueue::run_one(const std::shared_ptr<Entry>& e) {
     code = "generation_failed";
     message = cat("internal: ", err.what());
   }
+  const Clock::time_point ended = Clock::now();
   std::lock_guard<std::mutex> lock(mu_);
-  e->info.run_seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - e->started).count();
+  e->info.run_seconds = std::chrono::duration<double>(ended - e->started).count();
+  if (decoded != Clock::time_point{}) e->info.write_seconds = std::chrono::duration<double>(ended - decoded).count();
+  e->info.stage_seconds = stages;
   counters_.job_seconds_sum += e->info.run_seconds;
   ++counters_.job_seconds_count;
-  running_.reset();
+  running_.erase(std::find(running_.begin(), running_.end(), e));
   cv_.notify_all();
   if (e->cancel_code == "deleted") {  // DELETE during the run: nothing of it stays
     e->info.video_file = e->info.id + cfg_.video_ext;
@@ -407,7 +459,7 @@ void JobQueue::run_one(const std::shared_ptr<Entry>& e) {
   }
 }
 
-void JobQueue::worker() {
+void JobQueue::worker(size_t index) {
   for (;;) {
     std::shared_ptr<Entry> e;
     {
@@ -416,13 +468,15 @@ void JobQueue::worker() {
       if (closing_) return;
       e = queue_.front();
       queue_.pop_front();
-      running_ = e;
+      running_.push_back(e);
       e->info.state = JobState::InProgress;
       e->started = std::chrono::steady_clock::now();
+      e->info.queue_seconds = std::chrono::duration<double>(e->started - e->accepted).count();
+      e->info.worker = static_cast<int>(index);
       persist(e->info);
       changed_.notify_all();
     }
-    run_one(e);
+    run_one(e, index);
   }
 }
 
@@ -432,11 +486,12 @@ void JobQueue::timer() {
   while (!stopped_) {
     cv_.wait_for(lock, std::chrono::milliseconds(100));
     const auto now = std::chrono::steady_clock::now();
-    if (running_ && cfg_.job_timeout_s > 0 && !running_->cancel &&
-        std::chrono::duration<double>(now - running_->started).count() > cfg_.job_timeout_s) {
-      running_->cancel_code = "timeout";
-      running_->cancel = true;
-    }
+    for (const std::shared_ptr<Entry>& r : running_)
+      if (cfg_.job_timeout_s > 0 && !r->cancel &&
+          std::chrono::duration<double>(now - r->started).count() > cfg_.job_timeout_s) {
+        r->cancel_code = "timeout";
+        r->cancel = true;
+      }
     if (now - last_sweep >= std::chrono::seconds(1)) {
       last_sweep = now;
       lock.unlock();
@@ -453,16 +508,18 @@ bool JobQueue::shutdown(double drain_s) {
   for (auto& e : queue_) finish(*e, JobState::Failed, "server_shutdown", "the server shut down before the job started");
   queue_.clear();
   cv_.notify_all();
-  const bool drained = cv_.wait_for(lock, std::chrono::duration<double>(drain_s), [&] { return !running_; });
-  if (!drained && running_) {
-    running_->cancel_code = "server_shutdown";
-    running_->cancel = true;
+  const bool drained =
+      cv_.wait_for(lock, std::chrono::duration<double>(drain_s), [&] { return running_.empty(); });
+  for (const std::shared_ptr<Entry>& r : running_) {
+    r->cancel_code = "server_shutdown";
+    r->cancel = true;
   }
-  cv_.wait(lock, [&] { return !running_; });  // a cancelled run returns at its next step
+  cv_.wait(lock, [&] { return running_.empty(); });  // a cancelled run returns at its next step
   stopped_ = true;
   cv_.notify_all();
   lock.unlock();
-  if (worker_.joinable()) worker_.join();
+  for (std::thread& w : workers_)
+    if (w.joinable()) w.join();
   if (timer_.joinable()) timer_.join();
   return drained;
 }

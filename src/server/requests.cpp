@@ -252,6 +252,7 @@ VideoRequest parse_video_request(const std::map<std::string, std::string>& field
   try {
     r.opts = api::generate_options(g, nullptr);
     r.opts.plan_as_owner = true;  // the resident models are the server's to free (pipeline/model_cache.h)
+    r.opts.parallel = m.parallel;  // each rank checks its memory share when the job starts
   } catch (const std::exception& e) {
     const std::string msg = without_lora_dir(api::json_error_message(api::generate_spec(), e), m);
     throw ApiError(400, msg, param_of(msg), "invalid_value");

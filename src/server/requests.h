@@ -35,6 +35,7 @@ struct ServedModel {
   api::Values base;      // generate Values with serve's model rows
   size_t max_prompt = 10000;
   std::string lora_dir;  // --lora-dir, canonical; "" : requests may name no LoRA
+  bool parallel = false; // jobs run split over several GPUs: requests are planned as multi-GPU runs
   explicit ServedModel(api::Values b) : base(std::move(b)) {}
 };
 

@@ -1,7 +1,9 @@
 // The job layer of `wan serve` (src/server/jobs.h) with a scripted runner (no model): states and
 // progress, the bounded queue, DELETE of queued and running jobs, failures, the per-job time limit,
 // drain and cancel on shutdown, records that survive a restart (interrupted jobs failed with a
-// reason), retention, the checked plan handed to the runner, and wait_change (the events stream's wait).
+// reason), retention, the checked plan handed to the runner, wait_change (the events stream's wait),
+// several workers (one per model instance) on one queue with their summed counters, the jobs' timings,
+// and how serve's --gpus / --devices / layout flags become instances (server/instances.h).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -12,6 +14,7 @@
 #include <thread>
 
 #include "formats/output_file.h"
+#include "server/instances.h"
 #include "server/jobs.h"
 
 namespace {
@@ -26,8 +29,12 @@ class ScriptedRunner : public JobRunner {
   std::atomic<bool> release{false};
   std::atomic<int> started{0}, cancelled{0};
   std::atomic<uint64_t> plan_seed{0};  // the seed of the last plan handed over (0: none)
+  std::vector<RunnerCounter> counters() const override {
+    return {{"scripted_runs_total", "Runs started.", static_cast<double>(started.load())}};
+  }
   void run(const GenerateOptions& o, const GeneratePlan* plan, const std::string& path, const RunHooks& hooks) override {
     ++started;
+    hooks.progress({ProgressEvent::Begin, Stage::Denoise, 0, 4, 0, ""});
     plan_seed = plan ? plan->seed : 0;
     const std::string p = o.prompt.value_or("");
     if (p == "fail") throw Error("scripted failure", ErrorKind::BadInput);
@@ -45,6 +52,7 @@ class ScriptedRunner : public JobRunner {
       }
       hooks.progress({ProgressEvent::Advance, Stage::Denoise, i, 4, 0.5 * i, ""});  // 0.5 s a step
     }
+    hooks.progress({ProgressEvent::End, Stage::Decode, 1, 1, 0, ""});
     OutputFile f(path, "video");
     f.write("VIDEO", 5);
     f.commit();
@@ -134,6 +142,94 @@ TEST(ServeJobs, RunsAJobToCompletedWithItsFileAndRecord) {
   EXPECT_EQ(s.step_seconds_count, 4u);
   EXPECT_DOUBLE_EQ(s.step_seconds_sum, 2.0);
   EXPECT_EQ(r.plan_seed, 0u);  // no plan handed over: the runner plans
+  // Where the time went, from acceptance: queued, then the first step, then the file after the decode.
+  EXPECT_GE(done.queue_seconds, 0.0);
+  EXPECT_GE(done.first_step_seconds, done.queue_seconds);
+  EXPECT_EQ(done.stage_seconds, 0.0);  // the scripted decode's End event says 0 s
+  EXPECT_GE(done.write_seconds, 0.0);
+  EXPECT_LE(done.write_seconds, done.run_seconds);
+  EXPECT_EQ(done.worker, 0);
+  EXPECT_EQ(s.first_step_seconds_count, 1u);
+  EXPECT_EQ(q.runner_metrics(), "# HELP scripted_runs_total Runs started.\n# TYPE scripted_runs_total counter\n"
+                                "scripted_runs_total 1\n");
+}
+
+// One worker per runner: two held jobs run at once, on different workers; a third waits for a free one;
+// the counters are summed over the runners; shutdown cancels every running job.
+TEST(ServeJobs, EachRunnerHasAWorkerAndTheyShareOneQueue) {
+  Dir d;
+  ScriptedRunner a, b;
+  JobQueue q(config(d), std::vector<JobRunner*>{&a, &b});
+  EXPECT_EQ(q.workers(), 2u);
+  const JobInfo x = submit_until(q, "hold", JobState::InProgress);
+  const JobInfo y = submit_until(q, "hold", JobState::InProgress);
+  EXPECT_EQ(a.started + b.started, 2);
+  EXPECT_EQ(a.started, 1);
+  EXPECT_NE(q.get(x.id)->worker, q.get(y.id)->worker);
+  JobInfo z = job("go");
+  ASSERT_EQ(q.submit(z, opts("go")), JobQueue::Submit::Accepted);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(state_of(q, z.id), JobState::Queued);  // both workers busy
+  EXPECT_EQ(q.stats().by_state.at(JobState::InProgress), 2);
+  EXPECT_NE(q.runner_metrics().find("scripted_runs_total 2\n"), std::string::npos) << q.runner_metrics();
+  EXPECT_FALSE(q.shutdown(0.05));  // both held runs are cancelled
+  EXPECT_EQ(a.cancelled + b.cancelled, 2);
+  for (const JobInfo& j : {x, y, z}) {
+    EXPECT_EQ(state_of(q, j.id), JobState::Failed);
+    EXPECT_EQ(q.get(j.id)->error_code, "server_shutdown");
+  }
+}
+
+TEST(ServeInstances, ReplicasPerGpuOrLayoutsOfConsecutiveGpus) {
+  InstanceArgs a;
+  EXPECT_FALSE(plan_instances(a).active());  // one --device: the single worker
+  a.gpus = "3";
+  Instances in = plan_instances(a);
+  ASSERT_EQ(in.groups.size(), 3u);
+  EXPECT_FALSE(in.layout.active());
+  EXPECT_EQ(in.groups[2], std::vector<int>{2});
+  EXPECT_EQ(in.describe(), "3 replicas on cuda:0, cuda:1, cuda:2");
+  a.gpus.clear();
+  a.devices = "4,5,6,7";
+  a.ulysses = "2";
+  in = plan_instances(a);
+  ASSERT_EQ(in.groups.size(), 2u);
+  EXPECT_EQ(in.groups[1], (std::vector<int>{6, 7}));
+  EXPECT_EQ(in.layout, (dist::Layout{1, 2, 1}));
+  EXPECT_EQ(in.describe(), "2 instances of cfg 1 x ulysses 2 x ring 1: devices 4,5 | 6,7");
+  a.cfg = true;
+  in = plan_instances(a);
+  ASSERT_EQ(in.groups.size(), 1u);
+  EXPECT_EQ(in.layout.world(), 4);
+  a.device = "cuda";  // --device cuda is where the instances are anyway
+  EXPECT_NO_THROW(plan_instances(a));
+  auto refused = [](InstanceArgs b, const std::string& needle) {
+    try {
+      (void)plan_instances(b);
+      ADD_FAILURE() << "accepted: " << needle;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::BadInput);
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  InstanceArgs b;
+  b.gpus = "3";
+  b.cfg = true;
+  refused(b, "does not divide the 3 GPUs");
+  b.gpus.clear();
+  refused(b, "add --gpus N");
+  b.gpus = "2";
+  b.cfg = false;
+  b.devices = "0,1";
+  refused(b, "cannot be given together");
+  b.devices.clear();
+  b.device = "cpu";
+  refused(b, "both choose where the models run");
+  b.device = "cuda:1";
+  refused(b, "both choose where the models run");
+  b.device.reset();
+  b.ring = "x";
+  refused(b, "--ring: 'x' is not a positive integer");
 }
 
 TEST(ServeJobs, TheRunnerGetsThePlanTheRequestWasCheckedWith) {
@@ -335,7 +431,20 @@ TEST(ServeJobs, RecordsRoundTripAndRefusePathsInFileNames) {
   j.state = JobState::Failed;
   j.error_code = "timeout";
   j.seq = 7;
+  j.queue_seconds = 0.25;
+  j.first_step_seconds = 0.5;
+  j.write_seconds = 0.125;
+  j.worker = 3;
   const JobInfo back = job_from_record(job_record(j));
+  EXPECT_EQ(back.queue_seconds, 0.25);
+  EXPECT_EQ(back.first_step_seconds, 0.5);
+  EXPECT_EQ(back.write_seconds, 0.125);
+  EXPECT_EQ(back.worker, 3);
+  nlohmann::json old = job_record(j);  // a record from before the timings: none
+  old.erase("queue_seconds");
+  old.erase("worker");
+  EXPECT_EQ(job_from_record(old).queue_seconds, -1.0);
+  EXPECT_EQ(job_from_record(old).worker, -1);
   EXPECT_EQ(back.id, j.id);
   EXPECT_EQ(back.state, JobState::Failed);
   EXPECT_EQ(back.error_code, "timeout");

@@ -85,6 +85,25 @@ TEST(ServeRequests, TheServersMemoryBudgetReachesEveryJob) {
   EXPECT_EQ(error_of({{"prompt", "x"}, {"memory_budget", "1G"}}).status, 400);
 }
 
+// serve --size / --frames: the default of a request that gives none (and the preload's shape).
+TEST(ServeRequests, TheServersSizeAndFramesAreTheRequestsDefaults) {
+  const ServedModel m = tiny({{"size", "96x64"}, {"frames", "13"}});
+  VideoRequest r = parse_video_request({{"prompt", "a cat"}}, m, "");
+  plan_video_request(r, m);
+  EXPECT_EQ(r.plan->width, 96);
+  EXPECT_EQ(r.plan->frames, 13);
+  EXPECT_EQ(r.info.size, "96x64");
+  r = parse_video_request({{"prompt", "a cat"}, {"size", "64x48"}, {"num_frames", "5"}}, m, "");
+  plan_video_request(r, m);
+  EXPECT_EQ(r.info.size, "64x48");
+  EXPECT_EQ(r.plan->frames, 5);
+  // Instances split over GPUs: requests are planned as multi-GPU runs (each rank checks its share).
+  ServedModel p = tiny();
+  p.parallel = true;
+  EXPECT_TRUE(parse_video_request({{"prompt", "a cat"}}, p, "").opts.parallel);
+  EXPECT_FALSE(parse_video_request({{"prompt", "a cat"}}, m, "").opts.parallel);
+}
+
 TEST(ServeRequests, BadFieldsAre400NamingTheParam) {
   struct Case {
     Fields f;
@@ -204,9 +223,16 @@ TEST(ServeRequests, VideoObjectsShowStateAndError) {
   EXPECT_EQ(o["error"]["code"], "timeout");
   EXPECT_TRUE(o["completed_at"].is_null());
   EXPECT_EQ(o["expires_at"], 5);
+  EXPECT_TRUE(o["timings"]["first_step_s"].is_null());  // never reached
+  EXPECT_TRUE(o["timings"]["run_s"].is_number());        // finished (failed)
   j.state = JobState::InProgress;
+  j.queue_seconds = 0.5;
+  j.first_step_seconds = 0.75;
   EXPECT_EQ(video_object(j)["status"], "in_progress");
   EXPECT_TRUE(video_object(j)["error"].is_null());
+  EXPECT_EQ(video_object(j)["timings"]["queue_s"], 0.5);
+  EXPECT_EQ(video_object(j)["timings"]["first_step_s"], 0.75);
+  EXPECT_TRUE(video_object(j)["timings"]["run_s"].is_null());  // still running
 }
 
 TEST(ServeRequests, KeysCompareWhole) {

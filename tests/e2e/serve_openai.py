@@ -167,6 +167,8 @@ def http_cases(srv):
     assert st == 200, raw
     vid = json.loads(raw)["id"]
     wait_status(srv, vid, ("completed",))
+    t = json.loads(call(srv, "GET", f"/v1/videos/{vid}")[2])["timings"]  # the extension: where the time went
+    assert 0 <= t["queue_s"] <= t["first_step_s"] <= t["queue_s"] + t["run_s"] and t["write_s"] >= 0, t
     st, hdrs, whole = call(srv, "GET", f"/v1/videos/{vid}/content")
     assert st == 200 and hdrs["Content-Type"] in ("video/mp4", "video/x-yuv4mpeg"), hdrs
     st, hdrs, part = call(srv, "GET", f"/v1/videos/{vid}/content", headers={"Range": "bytes=4-11"})

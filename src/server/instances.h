@@ -1,0 +1,52 @@
+// How `wan serve` spreads over several GPUs: model instances, each with its own worker on the one job
+// queue (jobs.h). Without a layout flag every GPU holds a replica of the model (ResidentRunner on that
+// device, models resident between jobs): the most videos per GPU-second, since replicas exchange
+// nothing. With --cfg-parallel / --ulysses U / --ring R each instance is that layout's GPUs
+// (cfg·U·R of them, consecutive in the device list), and a job runs on it as `wan generate` with the
+// same flags does (ParallelRunner: run_generate_parallel; its models load per job): lower latency per
+// video for the same GPUs.
+// Invariants: the instances partition the listed devices; every check happens before any device work.
+#pragma once
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "runtime/dist/parallel_layout.h"
+#include "server/jobs.h"
+
+namespace wan::server {
+
+// serve's multi-GPU options as given (empty / nullopt / false: absent).
+struct InstanceArgs {
+  std::string gpus, devices;                 // --gpus N | --devices 0,1,...
+  bool cfg = false;                          // --cfg-parallel
+  std::optional<std::string> ulysses, ring;  // --ulysses U, --ring R
+  std::optional<std::string> device;         // --device, when given
+};
+
+struct Instances {
+  std::vector<std::vector<int>> groups;  // the devices of each instance, in the listed order
+  dist::Layout layout;                   // each instance's (world 1: replicas)
+  bool active() const { return !groups.empty(); }  // false: neither --gpus nor --devices (one --device)
+  std::string describe() const;  // "2 replicas on cuda:0, cuda:1" / "2 instances of cfg 2 x ulysses 1 x ring 1: 0,1 | 2,3"
+};
+
+// Throws one wan::Error (BadInput) for: --gpus with --devices, either with --device cpu or cuda:i, a
+// layout flag without them, a degree that is not a positive integer, and devices the instance size
+// does not divide.
+Instances plan_instances(const InstanceArgs& a);
+
+// Runs each job on its instance's GPUs with the layout (pipeline/generate_parallel.h), in this process
+// (one thread per GPU); the request's checked plan is not used (each rank plans its share).
+class ParallelRunner : public JobRunner {
+ public:
+  ParallelRunner(std::vector<int> devices, dist::Layout layout);
+  void run(const GenerateOptions& o, const GeneratePlan* plan, const std::string& video_path,
+           const RunHooks& hooks) override;
+
+ private:
+  std::vector<int> devices_;
+  dist::Layout layout_;
+};
+
+}  // namespace wan::server
