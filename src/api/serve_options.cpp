@@ -14,7 +14,7 @@ namespace {
 const char* const kModelRows[] = {"model", "dit-high", "dit-low", "dit", "text-encoder", "vae", "tokenizer",
                                   "weights", "weights-seed", "config", "layers", "task", "device", "attention",
                                   "gemm", "precision", "keep-text-encoder", "memory-budget",
-                                  "host-memory-budget"};
+                                  "host-memory-budget", "vae-tile"};
 
 Option generate_row(const std::string& name) {
   const Option* o = find_option(generate_spec(), name);
