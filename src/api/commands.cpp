@@ -174,6 +174,7 @@ std::vector<Option> generate_options_table() {
   t.push_back(att);
   add_gemm_rows(t);
   add_memory_budget_rows(t);
+  add_vae_tile_row(t);
   Option gpus =
       option("gpus", Kind::String, "N", "",
              "run on several GPUs (one rank per GPU; implies --device cuda). Also one process per GPU started "
@@ -409,6 +410,42 @@ void add_memory_budget_rows(std::vector<Option>& t) {
            "streamed); a plan that needs more is not chosen");
 }
 
+VaeTileRequest parse_vae_tile(const std::string& s, const std::string& key) {
+  VaeTileRequest r;
+  if (s == "auto") return r;
+  if (s == "off") {
+    r.mode = VaeTileRequest::Off;
+    return r;
+  }
+  const size_t x = s.find('x');
+  const std::string ws = s.substr(0, x), hs = x == std::string::npos ? ws : s.substr(x + 1);
+  auto number = [](const std::string& d) -> int64_t {
+    if (d.empty() || d.size() > 6 || d.find_first_not_of("0123456789") != std::string::npos) return -1;
+    return std::stoll(d);
+  };
+  r.mode = VaeTileRequest::Fixed;
+  r.width = number(ws);
+  r.height = number(hs);
+  for (int64_t v : {r.width, r.height})
+    if (v < 128 || v % 64 != 0)
+      throw OptionError(key, cat("{}: expected auto, off or a pixel tile WxH (or N) of multiples of 64, at least 128, "
+                                 "got '", s, "'"));
+  return r;
+}
+
+void add_vae_tile_row(std::vector<Option>& t) {
+  Option o = option("vae-tile", Kind::String, "auto|off|WxH", "auto",
+                    "decode the video in overlapping spatial tiles (pixels, multiples of 64; N for NxN), blended "
+                    "over a 1/4 overlap, so the GPU decoder's memory follows the tile, not the frame (slightly "
+                    "different video). auto: untiled unless the --memory-budget plan needs it, then the largest of "
+                    "512, 384, 256 that fits; off: never");
+  o.check = [](const std::string& s) {
+    (void)parse_vae_tile(s, "vae-tile");
+    return std::string();
+  };
+  t.push_back(o);
+}
+
 std::string gemm_from(const Values& v) {
   const std::string precision = v.str("precision"), gemm = v.str("gemm");
   const std::string from_precision = precision == "fp8" ? "fp8" : "bf16";
@@ -474,6 +511,7 @@ GenerateOptions generate_options(const Values& v, ParallelArgs* parallel) {
   o.keep_text_encoder = v.flag("keep-text-encoder");
   if (auto b = v.get("memory-budget")) o.memory_budget = parse_memory_size(*b, "memory-budget");
   if (auto b = v.get("host-memory-budget")) o.host_memory_budget = parse_memory_size(*b, "host-memory-budget");
+  if (auto b = v.get("vae-tile")) o.vae_tile = parse_vae_tile(*b, "vae-tile");
   o.resume_file = v.get_or("resume", "");
   if (v.has("resume") && o.resume_file.empty()) throw OptionError("resume", "{}: empty file name");
   if (v.has("stop-after-steps")) o.stop_after_steps = static_cast<int>(v.get_int("stop-after-steps", 0));

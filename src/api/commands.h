@@ -36,6 +36,12 @@ extern const char* const kPrecisionFp8Note;
 void add_memory_budget_rows(std::vector<Option>& t);
 int64_t parse_memory_size(const std::string& s, const std::string& key);
 
+// --vae-tile auto|off|WxH|N (generate, serve): its row, and its value. A fixed tile is in pixels, width x
+// height as --size (N: N x N), each a multiple of 64 and at least 128 (64 = 4 latent pixels of the Wan 2.2
+// VAE, so the 1/4 overlap is whole latent pixels for both VAEs). Throws OptionError naming `key`.
+void add_vae_tile_row(std::vector<Option>& t);
+VaeTileRequest parse_vae_tile(const std::string& s, const std::string& key);
+
 // A generate request's options as the pipeline takes them; `parallel` receives the multi-GPU options
 // as given (parse_parallel_request checks them with the launcher's environment). Throws OptionError.
 GenerateOptions generate_options(const Values& v, ParallelArgs* parallel);

@@ -14,7 +14,7 @@ namespace {
 const char* const kModelRows[] = {"model", "dit-high", "dit-low", "dit", "text-encoder", "vae", "tokenizer",
                                   "weights", "weights-seed", "config", "layers", "task", "device", "attention",
                                   "gemm", "precision", "keep-text-encoder", "memory-budget",
-                                  "host-memory-budget"};
+                                  "host-memory-budget", "vae-tile"};
 
 // Generate rows whose value in serve is the default of every request (and the preloaded models' shape).
 const char* const kRequestDefaultRows[] = {"size", "frames"};

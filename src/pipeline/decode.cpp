@@ -22,7 +22,8 @@ using pipeline_detail::StageTimer;
 namespace pipeline_detail {
 
 Tensor decode_with(const std::function<VaeAhead()>& get, const VaeConfig& vae, const Tensor& latents,
-                   const RunHooks& hooks, Timings* timings, const std::string& device, int64_t* peak_device_bytes) {
+                   const RunHooks& hooks, Timings* timings, const std::string& device, int64_t* peak_device_bytes,
+                   const VaeTiling& tiling) {
   WAN_CHECK(latents.ndim() == 4 && latents.dim(0) == vae.z_dim, "latents of shape ", latents.shape().str(),
             " do not fit the VAE (", vae.z_dim, " channels)");
   const int gpu = parse_device(device);
@@ -34,44 +35,66 @@ Tensor decode_with(const std::function<VaeAhead()>& get, const VaeConfig& vae, c
     double s = st.end();
     if (timings) timings->load_vae += ahead.read_s >= 0 ? ahead.read_s : s;  // read ahead: its own time
   }
-  const int chunks = static_cast<int>(latents.dim(1));  // the decoder runs one latent frame at a time
+  // The decoder runs one latent frame at a time, per tile.
+  const int64_t tiles = vae_tile_count(latents.dim(2), latents.dim(3), tiling);
+  const int chunks = static_cast<int>(latents.dim(1) * tiles);
   const int sf = vae_spatial_factor(vae);
   const int F = static_cast<int>(1 + vae_temporal_factor(vae) * (latents.dim(1) - 1));
   const int H = static_cast<int>(sf * latents.dim(2)), W = static_cast<int>(sf * latents.dim(3));
   StageTimer st(hooks, Stage::Decode, chunks);
+  auto advance = [&](int done) {
+    st.advance(done);
+    check_cancel(hooks);
+  };
   Tensor video;
   if (gpu >= 0) {
     check_cancel(hooks);
-    if (!ahead.decoder) ahead.decoder = plan_gpu_vae_decoder(vae, ahead.weights, latents.dim(2), latents.dim(3), gpu);
+    if (!ahead.decoder)
+      ahead.decoder = plan_gpu_vae_decoder(vae, ahead.weights, latents.dim(2), latents.dim(3), gpu, tiling);
     int64_t peak = 0;
-    if (hooks.streams_video()) {
+    if (hooks.streams_video() && tiles == 1) {  // tiles are blended on the host: streamed below, whole
       uint8_t* rgb = hooks.video_begin(F, H, W);
       int done = 0;
       ahead.decoder->decode(latents, &peak, rgb, [&](int ready) {
         hooks.video_ready(ready);
-        st.advance(++done);
-        check_cancel(hooks);
+        advance(++done);
       });
     } else {
-      video = ahead.decoder->decode(latents, &peak, nullptr, {});
+      video = ahead.decoder->decode(latents, &peak, nullptr, advance);
       st.advance(chunks);
     }
     if (peak_device_bytes) *peak_device_bytes = std::max(*peak_device_bytes, peak);
   } else {
-    video = vae_decode(vae, ahead.weights, latents, /*clamp=*/true, [&](int done, int) {
-      st.advance(done);
-      check_cancel(hooks);
-    });
-    if (hooks.streams_video()) {
-      const std::vector<uint8_t> rgb = video_to_rgb8(video.f32(), F, H, W);
-      std::copy(rgb.begin(), rgb.end(), hooks.video_begin(F, H, W));
-      hooks.video_ready(F);
-      video = Tensor();
-    }
+    video = vae_decode_tiled(vae, ahead.weights, latents, tiling, /*clamp=*/true, [&](int done, int) { advance(done); });
+  }
+  if (video.defined() && hooks.streams_video()) {
+    const std::vector<uint8_t> rgb = video_to_rgb8(video.f32(), F, H, W);
+    std::copy(rgb.begin(), rgb.end(), hooks.video_begin(F, H, W));
+    hooks.video_ready(F);
+    video = Tensor();
   }
   double s = st.end();
   if (timings) timings->vae_decode += s;
   return video;
+}
+
+void plan_vae_tiling(const GenerateOptions& o, GeneratePlan& p) {
+  p.vae_tile = o.vae_tile;
+  p.vae_tiling = {};
+  if (o.vae_tile.mode != VaeTileRequest::Fixed || !o.decode) return;
+  WAN_CHECK_OPTION("vae-tile", !o.parallel, "{}: one GPU for now (rank 0 decodes untiled)");
+  const int sf = vae_spatial_factor(p.vae);
+  WAN_CHECK_OPTION("vae-tile", o.vae_tile.width % (4 * sf) == 0 && o.vae_tile.height % (4 * sf) == 0, "{} ",
+                   o.vae_tile.width, "x", o.vae_tile.height, ": this VAE's tiles are multiples of ", 4 * sf, " pixels");
+  p.vae_tiling = vae_tiling_from_pixels(o.vae_tile.height, o.vae_tile.width, sf);
+}
+
+std::string vae_tiling_str(const VaeTiling& t, const VaeConfig& vae, const Shape& latents) {
+  const int64_t h = latents[2], w = latents[3], sf = vae_spatial_factor(vae);
+  if (vae_tile_count(h, w, t) <= 1) return "untiled";
+  const auto [th, tw] = vae_tile_size(h, w, t);
+  return cat(vae_tile_count(h, w, t), " tiles of ", sf * tw, "x", sf * th, " pixels, overlap at least ",
+             sf * t.overlap_w, "x", sf * t.overlap_h);
 }
 
 VaeWeights run_vae_weights(const GeneratePlan& p) {

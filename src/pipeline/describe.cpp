@@ -90,6 +90,8 @@ std::string GeneratePlan::describe() const {
     if (verbose && memory) os << memory->str();
     if (verbose && !memory_plan_note.empty()) os << "plan     device memory " << memory_plan_note << "\n";
   }
+  if (vae_tiling.on() || (verbose && vae_device_bytes > 0))  // the decode's tiles (--vae-tile)
+    os << "decode   " << pipeline_detail::vae_tiling_str(vae_tiling, vae, latent_shape) << "\n";
   return os.str();
 }
 

@@ -360,7 +360,8 @@ std::future<void> gpu_prewarm(int) { return {}; }
 Tensor gpu_vae_decode_tracked(const VaeConfig&, const VaeWeights&, const Tensor&, int device, int64_t*) {
   WAN_THROW("device ", device, ": this build of wan has no CUDA support");
 }
-std::unique_ptr<GpuVaeDecoder> plan_gpu_vae_decoder(const VaeConfig&, const VaeWeights&, int64_t, int64_t, int device) {
+std::unique_ptr<GpuVaeDecoder> plan_gpu_vae_decoder(const VaeConfig&, const VaeWeights&, int64_t, int64_t, int device,
+                                                    const VaeTiling&) {
   WAN_THROW("device ", device, ": this build of wan has no CUDA support");
 }
 #endif

@@ -145,12 +145,16 @@ class GpuVaeDecoder {
   // `rgb`: returns the video [3, F, H, W] float32. With `rgb` ([F, H, W, 3] uint8, the caller's): the
   // frames go there quantised as formats/video.h does, chunk by chunk as the decode produces them,
   // `ready(n)` saying frames [0, n) are in place (called on this thread; what it throws ends the
-  // decode), and the returned tensor is undefined.
+  // decode), and the returned tensor is undefined. A tiled decoder takes no `rgb` (its tiles are blended on
+  // the host once all are decoded) and calls ready(n) after each tile with the chunks (latent frames of
+  // every tile) done so far.
   virtual Tensor decode(const Tensor& latents, int64_t* in_use_peak, uint8_t* rgb,
                         const std::function<void(int ready)>& ready) = 0;
 };
-// Plans on `device` (the caller's thread may be any). Throws wan::Error without CUDA.
+// Plans on `device` (the caller's thread may be any). With `tiling` of more than one tile over latent_h x
+// latent_w (vae_tiling.h), one decoder planned for the tile decodes them all (VaeDecoderGpu::decode_tiled).
+// Throws wan::Error without CUDA.
 std::unique_ptr<GpuVaeDecoder> plan_gpu_vae_decoder(const VaeConfig& vae, const VaeWeights& w, int64_t latent_h,
-                                                    int64_t latent_w, int device);
+                                                    int64_t latent_w, int device, const VaeTiling& tiling = {});
 
 }  // namespace wan

@@ -443,6 +443,7 @@ void plan_memory(const GenerateOptions& o, GeneratePlan& p) {
   p.plan_as_owner = o.plan_as_owner;
   p.host_memory_budget = o.host_memory_budget;
   check_generate_host_memory(p, on_gpu, o.decode);
+  pipeline_detail::plan_vae_tiling(o, p);
   if (on_gpu) plan_gpu_run(o.parallel, o.decode, o.keep_text_encoder, p);
 }
 }  // namespace
@@ -728,7 +729,7 @@ GenerateResult run_generate(const GeneratePlan& p, const RunHooks& hooks, bool d
       a.weights = pipeline_detail::cached_vae_weights(p, cache);
       a.read_s = seconds_since(t0);
       if (gpu >= 0)
-        a.decoder = plan_gpu_vae_decoder(p.vae, a.weights, p.latent_shape[2], p.latent_shape[3], gpu);
+        a.decoder = plan_gpu_vae_decoder(p.vae, a.weights, p.latent_shape[2], p.latent_shape[3], gpu, p.vae_tiling);
       return a;
     });
   dit_model->set_condition(condition);
@@ -755,7 +756,7 @@ GenerateResult run_generate(const GeneratePlan& p, const RunHooks& hooks, bool d
         a.weights = pipeline_detail::cached_vae_weights(p, cache);
       return a;
     };
-    r.video = decode_with(get, p.vae, r.latents, hooks, &tm, p.device, &r.peak_device_bytes);
+    r.video = decode_with(get, p.vae, r.latents, hooks, &tm, p.device, &r.peak_device_bytes, p.vae_tiling);
   }
   return r;
 }

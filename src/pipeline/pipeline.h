@@ -60,6 +60,15 @@ struct Cancelled : std::exception {
 };
 
 // ---- what the user asked for (unset = the task's default) ----
+// --vae-tile: auto (untiled unless the run's device memory plan needs tiles, then the largest candidate
+// tile that fits), off (never tiled), or a fixed pixel tile (width x height, multiples of 64).
+struct VaeTileRequest {
+  enum Mode : uint8_t { Auto, Off, Fixed };
+  Mode mode = Auto;
+  int64_t width = 0, height = 0;  // Fixed: pixels
+  bool operator==(const VaeTileRequest&) const = default;
+};
+
 struct GenerateOptions {
   std::string model;                       // checkpoint folder or file
   // ComfyUI component files instead of `model` (ckpt/layout.h detect_components): --dit / --dit-high /
@@ -102,6 +111,8 @@ struct GenerateOptions {
   // cuda, one GPU (issue 27): the device bytes the run may use (0: the free memory) and the pinned host
   // bytes its weights may take when swapped or streamed (0: the machine's memory).
   int64_t memory_budget = 0, host_memory_budget = 0;
+  // --vae-tile: the decode in spatial tiles (models/vae/vae_tiling.h) to bound the decoder's device memory.
+  VaeTileRequest vae_tile;
   // cuda: plan against the device's capacity (less a margin for the context), not its free memory now: a
   // server whose model cache (model_cache.h) holds memory it frees for the run when needed.
   bool plan_as_owner = false;
@@ -172,6 +183,11 @@ struct GeneratePlan {
   int64_t vae_encoder_device_bytes = 0;    // the GPU image encoder's (I2V / TI2V); 0: no image
   int64_t host_weights_bytes = 0;          // cuda: host memory for weights at once (VAE + one tensor)
   int64_t memory_budget = 0, host_memory_budget = 0;  // GenerateOptions'
+  VaeTileRequest vae_tile;                 // GenerateOptions'
+  // The decode's spatial tiles (off: untiled): the fixed request's, or (auto, one GPU) the largest of
+  // vae_tiling_candidates whose decoder fits the run's memory plan (choose_residency). vae_device_bytes is
+  // the decoder planned for its tile.
+  VaeTiling vae_tiling;
   bool plan_as_owner = false;                          // GenerateOptions'
   int residency = 0;                       // cuda: the chosen weight residency (plan_gpu_dit_memory's choice)
   std::string residency_name;              // its name ("resident", "expert swap", "block streaming (3 slots)")

@@ -136,8 +136,16 @@ struct VaeAhead {
   double read_s = -1;                      // >= 0: the weights were read on that thread, in this time
   std::unique_ptr<GpuVaeDecoder> decoder;  // GPU, planned ahead (else decode_with plans it)
 };
+// `tiling` (vae_tiling.h): the decode in spatial tiles; the GPU decoder then streams no chunks (the blend
+// is on the host): the video goes to the hooks whole at the end.
 Tensor decode_with(const std::function<VaeAhead()>& get, const VaeConfig& vae, const Tensor& latents,
-                   const RunHooks& hooks, Timings* timings, const std::string& device, int64_t* peak_device_bytes);
+                   const RunHooks& hooks, Timings* timings, const std::string& device, int64_t* peak_device_bytes,
+                   const VaeTiling& tiling = {});
+// --vae-tile into the plan (plan_generate, before the device plan): p.vae_tile, and p.vae_tiling for a
+// fixed tile (checked against the VAE's spatial factor; one GPU only). Auto is resolved by choose_residency.
+void plan_vae_tiling(const GenerateOptions& o, GeneratePlan& p);
+// "untiled" or "N tiles of WxH pixels, overlap at least ..." for describe().
+std::string vae_tiling_str(const VaeTiling& t, const VaeConfig& vae, const Shape& latents);
 
 // The image stage of I2V / TI2V: the VAE weights into *weights unless they are there already (the
 // LoadVae stage), then the image video encoded on the plan's device into the DiT's condition (the

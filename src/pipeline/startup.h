@@ -101,6 +101,16 @@ constexpr double kResidencyPcie = 50e9;      // B/s, pinned host to device (H100
 constexpr double kResidencyFlops = 500e12;   // FLOP/s, a block's bf16 GEMMs and attention (measured ~640)
 double residency_cost_seconds(const GeneratePlan& plan, const GpuDiTMemory& m);
 
+// The decode tilings the memory plan may take for p (p.vae_tile): off: untiled; fixed: p.vae_tiling;
+// auto: untiled, then square tiles of 512, 384 and 256 pixels with a 1/4 overlap, each only when it cuts
+// the frame into more tiles than the one before (largest first: fewer tiles, less overlap recomputed).
+std::vector<VaeTiling> vae_tiling_candidates(const GeneratePlan& p);
+// Of n candidate decode tilings (largest first), the first whose run plan `run_at(i)` fits `limit` on
+// `device`; else the first whose decode stage fits (a smaller tile does not help the other stages); else
+// the last. Returns the index; *run gets its plan. choose_residency's step for each residency.
+size_t fit_decode_tiling(size_t n, const std::function<RunMemoryPlan(size_t)>& run_at, const std::string& device,
+                         size_t limit, RunMemoryPlan* run);
+
 // The host memory a GPU run holds for weights at once (its plan's host_weights_bytes).
 int64_t gpu_host_weights_bytes(const GeneratePlan& p);
 

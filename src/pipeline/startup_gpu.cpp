@@ -99,11 +99,12 @@ RunMemoryPlan run_memory(const GeneratePlan& p, const GpuDiTMemory& m, bool fast
   // What fits: the largest frame count at this size whose denoise stage fits.
   const size_t kept_text = p.keep_text_encoder || p.plan_as_owner ? t5_bytes : 0;
   const int tf = vae_temporal_factor(p.vae);
-  run.what_fits = [m, kept_text, tf, w = p.width, h = p.height, T = p.latent_shape[1]](const std::string&, RunStage st,
+  const bool off = p.vae_tile.mode == VaeTileRequest::Off;
+  run.what_fits = [m, kept_text, tf, off, w = p.width, h = p.height, T = p.latent_shape[1]](const std::string&, RunStage st,
                                                                                    size_t free_bytes) -> std::string {
     if (st == RunStage::Decode || st == RunStage::ImageEncode)
       return cat("the VAE's activations scale with the frame size, not the frame count: a smaller size than ", w,
-                 "x", h, " fits");
+                 "x", h, " fits", off ? ", or --vae-tile auto" : "");
     if (st != RunStage::Denoise) return {};
     const int64_t fit = largest_fitting(T - 1, [&](int64_t t) { return m.bytes_at_frames(t) + kept_text <= free_bytes; });
     if (fit >= 1)
@@ -168,17 +169,41 @@ void choose_residency(GeneratePlan& p, DenoiserSpec spec, GpuDiTMemory m, bool d
   std::shared_ptr<const cuda::MemoryPlan> best_dit;
   double best_cost = 0;
   bool best_fast = false;
+  // The decoder's bytes per decode tiling: the first's (plan_gpu_run's bound) until it does not fit, then
+  // the exact figures (cuDNN's choices), asked once each, only for the tilings tried.
+  const std::vector<VaeTiling> tilings = decode ? vae_tiling_candidates(p) : std::vector<VaeTiling>{p.vae_tiling};
+  std::vector<int64_t> vae_bytes(tilings.size(), -1);
+  bool exact = false;
+  const int64_t bound = p.vae_device_bytes;
+  auto decoder_bytes = [&](size_t k) {
+    if (k == 0 && !exact) return bound;
+    if (vae_bytes[k] < 0) {
+      const auto [th, tw] = vae_tile_size(p.latent_shape[2], p.latent_shape[3], tilings[k]);
+      const Shape tile{p.latent_shape[0], p.latent_shape[1], th, tw};
+      vae_bytes[k] = static_cast<int64_t>(gpu_vae_decoder_bytes(p.vae, tile, p.device));
+    }
+    return vae_bytes[k];
+  };
+  size_t best_tiling = 0;
   for (int c = 0; c < m.residencies; ++c) {
     if (c > 0) {
       spec.residency = c;
       m = plan_gpu_dit_memory(p.ckpt, spec);
     }
     m.free_bytes = limit;
-    auto run = std::make_shared<RunMemoryPlan>(gpu_run_memory(p, m, decode, &p.fast_start));
-    if (decode && !run->refusal(p.device, limit).empty() && c == 0) {  // the decoder's exact bytes, once
-      p.vae_device_bytes = static_cast<int64_t>(gpu_vae_decoder_bytes(p.vae, p.latent_shape, p.device));
-      run = std::make_shared<RunMemoryPlan>(gpu_run_memory(p, m, decode, &p.fast_start));
-    }
+    auto run = std::make_shared<RunMemoryPlan>();
+    bool fast = false;
+    const size_t k = fit_decode_tiling(tilings.size(), [&](size_t i) {
+      p.vae_device_bytes = decode ? decoder_bytes(i) : 0;
+      RunMemoryPlan r = gpu_run_memory(p, m, decode, &fast);
+      if (decode && i == 0 && !exact && !r.refusal(p.device, limit).empty()) {  // the exact bytes, once
+        exact = true;
+        p.vae_device_bytes = decoder_bytes(0);
+        r = gpu_run_memory(p, m, decode, &fast);
+      }
+      return r;
+    }, p.device, limit, run.get());
+    p.fast_start = fast;
     const size_t peak = run->peak(p.device);
     if (peak < smallest) {
       smallest = peak;
@@ -199,6 +224,7 @@ void choose_residency(GeneratePlan& p, DenoiserSpec spec, GpuDiTMemory m, bool d
       best = std::move(run);
       best_dit = m.plan;
       best_fast = p.fast_start;
+      best_tiling = k;
     }
     if (cost == 0) break;  // nothing is cheaper than free
   }
@@ -206,6 +232,10 @@ void choose_residency(GeneratePlan& p, DenoiserSpec spec, GpuDiTMemory m, bool d
     p.memory = std::move(best);
     p.dit_memory = std::move(best_dit);
     p.fast_start = best_fast;
+    if (decode) {
+      p.vae_tiling = tilings[best_tiling];
+      p.vae_device_bytes = decoder_bytes(best_tiling);
+    }
     return;
   }
   if (!host_refused.empty()) throw Error(cat("device ", p.device, ": ", host_refused, " (--host-memory-budget)"));
@@ -215,6 +245,27 @@ void choose_residency(GeneratePlan& p, DenoiserSpec spec, GpuDiTMemory m, bool d
   const size_t mib = (smallest + (size_t{1} << 20) - 1) >> 20;  // rounded up: a budget that runs it
   throw Error(cat(smallest_refusal.empty() ? cat("the run does not fit ", what) : smallest_refusal, why,
                   "; the smallest budget that runs it: --memory-budget ", mib, "MiB"));
+}
+
+std::vector<VaeTiling> vae_tiling_candidates(const GeneratePlan& p) {
+  if (p.vae_tile.mode == VaeTileRequest::Fixed) return {p.vae_tiling};
+  std::vector<VaeTiling> c{VaeTiling{}};
+  if (p.vae_tile.mode == VaeTileRequest::Off) return c;
+  const int64_t h = p.latent_shape[2], w = p.latent_shape[3];
+  for (int64_t px : {512, 384, 256}) {
+    const VaeTiling t = vae_tiling_from_pixels(px, px, vae_spatial_factor(p.vae));
+    if (vae_tile_count(h, w, t) > vae_tile_count(h, w, c.back())) c.push_back(t);
+  }
+  return c;
+}
+
+size_t fit_decode_tiling(size_t n, const std::function<RunMemoryPlan(size_t)>& run_at, const std::string& device,
+                         size_t limit, RunMemoryPlan* run) {
+  WAN_ASSERT(n >= 1, "no decode tiling to try");
+  for (size_t i = 0;; ++i) {
+    *run = run_at(i);
+    if (i + 1 == n || run->peak(device) <= limit || run->stage_peak(device, RunStage::Decode) <= limit) return i;
+  }
 }
 
 RunMemoryPlan gpu_run_memory(const GeneratePlan& p, const GpuDiTMemory& m, bool decode, bool* fast_start) {
@@ -257,7 +308,9 @@ void plan_gpu_run(bool parallel, bool decode, bool keep_text_encoder, GeneratePl
     if (decode)
       vae_bytes = std::async(std::launch::async, [&p, &vae_s] {
         const auto t = Clock::now();
-        const auto b = static_cast<int64_t>(gpu_vae_decoder_bytes(p.vae, p.latent_shape, p.device, true));
+        const auto [th, tw] = vae_tile_size(p.latent_shape[2], p.latent_shape[3], p.vae_tiling);
+        const Shape tile{p.latent_shape[0], p.latent_shape[1], th, tw};
+        const auto b = static_cast<int64_t>(gpu_vae_decoder_bytes(p.vae, tile, p.device, true));
         vae_s = seconds_since(t);
         return b;
       });

@@ -1,8 +1,8 @@
 // The GPU parts of the pipeline outside the DiT (see models.h): the UMT5 text encoder on the GPU
 // (wan::cuda::T5EncoderGpu, bf16) with its tokenizer, its memory check, the device-memory probe of the
-// timing report, and the GPU VAE decode with that probe (planned ahead on any thread, and optionally
-// streamed out as uint8 frames chunk by chunk). Compiled only in CUDA builds (the stubs of a CPU-only
-// build are in models.cpp).
+// timing report, and the GPU VAE decode with that probe (planned ahead on any thread; streamed out as
+// uint8 frames chunk by chunk, or decoded in spatial tiles). Compiled only in CUDA builds (the stubs of a
+// CPU-only build are in models.cpp).
 #ifdef WAN_HAVE_CUDA
 #include <cuda_runtime.h>
 
@@ -182,10 +182,43 @@ class PlannedVaeDecoder : public GpuVaeDecoder {
   std::unique_ptr<cuda::VaeDecoderGpu> dec_;
 };
 
+// One decoder planned for the tile; the video is blended on the host (VaeDecoderGpu::decode_tiled).
+class TiledVaeDecoder : public GpuVaeDecoder {
+ public:
+  TiledVaeDecoder(const VaeConfig& vae, const VaeWeights& w, int64_t h, int64_t wd, int device, const VaeTiling& t)
+      : device_(device), tiling_(t) {
+    CUDA_CHECK(cudaSetDevice(device));
+    const auto [th, tw] = vae_tile_size(h, wd, t);
+    dec_ = cuda::VaeDecoderGpu::plan(vae, w, cuda::VaeGpuShape{th, tw});
+  }
+
+  Tensor decode(const Tensor& latents, int64_t* in_use_peak, uint8_t* rgb,
+                const std::function<void(int)>& ready) override {
+    WAN_ASSERT(rgb == nullptr, "a tiled GPU VAE decode does not stream its frames");
+    CUDA_CHECK(cudaSetDevice(device_));
+    if (!dec_->allocated()) dec_->allocate();
+    int64_t peak = gpu_memory_in_use(device_);
+    const int64_t T = latents.dim(1);
+    Tensor video = dec_->decode_tiled(latents, tiling_, /*clamp=*/true, [&](int64_t tiles) {
+      peak = std::max(peak, gpu_memory_in_use(device_));
+      if (ready) ready(static_cast<int>(tiles * T));
+    });
+    if (in_use_peak) *in_use_peak = std::max(*in_use_peak, peak);
+    return video;
+  }
+
+ private:
+  int device_;
+  VaeTiling tiling_;
+  std::unique_ptr<cuda::VaeDecoderGpu> dec_;
+};
+
 }  // namespace
 
 std::unique_ptr<GpuVaeDecoder> plan_gpu_vae_decoder(const VaeConfig& vae, const VaeWeights& w, int64_t latent_h,
-                                                    int64_t latent_w, int device) {
+                                                    int64_t latent_w, int device, const VaeTiling& tiling) {
+  if (vae_tile_count(latent_h, latent_w, tiling) > 1)
+    return std::make_unique<TiledVaeDecoder>(vae, w, latent_h, latent_w, device, tiling);
   return std::make_unique<PlannedVaeDecoder>(vae, w, latent_h, latent_w, device);
 }
 

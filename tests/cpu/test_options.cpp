@@ -292,6 +292,37 @@ TEST(Options, MemoryBudgetSizes) {
   }
 }
 
+TEST(Options, VaeTile) {
+  using wan::VaeTileRequest;
+  EXPECT_EQ(parse_vae_tile("auto", "vae-tile").mode, VaeTileRequest::Auto);
+  EXPECT_EQ(parse_vae_tile("off", "vae-tile").mode, VaeTileRequest::Off);
+  const VaeTileRequest r = parse_vae_tile("512x384", "vae-tile");
+  EXPECT_EQ(r.mode, VaeTileRequest::Fixed);
+  EXPECT_EQ(r.width, 512);
+  EXPECT_EQ(r.height, 384);
+  EXPECT_EQ(parse_vae_tile("256", "vae-tile"), (VaeTileRequest{VaeTileRequest::Fixed, 256, 256}));
+  for (const char* bad : {"", "on", "Auto", "64", "100", "512x", "x512", "512x500", "512x384x2", "-256", "256.0",
+                          "1e3", "512 x 384", "99999999999"})
+    EXPECT_THROW(parse_vae_tile(bad, "vae-tile"), OptionError) << bad;
+  auto tile_of = [](std::vector<std::string> extra) {
+    std::vector<std::string> args = {"generate", "--model", "m", "--prompt", "x"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    std::vector<char*> p;
+    for (std::string& a : args) p.push_back(a.data());
+    wan::ParallelArgs pa;
+    return generate_options(parse_argv(generate_spec(), static_cast<int>(p.size()), p.data()), &pa).vae_tile;
+  };
+  EXPECT_EQ(tile_of({}).mode, VaeTileRequest::Auto);
+  EXPECT_EQ(tile_of({"--vae-tile", "off"}).mode, VaeTileRequest::Off);
+  EXPECT_EQ(tile_of({"--vae-tile", "384x256"}), (VaeTileRequest{VaeTileRequest::Fixed, 384, 256}));
+  try {
+    tile_of({"--vae-tile", "300x300"});
+    ADD_FAILURE() << "a bad tile accepted";
+  } catch (const OptionError& e) {
+    EXPECT_EQ(e.key(), "vae-tile");
+  }
+}
+
 TEST(Options, ValueParsers) {
   EXPECT_EQ(parse_size("1280x720").width, 1280);
   EXPECT_EQ(parse_size("1280x720").height, 720);

@@ -232,6 +232,22 @@ Tensor vae_decode(const VaeConfig& c, const VaeWeights& w, const Tensor& latents
   return vae::from_frames(video);
 }
 
+Tensor vae_decode_tiled(const VaeConfig& c, const VaeWeights& w, const Tensor& latents, const VaeTiling& tiling,
+                        bool clamp, const VaeProgress& progress) {
+  WAN_CHECK(latents.ndim() == 4, "vae_decode: latents ", latents.shape().str(), " are not [", c.z_dim, ", T, H, W]");
+  const int64_t tiles = vae_tile_count(latents.dim(2), latents.dim(3), tiling);
+  if (tiles == 1) return vae_decode(c, w, latents, clamp, progress);
+  const int T = static_cast<int>(latents.dim(1)), total = static_cast<int>(tiles) * T;
+  int done = 0;
+  return vae_tiled_decode(latents, tiling, vae_spatial_factor(c), clamp, [&](const Tensor& tile) {
+    Tensor v = vae_decode(c, w, tile, /*clamp=*/false, [&](int d, int) {
+      if (progress) progress(done + d, total);
+    });
+    done += T;
+    return v;
+  });
+}
+
 Tensor vae_encode(const VaeConfig& c, const VaeWeights& w, const Tensor& video, const VaeProgress& progress) {
   vae_validate(c);
   WAN_CHECK(w.conv1.present() && w.encoder.conv1.present(), "vae_encode: encoder weights are not loaded");

@@ -16,6 +16,7 @@
 
 #include "core/tensor.h"
 #include "models/config.h"
+#include "models/vae/vae_tiling.h"
 #include "models/vae/weights.h"
 
 namespace wan {
@@ -28,6 +29,11 @@ using VaeProgress = std::function<void(int, int)>;
 // decode one latent frame at a time, un-patchify, clamp to [-1, 1] unless clamp is false.
 Tensor vae_decode(const VaeConfig& c, const VaeWeights& w, const Tensor& latents, bool clamp = true,
                   const VaeProgress& progress = {});
+// vae_decode in the spatial tiles of `tiling` (vae_tiling.h): each tile decoded unclamped by vae_decode,
+// blended, then clamped. One tile (tiling off, or a tile as large as the latents) is vae_decode itself.
+// progress counts (tile, latent frame) chunks.
+Tensor vae_decode_tiled(const VaeConfig& c, const VaeWeights& w, const Tensor& latents, const VaeTiling& tiling,
+                        bool clamp = true, const VaeProgress& progress = {});
 // An upper bound of the host bytes vae_decode allocates for latents [z, T, h, w] besides the weights:
 // the causal caches (2 frames per temporal convolution at its resolution), the largest chunk's working
 // tensors (6 of the widest at each resolution) and the video twice (frame-major and the returned copy).

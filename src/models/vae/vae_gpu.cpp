@@ -174,6 +174,21 @@ Tensor VaeDecoderGpu::decode(const Tensor& latents, bool clamp) {
   return out;
 }
 
+Tensor VaeDecoderGpu::decode_tiled(const Tensor& latents, const VaeTiling& tiling, bool clamp,
+                                  const std::function<void(int64_t)>& tile_done) {
+  const Impl& m = *impl_;
+  WAN_CHECK(latents.ndim() == 4, "GPU VAE decoder: latents ", latents.shape().str(), " are not [z, T, h, w]");
+  const auto [th, tw] = vae_tile_size(latents.dim(2), latents.dim(3), tiling);
+  WAN_CHECK(th == m.shape.height && tw == m.shape.width, "GPU VAE decoder: planned for latents ", m.shape.height, "x",
+            m.shape.width, ", the tiles of ", latents.dim(2), "x", latents.dim(3), " are ", th, "x", tw);
+  int64_t done = 0;
+  return vae_tiled_decode(latents, tiling, m.sf, clamp, [&](const Tensor& tile) {
+    Tensor v = decode(tile, /*clamp=*/false);
+    if (tile_done) tile_done(++done);
+    return v;
+  });
+}
+
 int64_t VaeDecoderGpu::frames_out(int64_t T) const { return T < 1 ? 0 : 1 + impl_->tf * (T - 1); }
 int64_t VaeDecoderGpu::z_dim() const { return impl_->net.z; }
 int VaeDecoderGpu::spatial_factor() const { return impl_->sf; }

@@ -24,6 +24,7 @@
 
 #include "models/config.h"
 #include "core/tensor.h"
+#include "models/vae/vae_tiling.h"
 #include "models/vae/weights.h"
 
 namespace wan::cuda {
@@ -103,6 +104,13 @@ class VaeDecoderGpu {
               const ChunkFn& chunk_enqueued = {});
   // Host convenience: latents [z, T, h, w] (any float dtype) -> video [3, F, H, W] float32.
   Tensor decode(const Tensor& latents, bool clamp = true);
+  // Host: latents [z, T, h, w] of any h, w decoded in the spatial tiles of `tiling` (vae_tiling.h), whose
+  // tile size (vae_tile_size) must be this decoder's planned shape: each tile's latents go to the device and
+  // its unclamped video comes back, and the blend builds the video on the host, so the device holds this
+  // decoder and one tile's latents and video, whatever the frame size. tile_done(n) (optional) after n
+  // tiles; what it throws ends the decode. -> video [3, F, sf·h, sf·w] float32.
+  Tensor decode_tiled(const Tensor& latents, const VaeTiling& tiling, bool clamp = true,
+                      const std::function<void(int64_t tiles_done)>& tile_done = {});
 
   int64_t frames_out(int64_t T) const;
   int64_t z_dim() const;
