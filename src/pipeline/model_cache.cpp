@@ -4,6 +4,7 @@
 #include "core/error.h"
 #include "pipeline/host_memory.h"
 #include "pipeline/pipeline_internal.h"
+#include "pipeline/startup.h"
 
 namespace wan {
 
@@ -32,6 +33,21 @@ void preload_models(const GeneratePlan& p, ModelCache& c) {
   const int gpu = parse_device(p.device);
   if (gpu < 0 && !pipeline_detail::cpu_may_keep(p)) return;  // each run loads its own
   const std::string dit_key = pipeline_detail::dit_cache_key(p);
+  const std::string text_key = pipeline_detail::text_cache_key(p);
+  if (gpu >= 0 && p.fast_start && !pipeline_detail::dit_serves(c, p, dit_key)) {
+    // Checkpoint weights: the text encoder and the experts stream in together (pipeline/startup.h),
+    // and a server's plan keeps the text encoder.
+    c.drop_dit();
+    c.drop_text();
+    FastStart fs = gpu_fast_start(p, pipeline_detail::denoiser_spec(p), pipeline_detail::forward_uses(p, 0), {});
+    pipeline_detail::keep_dit(c, p, dit_key, std::move(fs.dit), true);
+    ++c.stats.built;
+    if (fs.text) {
+      c.text_gpu = std::move(fs.text);
+      c.text_key = text_key;
+      ++c.stats.built;
+    }
+  }
   if (!pipeline_detail::dit_serves(c, p, dit_key)) {
     c.drop_dit();
     std::unique_ptr<Denoiser> dit = make_denoiser(p.ckpt, pipeline_detail::denoiser_spec(p));
@@ -40,7 +56,6 @@ void preload_models(const GeneratePlan& p, ModelCache& c) {
     ++c.stats.built;
   }
   (void)pipeline_detail::cached_vae_weights(p, &c);
-  const std::string text_key = pipeline_detail::text_cache_key(p);
   if (!p.needs_text_encoder || c.text_key == text_key) return;
   c.drop_text();
   const int64_t room = p.t5_device_bytes + p.vae_device_bytes;

@@ -709,6 +709,11 @@ GenerateResult run_generate(const GeneratePlan& p, const RunHooks& hooks, bool d
     r.load_gb_per_s = fs.gb_per_s;
     r.load_setup_s = fs.setup;
     if (cache) ++cache->stats.built;
+    if (cache && te_gpu) {  // a server's plan kept it (its bytes are in every stage): the next job's
+      cache->text_gpu = std::move(te_gpu);
+      cache->text_key = pipeline_detail::text_cache_key(p);
+      ++cache->stats.built;
+    }
     probe();
   } else {
     dit_model = sequential_start(p, hooks, gpu, probe, spec, uses, cond, uncond, te_gpu, condition, vae_weights, tm,

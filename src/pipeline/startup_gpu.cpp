@@ -457,7 +457,9 @@ FastStart gpu_fast_start(const GeneratePlan& p, const DenoiserSpec& spec,
     r.text_encode = seconds_since(t1);
     r.marks.text_encoded = process_age_seconds();
     emit(ProgressEvent::End, Stage::EncodeText, r.text_encode);
-    if (!p.keep_text_encoder) te.reset();  // its device memory is the arena's
+    // Its device memory is the arena's, unless it stays: --keep-text-encoder, or a server's plan, which
+    // counts it in every stage so the model cache keeps it (model_cache.h).
+    if (!p.keep_text_encoder && !p.plan_as_owner) te.reset();
   }
   check_cancel();
   const Clock::time_point t2 = Clock::now();

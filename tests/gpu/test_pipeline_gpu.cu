@@ -20,6 +20,7 @@
 #include "kernels/rng.h"
 #include "gpu_test_model.h"
 #include "pipeline/denoiser.h"
+#include "pipeline/model_cache.h"
 #include "pipeline/pipeline.h"
 #include "runtime/memory_plan.h"
 #include "sampler/sampler.h"
@@ -138,6 +139,46 @@ TEST(GpuPipeline, RunsAreBitIdentical) {
   EXPECT_EQ(memcmp(a.latents.data(), b.latents.data(), a.latents.nbytes()), 0);
   EXPECT_GT(a.timings.warm_up, 0.0);
   EXPECT_GT(b.timings.warm_up, 0.0);
+}
+
+// wan serve's start (pipeline/model_cache.h preload_models) with checkpoint weights: the text encoder and
+// the experts stream in together through the fast start, and the server's plan keeps the text encoder;
+// a job then builds nothing and gives the uncached run's latents and video byte for byte. A fast-start
+// job with an empty cache leaves all three models behind as well.
+TEST(GpuPipeline, ServerPreloadStreamsThroughTheFastStartAndKeepsTheTextEncoder) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  const fs::path dir = fs::temp_directory_path() / ("wan_gpu_preload_" + std::to_string(getpid()));
+  const std::string cmd = std::string(WAN_BINARY) + " make-checkpoint --config tiny --layout official --seed 13 --out " +
+                          dir.string() + " > /dev/null";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  GenerateOptions o;
+  o.model = dir.string();
+  o.prompt = "a red fox runs through the snow";
+  o.width = 64;
+  o.height = 48;
+  o.frames = 9;
+  o.steps = 4;
+  o.seed = 5;
+  o.device = "cuda";
+  const GenerateResult plain = run_generate(plan_generate(o), {});
+  o.plan_as_owner = true;
+  const GeneratePlan p = plan_generate(o);
+  ASSERT_TRUE(p.fast_start);
+  ModelCache cache;
+  preload_models(p, cache);
+  EXPECT_TRUE(cache.dit && cache.text_gpu && cache.vae);
+  EXPECT_EQ(cache.stats.built, 3u);
+  const GenerateResult r = run_generate(p, {}, true, &cache);
+  EXPECT_EQ(cache.stats.built, 3u);
+  EXPECT_EQ(cache.stats.reused, 3u);
+  EXPECT_EQ(memcmp(r.latents.data(), plain.latents.data(), plain.latents.nbytes()), 0);
+  EXPECT_EQ(memcmp(r.video.data(), plain.video.data(), plain.video.nbytes()), 0);
+  ModelCache fresh;
+  const GenerateResult f = run_generate(p, {}, true, &fresh);
+  EXPECT_GT(f.load_bytes, 0u) << "the fast start streamed the weights";
+  EXPECT_TRUE(fresh.dit && fresh.text_gpu && fresh.vae);
+  EXPECT_EQ(memcmp(f.latents.data(), plain.latents.data(), plain.latents.nbytes()), 0);
+  fs::remove_all(dir);
 }
 
 // Issue 4 item 8: the same command twice gives byte-identical latents and video.
