@@ -107,6 +107,8 @@ class GpuTextEncoder {
   virtual ~GpuTextEncoder() = default;
   virtual Tensor encode(const std::string& prompt) = 0;             // [L, dim] f32 host
   virtual Tensor encode_ids(const std::vector<int32_t>& ids) = 0;   // same, from token ids
+  // The tokenizer encode() uses (one made without it, by the fast start, gets it once loaded).
+  virtual void set_tokenizer(PromptTokenizer tokens) = 0;
   virtual size_t device_bytes() const = 0;                         // weights on the device
 };
 // Weights streamed from the checkpoint's text encoder file (runtime/load_gpu.h: host memory is the

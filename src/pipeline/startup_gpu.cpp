@@ -458,8 +458,9 @@ FastStart gpu_fast_start(const GeneratePlan& p, const DenoiserSpec& spec,
     r.marks.text_encoded = process_age_seconds();
     emit(ProgressEvent::End, Stage::EncodeText, r.text_encode);
     // Its device memory is the arena's, unless it stays: --keep-text-encoder, or a server's plan, which
-    // counts it in every stage so the model cache keeps it (model_cache.h).
+    // counts it in every stage so the model cache keeps it (model_cache.h) for later prompts.
     if (!p.keep_text_encoder && !p.plan_as_owner) te.reset();
+    else te->set_tokenizer(tk);
   }
   check_cancel();
   const Clock::time_point t2 = Clock::now();

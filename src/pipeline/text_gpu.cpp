@@ -47,6 +47,7 @@ class GpuT5 : public GpuTextEncoder {
     WAN_WITH_CONTEXT("loading the text encoder on the GPU", t5_ = std::make_unique<cuda::T5EncoderGpu>(c, src, device));
   }
   Tensor encode(const std::string& prompt) override { return encode_ids(tokens_.ids(prompt)); }
+  void set_tokenizer(PromptTokenizer tokens) override { tokens_ = std::move(tokens); }
   Tensor encode_ids(const std::vector<int32_t>& ids) override {
     CUDA_CHECK(cudaSetDevice(device_));
     return t5_->encode(ids.data(), static_cast<int64_t>(ids.size()));
