@@ -400,7 +400,8 @@ void add_memory_budget_rows(std::vector<Option>& t) {
     t.push_back(o);
   };
   size_row("memory-budget", "the device's free memory",
-           "cuda, one GPU: the device memory the run may use, e.g. 24GiB. The plan keeps both experts resident "
+           "cuda, one GPU: the most device memory in use during the run, e.g. 24GiB (what the device holds "
+           "before it, such as the CUDA context, counts). The plan keeps both experts resident "
            "when they fit, else takes the cheaper that fits of one expert at a time (swapped from pinned host "
            "memory when the expert changes) and the DiT blocks streamed from pinned host memory while the others "
            "compute (same latents, bit for bit); --verbose prints the choice. A budget nothing fits is refused, "

@@ -339,8 +339,13 @@ StepRig setup_device(const BenchSettings& o) {
     c.num_layers = o.layer_counts.front();
     size_t smallest = SIZE_MAX;
     bool found = false;
+    // As generate's plan: the budget bounds the memory in use, the context's included.
+    size_t free_b = 0, total_b = 0;
+    CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    const size_t held = total_b - free_b;
     for (const WeightResidency& w : DiTGpu::residencies(r.experts)) {
-      const size_t need = DiTGpu::plan(c, r.shape, r.experts, 0, {}, DiTGpu::parse_gemm(o.gemm), w).total_bytes();
+      const size_t need =
+          held + DiTGpu::plan(c, r.shape, r.experts, 0, {}, DiTGpu::parse_gemm(o.gemm), w).total_bytes();
       smallest = std::min(smallest, need);
       if (need <= budget) {
         r.residency = w;
@@ -349,7 +354,7 @@ StepRig setup_device(const BenchSettings& o) {
       }
     }
     WAN_CHECK(found, "wan bench --memory-budget ", memory_str(budget), ": no weight residency fits (the smallest "
-              "plan needs ", memory_str(smallest), ")");
+              "plan needs ", memory_str(smallest), " with the ", memory_str(held), " in use before it)");
     printf("memory budget %s: %d expert(s), weights %s\n", memory_str(budget).c_str(), r.experts,
            r.residency.str().c_str());
   }

@@ -234,7 +234,13 @@ size_t gpu_vae_decoder_bytes(const VaeConfig& vae, const Shape& latent_shape, co
   CUDA_CHECK(cudaSetDevice(parse_device(device)));
   cuda::VaeGpuOptions o;
   o.workspace_bound = upper_bound;
-  return cuda::VaeDecoderGpu::device_bytes(vae, cuda::VaeGpuShape{latent_shape[2], latent_shape[3]}, o);
+  // Besides the decoder: its input and output on the device (pipeline/text_gpu.cpp's decoders: the
+  // latents f32, the video f32 and, streamed, its uint8 frames), 1.5 GiB at 1280x704 and 121 frames.
+  const int64_t sf = vae_spatial_factor(vae);
+  const auto F = static_cast<size_t>(1 + vae_temporal_factor(vae) * (latent_shape[1] - 1));
+  const auto pixels = static_cast<size_t>(sf * latent_shape[2] * sf * latent_shape[3]);
+  const size_t io = static_cast<size_t>(latent_shape.numel()) * 4 + 3 * F * pixels * 4 + F * pixels * 3;
+  return cuda::VaeDecoderGpu::device_bytes(vae, cuda::VaeGpuShape{latent_shape[2], latent_shape[3]}, o) + io;
 }
 
 size_t gpu_vae_encoder_bytes(const VaeConfig& vae, const Tensor& image, const std::string& device) {

@@ -155,9 +155,14 @@ void choose_residency(GeneratePlan& p, DenoiserSpec spec, GpuDiTMemory m, bool d
   if (p.memory_budget > 0)
     WAN_CHECK_OPTION("memory-budget", budget <= m.total_bytes, "{} ", memory_str(budget), " is more than device ",
                      p.device, "'s ", memory_str(m.total_bytes));
-  const size_t limit = p.memory_budget > 0 ? std::min(budget, free_now) : free_now;
-  const std::string what = p.memory_budget > 0 && budget <= free_now
-                               ? cat("the budget of ", memory_str(budget))
+  // A budget bounds the device's memory in use, so what the device holds before the run (its CUDA
+  // context, other processes; a server's plan: the context margin) comes off it first.
+  const size_t held = p.plan_as_owner ? std::min(kContextMargin, m.total_bytes) : m.total_bytes - m.free_bytes;
+  const size_t run_budget = budget > held ? budget - held : 0;
+  const size_t limit = p.memory_budget > 0 ? std::min(run_budget, free_now) : free_now;
+  const std::string what = p.memory_budget > 0 && run_budget <= free_now
+                               ? cat("the budget of ", memory_str(budget), " less the ", memory_str(held),
+                                     " the device holds before the run")
                                : cat("the free memory of ", p.device, ", ", memory_str(free_now));
   int64_t host_limit = p.host_memory_budget;
   if (host_limit == 0) host_limit = std::max<int64_t>(0, physical_memory_bytes() * 9 / 10 - p.host_weights_bytes);
@@ -242,7 +247,8 @@ void choose_residency(GeneratePlan& p, DenoiserSpec spec, GpuDiTMemory m, bool d
   const std::string why = smallest_stage == RunStage::Denoise
                               ? cat(" (with the weights ", m.residency, ", the least device memory of any plan)")
                               : cat(" (the ", run_stage_name(smallest_stage), " stage, whatever the DiT's residency)");
-  const size_t mib = (smallest + (size_t{1} << 20) - 1) >> 20;  // rounded up: a budget that runs it
+  const size_t need = smallest + (p.memory_budget > 0 ? held : 0);
+  const size_t mib = (need + (size_t{1} << 20) - 1) >> 20;  // rounded up: a budget that runs it
   throw Error(cat(smallest_refusal.empty() ? cat("the run does not fit ", what) : smallest_refusal, why,
                   "; the smallest budget that runs it: --memory-budget ", mib, "MiB"));
 }
