@@ -113,7 +113,9 @@ def main():
            "median": med, "models_built": built, "models_reused": reused,
            "commit": os.environ.get("WAN_COMMIT", ""), "date": time.strftime("%Y-%m-%d")}
     print(json.dumps(med, indent=1))
-    print(f"server ready {ready_s:.1f} s; models built {built}, reused {reused}")
+    gauges = [l for l in metrics.splitlines() if l.startswith("wan_device_memory_used_bytes")]
+    res["device_memory_used"] = gauges
+    print(f"server ready {ready_s:.1f} s; models built {built}, reused {reused}; " + "; ".join(gauges))
     if a.json:
         with open(a.json, "w") as f:
             json.dump(res, f, indent=1)
