@@ -14,42 +14,14 @@
 #include "models/config.h"
 #include "models/vae/vae_cpu.h"
 #include "models/vae/vae_tiling.h"
+#include "vae_test_weights.h"
 
 namespace wan {
 namespace {
 
-// Random weights at the config's sizes (the GPU tests' rule, tests/gpu/test_vae_gpu_ref.h): conv weights
-// N(0, 1/(3·fan_in)), biases N(0, 0.02²), norm gammas 1 + N(0, 0.1²).
-VaeWeights random_vae(const VaeConfig& c, uint64_t seed) {
-  const auto specs = vae_tensor_specs(c);
-  return load_vae_weights(c, [&](const std::string& name) {
-    Shape shape;
-    for (const auto& [n, s] : specs)
-      if (n == name) shape = s;
-    Tensor t = Tensor::f32(shape);
-    uint64_t h = seed;
-    for (char ch : name) h = (h ^ static_cast<uint8_t>(ch)) * 0x100000001B3ull;
-    philox_normal_fill(h, 0, t.f32(), static_cast<size_t>(t.numel()));
-    float scale = 0.02f, offset = 0.0f;
-    const auto ends = [&](const char* s) {
-      const size_t n = std::strlen(s);
-      return name.size() > n && name.compare(name.size() - n, n, s) == 0;
-    };
-    if (ends("weight")) {
-      scale = 1.0f / std::sqrt(3.0f * static_cast<float>(t.numel() / shape[0]));
-    } else if (ends("gamma")) {
-      scale = 0.1f;
-      offset = 1.0f;
-    }
-    for (int64_t i = 0; i < t.numel(); ++i) t.f32()[i] = t.f32()[i] * scale + offset;
-    return t;
-  });
-}
-
+VaeWeights random_vae(const VaeConfig& c, uint64_t seed) { return test::random_vae_test_weights(c, seed); }
 Tensor random_latents(int64_t z, int64_t T, int64_t h, int64_t w, uint64_t seed) {
-  Tensor t = Tensor::f32({z, T, h, w});
-  philox_normal_fill(seed, 0, t.f32(), static_cast<size_t>(t.numel()));
-  return t;
+  return test::random_vae_test_latents(z, T, h, w, seed);
 }
 
 double rel_l2(const Tensor& a, const Tensor& ref) {
