@@ -33,7 +33,8 @@ nlohmann::json video_object(const JobInfo& j) {
                   {"stages_s", opt(j.stage_seconds)},
                   {"run_s", j.state == JobState::Completed || j.state == JobState::Failed ? opt(j.run_seconds)
                                                                                           : nlohmann::json(nullptr)},
-                  {"write_s", opt(j.write_seconds)}};
+                  {"write_s", opt(j.write_seconds)},
+                  {"worker", j.worker < 0 ? nlohmann::json(nullptr) : nlohmann::json(j.worker)}};
   return o;
 }
 

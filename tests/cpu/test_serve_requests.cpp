@@ -233,6 +233,9 @@ TEST(ServeRequests, VideoObjectsShowStateAndError) {
   EXPECT_EQ(video_object(j)["timings"]["queue_s"], 0.5);
   EXPECT_EQ(video_object(j)["timings"]["first_step_s"], 0.75);
   EXPECT_TRUE(video_object(j)["timings"]["run_s"].is_null());  // still running
+  EXPECT_TRUE(video_object(j)["timings"]["worker"].is_null());
+  j.worker = 1;
+  EXPECT_EQ(video_object(j)["timings"]["worker"], 1);
 }
 
 TEST(ServeRequests, KeysCompareWhole) {
