@@ -63,7 +63,7 @@ int cmd_serve(int argc, char** argv) {
   if (api::print_help_if_asked(v, spec)) return 0;
   WAN_CHECK(v.positional().empty(), "serve takes no positional arguments");
   WAN_CHECK(server::http_available(), server::kNoHttp);
-  server::InstanceArgs ia;
+  ParallelArgs ia;
   ia.gpus = v.get_or("gpus", "");
   ia.devices = v.get_or("devices", "");
   ia.cfg = v.flag("cfg-parallel");

@@ -2,7 +2,6 @@
 #include "server/instances.h"
 
 #include "formats/video.h"
-#include "pipeline/generate_parallel.h"
 #include "runtime/dist/launch.h"
 
 namespace wan::server {
@@ -35,7 +34,7 @@ std::string Instances::describe() const {
   return s;
 }
 
-Instances plan_instances(const InstanceArgs& a) {
+Instances plan_instances(const ParallelArgs& a) {
   Instances in;
   const bool listed = !a.gpus.empty() || !a.devices.empty();
   const bool layout_given = a.cfg || a.ulysses || a.ring;

@@ -7,22 +7,14 @@
 // video for the same GPUs.
 // Invariants: the instances partition the listed devices; every check happens before any device work.
 #pragma once
-#include <optional>
 #include <string>
 #include <vector>
 
+#include "pipeline/generate_parallel.h"
 #include "runtime/dist/parallel_layout.h"
 #include "server/jobs.h"
 
 namespace wan::server {
-
-// serve's multi-GPU options as given (empty / nullopt / false: absent).
-struct InstanceArgs {
-  std::string gpus, devices;                 // --gpus N | --devices 0,1,...
-  bool cfg = false;                          // --cfg-parallel
-  std::optional<std::string> ulysses, ring;  // --ulysses U, --ring R
-  std::optional<std::string> device;         // --device, when given
-};
 
 struct Instances {
   std::vector<std::vector<int>> groups;  // the devices of each instance, in the listed order
@@ -31,10 +23,10 @@ struct Instances {
   std::string describe() const;  // "2 replicas on cuda:0, cuda:1" / "2 instances of cfg 2 x ulysses 1 x ring 1: 0,1 | 2,3"
 };
 
-// Throws one wan::Error (BadInput) for: --gpus with --devices, either with --device cpu or cuda:i, a
-// layout flag without them, a degree that is not a positive integer, and devices the instance size
-// does not divide.
-Instances plan_instances(const InstanceArgs& a);
+// serve's --gpus / --devices, layout flags and --device as given (generate's ParallelArgs). Throws one
+// wan::Error (BadInput) for: --gpus with --devices, either with --device cpu or cuda:i, a layout flag
+// without them, a degree that is not a positive integer, and devices the instance size does not divide.
+Instances plan_instances(const ParallelArgs& a);
 
 // Runs each job on its instance's GPUs with the layout (pipeline/generate_parallel.h), in this process
 // (one thread per GPU); the request's checked plan is not used (each rank plans its share).

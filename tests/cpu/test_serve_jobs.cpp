@@ -181,7 +181,7 @@ TEST(ServeJobs, EachRunnerHasAWorkerAndTheyShareOneQueue) {
 }
 
 TEST(ServeInstances, ReplicasPerGpuOrLayoutsOfConsecutiveGpus) {
-  InstanceArgs a;
+  ParallelArgs a;
   EXPECT_FALSE(plan_instances(a).active());  // one --device: the single worker
   a.gpus = "3";
   Instances in = plan_instances(a);
@@ -203,7 +203,7 @@ TEST(ServeInstances, ReplicasPerGpuOrLayoutsOfConsecutiveGpus) {
   EXPECT_EQ(in.layout.world(), 4);
   a.device = "cuda";  // --device cuda is where the instances are anyway
   EXPECT_NO_THROW(plan_instances(a));
-  auto refused = [](InstanceArgs b, const std::string& needle) {
+  auto refused = [](ParallelArgs b, const std::string& needle) {
     try {
       (void)plan_instances(b);
       ADD_FAILURE() << "accepted: " << needle;
@@ -212,7 +212,7 @@ TEST(ServeInstances, ReplicasPerGpuOrLayoutsOfConsecutiveGpus) {
       EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
     }
   };
-  InstanceArgs b;
+  ParallelArgs b;
   b.gpus = "3";
   b.cfg = true;
   refused(b, "does not divide the 3 GPUs");

@@ -68,7 +68,7 @@ struct Dir {
 
 TEST(ServeGpus, ReplicasRunJobsOnEveryGpuWithEqualResults) {
   if (cuda::device_count() < 2) GTEST_SKIP() << "needs 2 CUDA devices";
-  InstanceArgs a;
+  ParallelArgs a;
   a.gpus = "2";
   const Instances in = plan_instances(a);
   ASSERT_EQ(in.groups.size(), 2u);
@@ -111,7 +111,7 @@ TEST(ServeGpus, ReplicasRunJobsOnEveryGpuWithEqualResults) {
 
 TEST(ServeGpus, ACfgParallelInstanceRunsAJobOnBothGpus) {
   if (cuda::device_count() < 2) GTEST_SKIP() << "needs 2 CUDA devices";
-  InstanceArgs a;
+  ParallelArgs a;
   a.gpus = "2";
   a.cfg = true;
   const Instances in = plan_instances(a);
