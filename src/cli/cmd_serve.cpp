@@ -103,17 +103,17 @@ int cmd_serve(int argc, char** argv) {
   qc.video_ext = video_have_ffmpeg() ? ".mp4" : ".y4m";
   std::vector<std::unique_ptr<server::JobRunner>> runners;
   std::vector<server::ResidentRunner*> resident;
+  auto add_resident = [&](std::string device) {
+    auto r = std::make_unique<server::ResidentRunner>(std::move(device));
+    resident.push_back(r.get());
+    runners.push_back(std::move(r));
+  };
   if (!instances.active()) {
-    resident.push_back(new server::ResidentRunner());
-    runners.emplace_back(resident.back());
+    add_resident("");
   } else {
     for (const std::vector<int>& g : instances.groups) {
-      if (model.parallel) {
-        runners.push_back(std::make_unique<server::ParallelRunner>(g, instances.layout));
-        continue;
-      }
-      resident.push_back(new server::ResidentRunner(cat("cuda:", g[0])));
-      runners.emplace_back(resident.back());
+      if (model.parallel) runners.push_back(std::make_unique<server::ParallelRunner>(g, instances.layout));
+      else add_resident(cat("cuda:", g[0]));
     }
     if (!quiet) fprintf(stderr, "wan serve: %s\n", instances.describe().c_str());
   }

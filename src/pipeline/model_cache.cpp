@@ -34,25 +34,25 @@ void preload_models(const GeneratePlan& p, ModelCache& c) {
   if (gpu < 0 && !pipeline_detail::cpu_may_keep(p)) return;  // each run loads its own
   const std::string dit_key = pipeline_detail::dit_cache_key(p);
   const std::string text_key = pipeline_detail::text_cache_key(p);
-  if (gpu >= 0 && p.fast_start && !pipeline_detail::dit_serves(c, p, dit_key)) {
-    // Checkpoint weights: the text encoder and the experts stream in together (pipeline/startup.h),
-    // and a server's plan keeps the text encoder.
-    c.drop_dit();
-    c.drop_text();
-    FastStart fs = gpu_fast_start(p, pipeline_detail::denoiser_spec(p), pipeline_detail::forward_uses(p, 0), {});
-    pipeline_detail::keep_dit(c, p, dit_key, std::move(fs.dit), true);
-    ++c.stats.built;
-    if (fs.text) {
-      c.text_gpu = std::move(fs.text);
-      c.text_key = text_key;
-      ++c.stats.built;
-    }
-  }
   if (!pipeline_detail::dit_serves(c, p, dit_key)) {
     c.drop_dit();
-    std::unique_ptr<Denoiser> dit = make_denoiser(p.ckpt, pipeline_detail::denoiser_spec(p));
-    if (gpu >= 0) dit->warm_up(pipeline_detail::forward_uses(p, 0), p.latent_shape);
-    pipeline_detail::keep_dit(c, p, dit_key, std::move(dit), true);
+    std::unique_ptr<Denoiser> dit;
+    if (gpu >= 0 && p.fast_start) {
+      // Checkpoint weights: the text encoder and the experts stream in together (pipeline/startup.h),
+      // and a server's plan keeps the text encoder.
+      c.drop_text();
+      FastStart fs = gpu_fast_start(p, pipeline_detail::denoiser_spec(p), pipeline_detail::forward_uses(p, 0), {});
+      dit = std::move(fs.dit);
+      if (fs.text) {
+        c.text_gpu = std::move(fs.text);
+        c.text_key = text_key;
+        ++c.stats.built;
+      }
+    } else {
+      dit = make_denoiser(p.ckpt, pipeline_detail::denoiser_spec(p));
+      if (gpu >= 0) dit->warm_up(pipeline_detail::forward_uses(p, 0), p.latent_shape);
+    }
+    pipeline_detail::keep_dit(c, p, dit_key, std::move(dit));
     ++c.stats.built;
   }
   (void)pipeline_detail::cached_vae_weights(p, &c);
@@ -85,8 +85,8 @@ bool dit_serves(const ModelCache& c, const GeneratePlan& p, const std::string& k
   return c.dit && c.dit_key == key && p.latent_shape.numel() <= c.dit_latent;
 }
 
-void keep_dit(ModelCache& c, const GeneratePlan& p, const std::string& key, std::unique_ptr<Denoiser> dit, bool built) {
-  if (built || c.dit_key != key) c.dit_latent = p.latent_shape.numel();
+void keep_dit(ModelCache& c, const GeneratePlan& p, const std::string& key, std::unique_ptr<Denoiser> dit) {
+  if (c.dit_latent == 0) c.dit_latent = p.latent_shape.numel();  // 0: dropped, so built for this run
   c.dit = std::move(dit);
   c.dit_key = key;
 }

@@ -56,8 +56,9 @@ std::string text_cache_key(const GeneratePlan& p);
 std::string dit_cache_key(const GeneratePlan& p);
 // Whether the cached DiT (key `key`) can run p: the same key and a plan at least as large as p's latent.
 bool dit_serves(const ModelCache& c, const GeneratePlan& p, const std::string& key);
-// Puts a run's DiT back into the cache; `built`: made by this run (planned for p's latent shape).
-void keep_dit(ModelCache& c, const GeneratePlan& p, const std::string& key, std::unique_ptr<Denoiser> dit, bool built);
+// Puts a run's DiT back into the cache. One the cache did not serve (drop_dit ran first, so dit_latent is 0)
+// was built for p's latent shape; a reused one keeps the shape it was planned for.
+void keep_dit(ModelCache& c, const GeneratePlan& p, const std::string& key, std::unique_ptr<Denoiser> dit);
 std::string vae_cache_key(const GeneratePlan& p);
 // GPU `gpu`: frees the cached text encoder, then the cached DiT, while fewer than `bytes` are free.
 // Nothing on the CPU (gpu < 0).

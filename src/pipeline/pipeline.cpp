@@ -690,7 +690,6 @@ GenerateResult run_generate(const GeneratePlan& p, const RunHooks& hooks, bool d
   const std::string dit_key = cache ? pipeline_detail::dit_cache_key(p) : std::string();
   if (cache && !pipeline_detail::dit_serves(*cache, p, dit_key)) cache->drop_dit();
   const bool fast = p.fast_start && !(cache && cache->dit);
-  const bool dit_built = !(cache && cache->dit);
   if (cache && fast) cache->drop_text();
   if (p.image.defined() && fast) condition = pipeline_detail::encode_condition(p, hooks, &vae_weights, &tm);
   if (fast) {
@@ -740,7 +739,7 @@ GenerateResult run_generate(const GeneratePlan& p, const RunHooks& hooks, bool d
   dit_model->set_condition(condition);
   pipeline_detail::denoise(p, *dit_model, cond, uncond, x, p.resume ? &p.resume->sampler : nullptr, hooks, probe, &r);
   if (cache && (gpu >= 0 || pipeline_detail::cpu_may_keep(p))) {  // kept for the next run unless the decode needs it
-    pipeline_detail::keep_dit(*cache, p, dit_key, std::move(dit_model), dit_built);
+    pipeline_detail::keep_dit(*cache, p, dit_key, std::move(dit_model));
     if (decode && p.stop_after_steps == 0)
       pipeline_detail::make_room(*cache, gpu, p.vae_device_bytes);
   }
