@@ -248,7 +248,8 @@ def t2v_refuses_image(srv):
 def sigterm_cases():
     out = os.path.join(WORK, "drain")
     srv = Server(out, "--drain-timeout", "60")
-    st, _, raw = call(srv, "POST", "/v1/videos", {"prompt": "drain", "steps": 4, **TINY})
+    # Enough steps that the job is still running when the late POST arrives (the drain waits for it).
+    st, _, raw = call(srv, "POST", "/v1/videos", {"prompt": "drain", "steps": 40, **TINY})
     vid = json.loads(raw)["id"]
     wait_status(srv, vid, ("in_progress",))
     srv.proc.send_signal(signal.SIGTERM)
