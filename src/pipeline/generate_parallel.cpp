@@ -14,6 +14,7 @@
 #include "core/clock.h"
 #include "core/error.h"
 #include "pipeline/denoiser.h"
+#include "pipeline/model_cache.h"
 #include "pipeline/models.h"
 #include "pipeline/pipeline_internal.h"
 #include "pipeline/startup.h"
@@ -33,6 +34,7 @@
 #include "pipeline/dit_step_gpu.h"
 #include "runtime/dist/comm.h"
 #include "pipeline/parallel_groups.h"
+#include "pipeline/parallel_rank.h"
 #endif
 
 namespace wan {
@@ -229,30 +231,8 @@ std::string ParallelRun::describe() const {
 namespace {
 
 using pipeline_detail::uses_expert;
-
-std::vector<Role> expert_roles(const GeneratePlan& p) {
-  return pipeline_detail::expert_roles(p.ckpt, uses_expert(p.experts, Expert::High), uses_expert(p.experts, Expert::Low));
-}
-
-struct StreamOwner {
-  cudaStream_t s = nullptr;
-  StreamOwner() { CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)); }
-  ~StreamOwner() {
-    if (s) cudaStreamDestroy(s);
-  }
-  StreamOwner(const StreamOwner&) = delete;
-  StreamOwner& operator=(const StreamOwner&) = delete;
-};
-
-struct DeviceBytes {
-  void* p = nullptr;
-  explicit DeviceBytes(size_t n) { CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(n, 16))); }
-  ~DeviceBytes() {
-    if (p) cudaFree(p);
-  }
-  DeviceBytes(const DeviceBytes&) = delete;
-  DeviceBytes& operator=(const DeviceBytes&) = delete;
-};
+using pipeline_detail::DeviceBytes;
+using pipeline_detail::StreamOwner;
 
 // `bytes` of host memory from rank `root` to every rank (in place: the source on root, the destination
 // elsewhere), through a device buffer and ncclBroadcast on the world communicator.
@@ -330,6 +310,12 @@ class ParallelDenoiser final : public Denoiser {
   // Local: this rank's copy (equal on every rank).
   Tensor sync_sampling(Sampler& s) override { return fused_.sync(s, stream_.s); }
 
+  // The DiT back (a session keeps it for the next job); the denoiser is done with it.
+  std::unique_ptr<cuda::DiTGpu> release_dit() {
+    CUDA_CHECK(cudaStreamSynchronize(stream_.s));
+    return std::move(dit_);
+  }
+
  private:
   int index(Expert e) const {
     const int i = e == Expert::High ? high_index_ : low_index_;
@@ -349,11 +335,8 @@ class ParallelDenoiser final : public Denoiser {
 // Stage events: rank 0 passes the caller's hooks, the others none.
 using StageEvents = pipeline_detail::StageTimer;
 
-// What rank 0 hands back to run_generate_parallel.
-struct RankZeroOut {
-  GenerateResult result;
-  std::vector<ParallelRankStats> ranks;
-};
+using pipeline_detail::RankKeep;
+using pipeline_detail::RankZeroOut;
 
 constexpr int kStatFields = 8;  // the per-rank figures all-gathered after the denoising
 
@@ -508,8 +491,35 @@ void hand_back(const dist::RankContext& ctx, const std::vector<double>& rows, co
   out->result = std::move(r);
 }
 
-void rank_main(dist::RankContext& ctx, const GeneratePlan& p, const dist::Layout& layout, const RunHooks& caller,
-               bool decode, RankZeroOut* out) {
+// A session's job (keep.keep_dit): whether every rank's kept DiT serves plan p (the same key, a latent
+// no larger) and, on rank 0, leaves room for the text and image encoders that run beside it. Agreed
+// over the world communicator (one flag per rank, all-gathered), so all ranks reuse or all rebuild (the
+// build is collective); a rank that rebuilds frees its kept DiT here, before its memory check. Collective.
+bool agree_reuse(const dist::RankContext& ctx, dist::Comm& world, cudaStream_t s, const GeneratePlan& p,
+                 const std::string& device, RankKeep& keep) {
+  bool mine = keep.dit && keep.key == pipeline_detail::dit_cache_key(p) && p.latent_shape.numel() <= keep.latent;
+  if (mine && ctx.rank == 0) {
+    const size_t t5 = p.needs_text_encoder ? gpu_text_encoder_bytes(p.t5) : 0;
+    const size_t enc = p.image.defined() ? gpu_vae_encoder_bytes(p.vae, p.image, device) : 0;
+    mine = gpu_free_bytes(ctx.device) >= std::max(t5, enc);
+  }
+  const int32_t flag = mine ? 1 : 0;
+  std::vector<int32_t> flags(static_cast<size_t>(ctx.world), 0);
+  DeviceBytes d(flags.size() * sizeof(int32_t));
+  int32_t* base = static_cast<int32_t*>(d.p);
+  CUDA_CHECK(cudaMemcpyAsync(base + ctx.rank, &flag, sizeof flag, cudaMemcpyHostToDevice, s));
+  world.all_gather(base + ctx.rank, base, sizeof flag, s);
+  CUDA_CHECK(cudaMemcpyAsync(flags.data(), base, flags.size() * sizeof(int32_t), cudaMemcpyDeviceToHost, s));
+  ctx.sync(s);
+  const bool every = std::all_of(flags.begin(), flags.end(), [](int32_t f) { return f == 1; });
+  if (!every) keep.drop_dit();
+  return every;
+}
+
+}  // namespace
+
+void pipeline_detail::rank_job(dist::RankContext& ctx, const GeneratePlan& p, const dist::Layout& layout,
+                               const RunHooks& caller, bool decode, RankKeep& keep, RankZeroOut* out) {
   const bool r0 = ctx.rank == 0;
   RunHooks hooks;
   hooks.cancel = caller.cancel;
@@ -527,22 +537,26 @@ void rank_main(dist::RankContext& ctx, const GeneratePlan& p, const dist::Layout
   me.device = ctx.device;
   r.device_bytes_at_start = me.peak_device_bytes = gpu_memory_in_use(ctx.device);
   const Step probe = [&] { me.peak_device_bytes = std::max(me.peak_device_bytes, gpu_memory_in_use(ctx.device)); };
-
-  // 0. This rank's share of the run-level memory plan, checked before any work on the device.
+  dist::Comm world(ctx.comm, false);
+  StreamOwner stream;
+  const cudaStream_t s = stream.s;
   DenoiserSpec spec = pipeline_detail::denoiser_spec(p);
   spec.device = cat("cuda:", ctx.device);
   spec.parallel = layout;
-  const GpuDiTMemory mem = plan_gpu_dit_memory(p.ckpt, spec);
-  {
+
+  // 0. This rank's share of the run-level memory plan, checked before any work on the device. A reused
+  // DiT already holds its share (planned for a latent at least as large; agree_reuse checked what runs
+  // beside it), so it is not counted again.
+  const bool reuse = keep.keep_dit && agree_reuse(ctx, world, s, p, spec.device, keep);
+  GpuDiTMemory mem;
+  if (!reuse) {
+    mem = plan_gpu_dit_memory(p.ckpt, spec);
     const RunMemoryPlan run = rank_run_memory(p, mem, spec.device, layout, r0, decode && p.stop_after_steps == 0);
     if (p.verbose) std::fprintf(stderr, "rank %d: %s", ctx.rank, run.str().c_str());
     run.check(spec.device, mem.free_bytes);  // the launch names the rank
   }
-
-  const dist::ParallelGroups groups = dist::make_groups(ctx.comm, layout, [&](ncclComm_t c) { ctx.register_comm(c); });
-  dist::Comm world(ctx.comm, false);
-  StreamOwner stream;
-  const cudaStream_t s = stream.s;
+  if (!keep.groups)
+    keep.groups.emplace(dist::make_groups(ctx.comm, layout, [&](ncclComm_t c) { ctx.register_comm(c); }));
 
   // Rank 0 reads the VAE's weights on a host thread while the rest runs (not for a run that pauses).
   std::future<std::pair<VaeWeights, double>> vae_read;
@@ -554,6 +568,7 @@ void rank_main(dist::RankContext& ctx, const GeneratePlan& p, const dist::Layout
     });
 
   // 1. The text, once, on rank 0 (the other ranks go on to their DiT; resumed: the state's, nothing to encode).
+  // The text encoder loads for every job (a session keeps only the DiT).
   Tensor cond = p.prompt_embeds, uncond = p.negative_embeds;
   if (r0 && p.needs_text_encoder) encode_text_on_rank0(ctx, p, hooks, check, probe, tm, cond, uncond);
   // I2V / TI2V: rank 0 encodes the image on its GPU; the decode reuses the VAE weights.
@@ -565,14 +580,21 @@ void rank_main(dist::RankContext& ctx, const GeneratePlan& p, const dist::Layout
     if (decode && p.stop_after_steps == 0)
       vae_read = std::async(std::launch::deferred, [w = std::move(w)]() mutable { return std::make_pair(std::move(w), 0.0); });
   }
+  const bool vae_weights = r0 && (vae_read.valid() || p.image.defined());
+  const int built = (reuse ? 0 : 1) + (r0 && p.needs_text_encoder ? 1 : 0) + (vae_weights ? 1 : 0);
   check();
 
   // 2. The DiT: drawn, or this rank's share streamed and every share broadcast (ends with a barrier:
-  // rank 0's text is ready too).
+  // rank 0's text is ready too); or the kept one, after the same barrier.
   std::unique_ptr<cuda::DiTGpu> dit;
   {
     StageEvents st(hooks, Stage::LoadDiT);
-    dit = make_rank_dit(ctx, p, groups.view(), p.verbose && r0, &me, mem.plan);
+    if (reuse) {
+      dit = std::move(keep.dit);
+      ctx.barrier();
+    } else {
+      dit = make_rank_dit(ctx, p, keep.groups->view(), p.verbose && r0, &me, mem.plan);
+    }
     tm.load_dit = st.end();
     probe();
   }
@@ -586,30 +608,41 @@ void rank_main(dist::RankContext& ctx, const GeneratePlan& p, const dist::Layout
   // holds the whole DiT output after each step and keeps x. Cancellation and failures elsewhere are
   // checked at the start of every step by each rank (check(): one wan::Error on every rank).
   {
-    std::unique_ptr<Denoiser> den = make_parallel_denoiser(ctx, p, layout, std::move(dit), [&] {
+    ParallelDenoiser den(ctx, p, layout, std::move(dit), [&] {
       check();
       dist::maybe_fail(ctx, "step");
     });
-    den->set_condition(image);
+    den.set_condition(image);
     RunHooks loop;
     loop.progress = hooks.progress;
-    pipeline_detail::denoise(p, *den, cond, uncond, x, from.index > 0 ? &from : nullptr, loop, probe, &r);
-  }  // frees the experts before rank 0's VAE decoder is built
+    pipeline_detail::denoise(p, den, cond, uncond, x, from.index > 0 ? &from : nullptr, loop, probe, &r);
+    if (keep.keep_dit) {
+      keep.dit = den.release_dit();
+      if (!reuse) {
+        keep.key = pipeline_detail::dit_cache_key(p);
+        keep.latent = p.latent_shape.numel();
+      }
+    }
+  }  // one-shot: frees the experts before rank 0's VAE decoder is built
 
   // 5. Every rank's figures to every rank.
   const std::vector<double> rows = gather_rank_stats(ctx, world, s, me);
-  if (!r0) return;  // the others wait in the launch's final barrier while rank 0 decodes
+  if (!r0) return;  // the others wait (in the launch's final barrier, or for a session's next job)
 
-  // 6. Rank 0: the video, or (paused) the state.
+  // 6. Rank 0: the video, or (paused) the state. A kept DiT stays unless the decoder needs its memory.
   if (!r.state && caller.latents_done) caller.latents_done(r.latents);  // kept if the decode fails
-  if (decode && !r.state) decode_on_rank0(ctx, p, hooks, check, vae_read, me, r);
+  if (decode && !r.state) {
+    if (keep.dit && gpu_free_bytes(ctx.device) < gpu_vae_decoder_bytes(p.vae, p.latent_shape, spec.device))
+      keep.drop_dit();
+    decode_on_rank0(ctx, p, hooks, check, vae_read, me, r);
+  }
   probe();
   r.peak_device_bytes = me.peak_device_bytes;
   if (r.state) pipeline_detail::complete_state(p, cond, uncond, &r);
+  out->built = built;
+  out->reused = reuse ? 1 : 0;
   hand_back(ctx, rows, me, r, out);
 }
-
-}  // namespace
 
 std::unique_ptr<Denoiser> make_parallel_denoiser(const dist::RankContext& ctx, const GeneratePlan& p,
                                                  const dist::Layout& layout, std::unique_ptr<cuda::DiTGpu> dit,
@@ -617,122 +650,12 @@ std::unique_ptr<Denoiser> make_parallel_denoiser(const dist::RankContext& ctx, c
   return std::make_unique<ParallelDenoiser>(ctx, p, layout, std::move(dit), std::move(before_step));
 }
 
-std::unique_ptr<cuda::DiTGpu> make_rank_dit(const dist::RankContext& ctx, const GeneratePlan& p,
-                                            const cuda::DiTGpu::Options::Parallel& par, bool verbose,
-                                            ParallelRankStats* st, std::shared_ptr<const cuda::MemoryPlan> planned) {
-  WAN_ASSERT(st != nullptr, "make_rank_dit without stats");
-  const Clock::time_point t0 = Clock::now();
-  st->rank = ctx.rank;
-  st->device = ctx.device;
-  const DiTConfig& cfg = p.ckpt.dit;
-  const std::vector<Role> roles = expert_roles(p);
-  WAN_ASSERT(!roles.empty(), "no expert is used");
-  std::vector<cuda::DiTWeightSource> sources;
-  for (Role role : roles) {
-    if (p.random_weights) {
-      const bool high = role != Role::DiTLow;
-      sources.push_back(cuda::DiTWeightSource::random_weights(random_expert_seed(p.weights_seed, p.task, high)));
-      sources.back().merge = cuda::lora_merge_hooks(high ? p.lora_high : p.lora_low);
-    } else {
-      cuda::DiTWeightSource src;
-      src.external = true;  // filled below: this rank's share from the files, the others' by broadcast
-      sources.push_back(src);
-    }
-  }
-  cuda::DiTGpu::Options opt;
-  opt.device = ctx.device;
-  opt.verbose = verbose;
-  opt.attention = cuda::DiTGpu::parse_attention(p.attention);
-  opt.gemm = cuda::DiTGpu::parse_gemm(p.gemm);
-  opt.parallel = par;
-  opt.planned = std::move(planned);
-  const Shape& ls = p.latent_shape;
-  cuda::DiTShape max_shape{2, ls[1], ls[2], ls[3]};
-  max_shape.first_frame_t = pipeline_detail::denoiser_spec(p).first_frame_t;
-  auto dit = std::make_unique<cuda::DiTGpu>(cuda::DiTGpu::create(cfg, sources, max_shape, opt));
-  ctx.check_abort();
-
-  if (p.random_weights) {
-    dist::maybe_fail(ctx, "load");
-    ctx.barrier();  // as the loading path: every rank's DiT ready, rank 0's text too
-    st->dit_s = seconds_since(t0);
-    return dit;
-  }
-
-  // This rank's share: the tensors of byte range `rank` of each expert's allocation.
-  size_t total = 0;
-  const std::vector<std::pair<size_t, size_t>> tensors = cuda::DiTGpu::weight_ranges(cfg, &total, opt.gemm);
-  const std::vector<std::pair<size_t, size_t>> ranges = shard_ranges(tensors, total, ctx.world);
-  const auto [begin, end] = ranges[static_cast<size_t>(ctx.rank)];
-  std::vector<std::unique_ptr<WeightStore>> stores;  // open while the loader may call their getters
-  std::vector<char*> bases;
-  const Clock::time_point t1 = Clock::now();
-  {
-    cuda::DeviceLoader loader(cuda::LoadOptions::tuned(ctx.device));
-    for (size_t i = 0; i < roles.size(); ++i) {
-      stores.push_back(open_weights(p.ckpt, roles[i]));
-      WeightStore* ws = stores.back().get();
-      size_t bytes = 0;
-      char* base = static_cast<char*>(dit->weight_allocation(static_cast<int>(i), &bytes));
-      WAN_ASSERT(bytes == total, "DiT weight allocation of ", bytes, " bytes, layout of ", total);
-      bases.push_back(base);
-      st->load_tensors += dit->add_weight_loads(
-          static_cast<int>(i), begin, end, [ws](const std::string& name) { return ws->get_f32(name); },
-          [ws](const std::string& name) { return ws->raw_span(name); }, loader, static_cast<int>(i),
-          cuda::lora_merge_hooks(roles[i] == Role::DiTLow ? p.lora_low : p.lora_high));
-    }
-    if (loader.size() > 0) {
-      loader.start();
-      // finish() on a helper thread, so this rank keeps watching the launch: a failure elsewhere cancels
-      // the load at once instead of after the whole share.
-      std::future<cuda::LoadStats> done = std::async(std::launch::async, [&loader] { return loader.finish(); });
-      try {
-        while (done.wait_for(std::chrono::milliseconds(100)) != std::future_status::ready) {
-          if (ctx.aborted()) loader.cancel();
-          else ctx.check_abort();
-        }
-      } catch (...) {
-        loader.cancel();
-        throw;  // `done` waits for the cancelled load before the loader goes
-      }
-      ctx.check_abort();  // a failure elsewhere: its message, not the load's "cancelled"
-      const cuda::LoadStats ls = done.get();
-      st->load_bytes = ls.bytes + ls.fallback_bytes;
-    }
-  }
-  st->load_s = seconds_since(t1);
-  dist::maybe_fail(ctx, "load");
-  ctx.barrier();  // every share is on its device (and rank 0's text is encoded)
-
-  // Every share from its owner to every rank, in place.
-  const Clock::time_point t2 = Clock::now();
-  {
-    dist::Comm world(ctx.comm, false);
-    StreamOwner stream;
-    for (char* base : bases)
-      for (int r = 0; r < ctx.world; ++r) {
-        const auto [b, e] = ranges[static_cast<size_t>(r)];
-        if (e > b) world.broadcast(base + b, e - b, r, stream.s);
-      }
-    ctx.sync(stream.s);
-  }
-  st->broadcast_s = seconds_since(t2);
-  st->dit_s = seconds_since(t0);
-  return dit;
-}
-
 #endif  // WAN_HAVE_NCCL
 
 // ---------------------------------------------------------------------------------------------------
-// Entry point
+// Entry points
 
-ParallelRun run_generate_parallel(GenerateOptions o, const ParallelRequest& req, const RunHooks& hooks, bool decode,
-                                  const std::function<void(const GeneratePlan&, const dist::Layout&)>& on_plan) {
-  WAN_ASSERT(req.active(), "run_generate_parallel on one GPU");
-#ifndef WAN_HAVE_NCCL
-  (void)o, (void)hooks, (void)decode, (void)on_plan;
-  WAN_THROW("several GPUs (", req.where(), "): this wan was built without NCCL (configure with CUDA and NCCL)");
-#else
+ParallelRun plan_parallel(GenerateOptions o, const ParallelRequest& req, bool decode) {
   o.parallel = true;
   o.decode = decode;
   ParallelRun run;
@@ -744,12 +667,26 @@ ParallelRun run_generate_parallel(GenerateOptions o, const ParallelRequest& req,
   pipeline_detail::set_parallel_numerics(run.plan, cat(req.world, " GPUs, ", dist::describe(run.layout)));
   pipeline_detail::check_resume(run.plan);
   run.output_rank = !req.launcher || req.rank == 0;
+  return run;
+}
+
+ParallelRun run_generate_parallel(GenerateOptions o, const ParallelRequest& req, const RunHooks& hooks, bool decode,
+                                  const std::function<void(const GeneratePlan&, const dist::Layout&)>& on_plan) {
+  WAN_ASSERT(req.active(), "run_generate_parallel on one GPU");
+#ifndef WAN_HAVE_NCCL
+  (void)o, (void)hooks, (void)decode, (void)on_plan;
+  WAN_THROW("several GPUs (", req.where(), "): this wan was built without NCCL (configure with CUDA and NCCL)");
+#else
+  ParallelRun run = plan_parallel(std::move(o), req, decode);
   if (run.output_rank && on_plan) on_plan(run.plan, run.layout);
   RankZeroOut zero;
   const GeneratePlan& plan = run.plan;
   const dist::Layout layout = run.layout;
   try {
-    dist::launch(req.launch, [&](dist::RankContext& ctx) { rank_main(ctx, plan, layout, hooks, decode, &zero); });
+    dist::launch(req.launch, [&](dist::RankContext& ctx) {
+      RankKeep keep;  // one job: nothing kept
+      pipeline_detail::rank_job(ctx, plan, layout, hooks, decode, keep, &zero);
+    });
   } catch (const Error&) {
     if (hooks.cancel && hooks.cancel->load()) throw Cancelled();
     throw;

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <utility>
@@ -132,7 +133,7 @@ struct ParallelRun {
 //      process per rank: those are bit-identical) and gives the uninterrupted run's bits; a state of
 //      another layout or of one GPU is refused in one line (other roundings), and vice versa.
 //   5. rank 0 frees its DiT and decodes the video with the VAE on its GPU (not when paused); the other
-//      ranks free theirs and wait. The decode stays on one GPU: splitting the causal decoder's time
+//      ranks free theirs and wait (a ParallelSession's ranks keep theirs for the next job, below). The decode stays on one GPU: splitting the causal decoder's time
 //      chunks over ranks is left out (it is a small part of a run). Only rank 0's process writes output
 //      files (the CLI, after the launch has succeeded on every rank, through its all-or-nothing
 //      writers), so a failure leaves no output behind.
@@ -151,6 +152,53 @@ struct ParallelRun {
 ParallelRun run_generate_parallel(GenerateOptions o, const ParallelRequest& r, const RunHooks& hooks,
                                   bool decode = true,
                                   const std::function<void(const GeneratePlan&, const dist::Layout&)>& on_plan = {});
+
+// run_generate_parallel's plan: `o` planned for several GPUs (o.parallel, o.decode = decode), the layout
+// resolved and named in the plan's numerics, a --resume state checked against it; output_rank set.
+// Host work (every process plans the same options); result and ranks stay empty.
+ParallelRun plan_parallel(GenerateOptions o, const ParallelRequest& r, bool decode);
+
+struct ParallelSessionStats {
+  uint64_t built = 0;     // models jobs built: the DiT (every rank's, counted once), text encoder, VAE weights
+  uint64_t reused = 0;    // jobs that ran on the kept DiT
+  uint64_t launches = 0;  // launches started (the first job's, and one after every failed job)
+};
+
+// Jobs in turn on the GPUs of an in-process request (`wan serve`'s layout instances), with each rank's
+// DiT kept between jobs. One background thread holds a dist::launch whose ranks wait for the next job,
+// run it as run_generate_parallel's ranks do (the same rank code, so a job gives the same bits as
+// run_generate_parallel of its plan and layout) and wait again; the NCCL groups are made once per launch.
+// A job reuses the kept DiT when every rank's serves it (equal pipeline_detail::dit_cache_key, a planned
+// latent no smaller) and rank 0 has room for its text and image encoders beside it; else every rank
+// frees its DiT, checks its memory plan and builds anew. Rank 0 frees its DiT before the decode only
+// when the decoder would not fit beside it. The text encoder and the VAE weights load per job.
+// Failure: a job's error (or its cancellation) ends the launch on every rank (dist::launch); run()
+// throws it (Cancelled when hooks.cancel was set) and the next run() starts a new launch (the models
+// load again). A hang ends through the launch's watchdog, so run() never waits forever. Idle ranks
+// mark progress while they wait, so an idle session does not trip the watchdog.
+// Not thread-safe: one caller at a time (run() serialises). The destructor ends the ranks.
+class ParallelSession {
+ public:
+  explicit ParallelSession(ParallelRequest req);  // in-process only (no launcher)
+  ~ParallelSession();
+  ParallelSession(const ParallelSession&) = delete;
+  ParallelSession& operator=(const ParallelSession&) = delete;
+
+  // One job of plan `p` (from plan_parallel) on `layout`: rank 0's result; `ranks` (optional) gets every
+  // rank's figures. A layout other than the running launch's ends that launch first.
+  GenerateResult run(const GeneratePlan& p, const dist::Layout& layout, const RunHooks& hooks, bool decode,
+                     std::vector<ParallelRankStats>* ranks = nullptr);
+  ParallelSessionStats stats() const;  // any thread
+
+ private:
+  struct Launch;
+  void end_launch();
+  ParallelRequest req_;
+  std::mutex run_mu_;                 // one run() at a time
+  std::shared_ptr<Launch> launch_;    // the running launch (null: none)
+  mutable std::mutex stats_mu_;
+  ParallelSessionStats stats_;
+};
 
 #ifdef WAN_HAVE_NCCL
 // One rank's DiT of plan `p` (the experts its schedule uses) with the parallel groups `par` (alive as
