@@ -60,6 +60,8 @@ Instances plan_instances(const ParallelArgs& a) {
 ParallelRunner::ParallelRunner(std::vector<int> devices, dist::Layout layout)
     : devices_(std::move(devices)), layout_(layout) {}
 
+ParallelRunner::~ParallelRunner() = default;
+
 void ParallelRunner::run(const GenerateOptions& o, const GeneratePlan*, const std::string& video_path,
                          const RunHooks& hooks) {
   GenerateOptions g = o;
@@ -71,11 +73,29 @@ void ParallelRunner::run(const GenerateOptions& o, const GeneratePlan*, const st
   a.ring = std::to_string(layout_.ring);
   // The ranks are this process's threads: no launcher's environment applies.
   const ParallelRequest r = parse_parallel_request(a, &g, [](const char*) -> const char* { return nullptr; });
-  const ParallelRun run = run_generate_parallel(g, r, hooks, true);
-  const Tensor& v = run.result.video;
+  const ParallelRun plan = plan_parallel(g, r, true);
+  ParallelSession* session = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!session_) session_ = std::make_unique<ParallelSession>(r);
+    session = session_.get();
+  }
+  const GenerateResult result = session->run(plan.plan, plan.layout, hooks, true);
+  const Tensor& v = result.video;
   WAN_ASSERT(v.defined(), "the parallel run returned no video");
   write_video(video_path, v.f32(), static_cast<int>(v.dim(1)), static_cast<int>(v.dim(2)), static_cast<int>(v.dim(3)),
-              run.plan.fps);
+              plan.plan.fps);
+}
+
+ParallelSessionStats ParallelRunner::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return session_ ? session_->stats() : ParallelSessionStats{};
+}
+
+std::vector<RunnerCounter> ParallelRunner::counters() const {
+  const ParallelSessionStats s = stats();
+  return {{"wan_models_built_total", "Models (text encoder, DiT, VAE weights) built by jobs.", double(s.built)},
+          {"wan_models_reused_total", "Models a job took from the resident ones.", double(s.reused)}};
 }
 
 }  // namespace wan::server

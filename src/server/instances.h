@@ -3,10 +3,13 @@
 // device, models resident between jobs): the most videos per GPU-second, since replicas exchange
 // nothing. With --cfg-parallel / --ulysses U / --ring R each instance is that layout's GPUs
 // (cfg·U·R of them, consecutive in the device list), and a job runs on it as `wan generate` with the
-// same flags does (ParallelRunner: run_generate_parallel; its models load per job): lower latency per
-// video for the same GPUs.
+// same flags does (ParallelRunner: a ParallelSession, whose ranks keep their DiT between jobs): lower
+// latency per video for the same GPUs.
 // Invariants: the instances partition the listed devices; every check happens before any device work.
 #pragma once
+#include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -29,16 +32,24 @@ struct Instances {
 Instances plan_instances(const ParallelArgs& a);
 
 // Runs each job on its instance's GPUs with the layout (pipeline/generate_parallel.h), in this process
-// (one thread per GPU); the request's checked plan is not used (each rank plans its share).
+// (one thread per GPU), on a ParallelSession made at the first job: the ranks keep their DiT between
+// jobs, and a failed job's next one starts the ranks again. The request's checked plan is not used
+// (the job is planned for the layout here; each rank checks its share).
 class ParallelRunner : public JobRunner {
  public:
   ParallelRunner(std::vector<int> devices, dist::Layout layout);
+  ~ParallelRunner() override;
   void run(const GenerateOptions& o, const GeneratePlan* plan, const std::string& video_path,
            const RunHooks& hooks) override;
+  // wan_models_built_total, wan_models_reused_total (summed with the replicas' counters).
+  std::vector<RunnerCounter> counters() const override;
+  ParallelSessionStats stats() const;
 
  private:
   std::vector<int> devices_;
   dist::Layout layout_;
+  mutable std::mutex mu_;                     // session_'s creation against stats()
+  std::unique_ptr<ParallelSession> session_;  // the worker's
 };
 
 }  // namespace wan::server

@@ -460,3 +460,18 @@ TEST(ServeJobs, RecordsRoundTripAndRefusePathsInFileNames) {
 }
 
 }  // namespace
+
+// A layout instance counts its models under the replicas' counter names, so a server's metrics sum
+// over both kinds of runner; before its first job (no session yet) it has built nothing.
+TEST(ServeInstances, ALayoutInstanceCountsModelsUnderTheReplicasNames) {
+  ParallelRunner p({0, 1}, dist::Layout{2, 1, 1});
+  ResidentRunner r;
+  const std::vector<RunnerCounter> pc = p.counters(), rc = r.counters();
+  ASSERT_EQ(pc.size(), 2u);
+  ASSERT_GE(rc.size(), 2u);
+  for (size_t i = 0; i < pc.size(); ++i) {
+    EXPECT_EQ(pc[i].name, rc[i].name);
+    EXPECT_EQ(pc[i].value, 0.0);
+  }
+  EXPECT_EQ(p.stats().launches, 0u);
+}
