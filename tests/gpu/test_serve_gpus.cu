@@ -1,18 +1,23 @@
 // `wan serve` on several GPUs (server/instances.h), without HTTP: the job queue with one worker per
 // instance. Replicas (a ResidentRunner per GPU) take jobs at once, each on its own GPU with its own
 // resident models, and equal requests give equal files whichever GPU ran them; a CFG-parallel instance
-// (ParallelRunner over 2 GPUs) runs a job split over both. Tiny random models; needs 2 GPUs (skips
-// with fewer).
+// (ParallelRunner over 2 GPUs) runs a job split over both, keeps its DiT for the next job (which equals a
+// fresh run_generate_parallel byte for byte) and recovers from a failed or cancelled job. Tiny random
+// models; needs 2 GPUs (skips with fewer).
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <set>
 #include <thread>
 
+#include "formats/video.h"
 #include "gpu_test_util.h"
+#include "pipeline/generate_parallel.h"
 #include "pipeline/pipeline.h"
 #include "server/instances.h"
 #include "server/jobs.h"
@@ -133,4 +138,108 @@ TEST(ServeGpus, ACfgParallelInstanceRunsAJobOnBothGpus) {
   ASSERT_EQ(done.state, JobState::Completed) << done.error_message;
   EXPECT_GT(bytes_of(q.path_of(done.video_file)).size(), 1000u);
   EXPECT_GE(done.first_step_seconds, 0.0);
+}
+
+namespace {
+
+// What ParallelRunner does with a job's options, run once on a fresh launch (run_generate_parallel):
+// the reference a session's job must equal byte for byte.
+std::string fresh_parallel_video(const GenerateOptions& o, const std::string& path) {
+  GenerateOptions g = o;
+  g.plan_as_owner = false;
+  ParallelArgs a;
+  a.devices = "0,1";
+  a.cfg = true;
+  a.ulysses = "1";
+  a.ring = "1";
+  const ParallelRequest r = parse_parallel_request(a, &g, [](const char*) -> const char* { return nullptr; });
+  const ParallelRun run = run_generate_parallel(g, r, RunHooks{}, true);
+  const Tensor& v = run.result.video;
+  write_video(path, v.f32(), static_cast<int>(v.dim(1)), static_cast<int>(v.dim(2)), static_cast<int>(v.dim(3)),
+              run.plan.fps);
+  return bytes_of(path);
+}
+
+GenerateOptions parallel_tiny(uint64_t seed) {
+  GenerateOptions o = tiny(seed);
+  o.parallel = true;  // as a request to a parallel instance is planned
+  return o;
+}
+
+}  // namespace
+
+TEST(ServeGpus, ACfgParallelInstanceKeepsItsDiTBetweenJobs) {
+  if (cuda::device_count() < 2) GTEST_SKIP() << "needs 2 CUDA devices";
+  InstanceArgs a;
+  a.gpus = "2";
+  a.cfg = true;
+  const Instances in = plan_instances(a);
+  ParallelRunner runner(in.groups[0], in.layout);
+  Dir d;
+  QueueConfig c;
+  c.dir = d.path;
+  c.video_ext = ".y4m";
+  JobQueue q(c, runner);
+  std::vector<JobInfo> jobs(2);
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    const GenerateOptions o = parallel_tiny(3 + i);
+    jobs[i].model = "m";
+    jobs[i].prompt = "a fox";
+    ASSERT_EQ(q.submit(jobs[i], o, std::make_shared<const GeneratePlan>(plan_generate(o))), JobQueue::Submit::Accepted);
+    ASSERT_TRUE(all_finished(q, {jobs[i]}));
+    const JobInfo done = q.get(jobs[i].id).value();
+    ASSERT_EQ(done.state, JobState::Completed) << done.error_message;
+    // The DiT is built by the first job and kept: the second builds only its text encoder and VAE weights.
+    const ParallelSessionStats s = runner.stats();
+    EXPECT_EQ(s.reused, i) << "after job " << i;
+    EXPECT_EQ(s.built, i == 0 ? 3u : 5u) << "after job " << i;
+    EXPECT_EQ(s.launches, 1u);
+  }
+  const std::string second = bytes_of(q.path_of(q.get(jobs[1].id).value().video_file));
+  ASSERT_GT(second.size(), 1000u);
+  EXPECT_EQ(second, fresh_parallel_video(parallel_tiny(4), d.path + "/fresh.y4m"))
+      << "a job on the kept DiT gives the bytes of a fresh run";
+  const std::string metrics = q.runner_metrics();
+  EXPECT_NE(metrics.find("wan_models_reused_total 1"), std::string::npos) << metrics;
+}
+
+TEST(ServeGpus, AFailedOrCancelledParallelJobIsReportedAndTheNextRuns) {
+  if (cuda::device_count() < 2) GTEST_SKIP() << "needs 2 CUDA devices";
+  InstanceArgs a;
+  a.gpus = "2";
+  a.cfg = true;
+  const Instances in = plan_instances(a);
+  ParallelRunner runner(in.groups[0], in.layout);
+  Dir d;
+  const GenerateOptions o = parallel_tiny(7);
+  runner.run(o, nullptr, d.path + "/a.y4m", RunHooks{});
+  const std::string first = bytes_of(d.path + "/a.y4m");
+  ASSERT_GT(first.size(), 1000u);
+
+  // A rank that fails mid-job (on the kept DiT): the job's error, then a new launch for the next job.
+  setenv("WAN_DIST_FAIL_RANK", "1", 1);
+  setenv("WAN_DIST_FAIL_AT", "step", 1);
+  try {
+    runner.run(o, nullptr, d.path + "/b.y4m", RunHooks{});
+    ADD_FAILURE() << "the forced failure did not fail the job";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("forced failure at 'step'"), std::string::npos) << e.what();
+  }
+  unsetenv("WAN_DIST_FAIL_RANK");
+  unsetenv("WAN_DIST_FAIL_AT");
+  EXPECT_FALSE(fs::exists(d.path + "/b.y4m"));
+  runner.run(o, nullptr, d.path + "/c.y4m", RunHooks{});
+  EXPECT_EQ(bytes_of(d.path + "/c.y4m"), first);
+  EXPECT_EQ(runner.stats().launches, 2u);
+
+  // A cancelled job: Cancelled, and the next one runs.
+  std::atomic<bool> cancel{true};
+  RunHooks h;
+  h.cancel = &cancel;
+  EXPECT_THROW(runner.run(o, nullptr, d.path + "/d.y4m", h), Cancelled);
+  runner.run(o, nullptr, d.path + "/e.y4m", RunHooks{});
+  EXPECT_EQ(bytes_of(d.path + "/e.y4m"), first);
+  const ParallelSessionStats s = runner.stats();
+  EXPECT_EQ(s.launches, 3u);
+  EXPECT_EQ(s.reused, 0u) << "every successful job here ran on a new launch";
 }
