@@ -170,7 +170,7 @@ GenerateOptions parallel_tiny(uint64_t seed) {
 
 TEST(ServeGpus, ACfgParallelInstanceKeepsItsDiTBetweenJobs) {
   if (cuda::device_count() < 2) GTEST_SKIP() << "needs 2 CUDA devices";
-  InstanceArgs a;
+  ParallelArgs a;
   a.gpus = "2";
   a.cfg = true;
   const Instances in = plan_instances(a);
@@ -205,7 +205,7 @@ TEST(ServeGpus, ACfgParallelInstanceKeepsItsDiTBetweenJobs) {
 
 TEST(ServeGpus, AFailedOrCancelledParallelJobIsReportedAndTheNextRuns) {
   if (cuda::device_count() < 2) GTEST_SKIP() << "needs 2 CUDA devices";
-  InstanceArgs a;
+  ParallelArgs a;
   a.gpus = "2";
   a.cfg = true;
   const Instances in = plan_instances(a);
@@ -232,14 +232,28 @@ TEST(ServeGpus, AFailedOrCancelledParallelJobIsReportedAndTheNextRuns) {
   EXPECT_EQ(bytes_of(d.path + "/c.y4m"), first);
   EXPECT_EQ(runner.stats().launches, 2u);
 
-  // A cancelled job: Cancelled, and the next one runs.
+  // Cancelled before its steps (rank 0 sees the flag after the text): Cancelled; the launch ends.
   std::atomic<bool> cancel{true};
   RunHooks h;
   h.cancel = &cancel;
   EXPECT_THROW(runner.run(o, nullptr, d.path + "/d.y4m", h), Cancelled);
   runner.run(o, nullptr, d.path + "/e.y4m", RunHooks{});
   EXPECT_EQ(bytes_of(d.path + "/e.y4m"), first);
-  const ParallelSessionStats s = runner.stats();
+  ParallelSessionStats s = runner.stats();
   EXPECT_EQ(s.launches, 3u);
-  EXPECT_EQ(s.reused, 0u) << "every successful job here ran on a new launch";
+  EXPECT_EQ(s.reused, 0u) << "every successful job so far ran on a new launch";
+
+  // Cancelled after its first step (the ranks agree before the next): Cancelled at the same step on
+  // every rank, so the launch and the DiT stay, and the next job reuses them.
+  cancel = false;
+  h.progress = [&cancel](const ProgressEvent& ev) {
+    if (ev.stage == Stage::Denoise && ev.kind == ProgressEvent::Advance && ev.done >= 1) cancel = true;
+  };
+  EXPECT_THROW(runner.run(o, nullptr, d.path + "/f.y4m", h), Cancelled);
+  EXPECT_FALSE(fs::exists(d.path + "/f.y4m"));
+  runner.run(o, nullptr, d.path + "/g.y4m", RunHooks{});
+  EXPECT_EQ(bytes_of(d.path + "/g.y4m"), first);
+  s = runner.stats();
+  EXPECT_EQ(s.launches, 3u) << "a cancel between steps keeps the launch";
+  EXPECT_EQ(s.reused, 2u) << "the cancelled job and the next one ran on the kept DiT";
 }
