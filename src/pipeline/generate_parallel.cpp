@@ -4,6 +4,7 @@
 #include "pipeline/generate_parallel.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -273,7 +274,7 @@ void broadcast_sampler_state(const dist::RankContext& ctx, dist::Comm& world, cu
 class ParallelDenoiser final : public Denoiser {
  public:
   ParallelDenoiser(const dist::RankContext& ctx, const GeneratePlan& p, const dist::Layout& layout,
-                   std::unique_ptr<cuda::DiTGpu> dit, std::function<void()> before_step)
+                   std::unique_ptr<cuda::DiTGpu> dit, std::function<void(int)> before_step)
       : ctx_(ctx), layout_(layout), dit_(std::move(dit)), before_step_(std::move(before_step)) {
     WAN_ASSERT(dit_ != nullptr, "parallel denoiser without a DiT");
     const bool use_high = uses_expert(p.experts, Expert::High);
@@ -301,7 +302,7 @@ class ParallelDenoiser final : public Denoiser {
 
   // Collective: the parallel forward of step s.index(), then the fused guidance + solver update.
   void guided_step(Sampler& s, Expert e, float guide, const Tensor& ctx, const std::vector<int64_t>& lens) override {
-    if (before_step_) before_step_();
+    if (before_step_) before_step_(s.index());
     WAN_ASSERT(layout_.cfg == 1 || ctx.dim(0) == 2, "CFG-parallel step without guidance");
     fused_.step(*dit_, index(e), s, guide, ctx, lens, stream_.s);
     ctx_.sync(stream_.s);
@@ -327,7 +328,7 @@ class ParallelDenoiser final : public Denoiser {
   dist::Layout layout_;
   StreamOwner stream_;  // first: outlives the buffers and the DiT that use it
   std::unique_ptr<cuda::DiTGpu> dit_;
-  std::function<void()> before_step_;
+  std::function<void(int)> before_step_;
   int high_index_ = -1, low_index_ = -1;
   FusedDiTStep fused_;     // x, the DiT output and the history on this rank's device
 };
@@ -491,6 +492,26 @@ void hand_back(const dist::RankContext& ctx, const std::vector<double>& rows, co
   out->result = std::move(r);
 }
 
+// Whether every rank goes on to the next step: none saw the cancel flag. Collective over the world
+// communicator, eager (outside any CUDA graph) and synchronous, so the ranks enter a step's collectives
+// only together: a replayed graph's NCCL kernels waiting for a rank that stopped or failed could not be
+// unblocked, whereas an eager all-reduce is aborted with the launch when a rank fails. Throws
+// StepsStopped on every rank at once (the step's host sync makes its cost nil: the previous step has
+// ended).
+void agree_step(const dist::RankContext& ctx, dist::Comm& world, cudaStream_t s, const std::atomic<bool>* cancel) {
+  ctx.check_abort();
+  const bool stop = cancel && cancel->load(std::memory_order_relaxed);
+  double any = 0;
+  try {
+    any = world.all_reduce_max_host(stop ? 1.0 : 0.0, s);
+  } catch (const Error&) {
+    ctx.check_abort();  // aborted by a failure elsewhere: that failure, not NCCL's
+    throw;
+  }
+  ctx.check_abort();
+  if (any > 0) throw pipeline_detail::StepsStopped();
+}
+
 // A session's job (keep.keep_dit): whether every rank's kept DiT serves plan p (the same key, a latent
 // no larger) and, on rank 0, leaves room for the text and image encoders that run beside it. Agreed
 // over the world communicator (one flag per rank, all-gathered), so all ranks reuse or all rebuild (the
@@ -605,24 +626,33 @@ void pipeline_detail::rank_job(dist::RankContext& ctx, const GeneratePlan& p, co
   share_inputs(ctx, world, s, p, r, cond, uncond, x, from, image);
 
   // 4. Sampling: the pipeline's own loop (pipeline_internal.h) on the collective denoiser; every rank
-  // holds the whole DiT output after each step and keeps x. Cancellation and failures elsewhere are
-  // checked at the start of every step by each rank (check(): one wan::Error on every rank).
+  // holds the whole DiT output after each step and keeps x. Before every step the ranks agree to go on
+  // (agree_step): a cancel stops all of them at the same step (StepsStopped), and a rank that failed
+  // leaves the others in that eager all-reduce, which the launch aborts.
   {
-    ParallelDenoiser den(ctx, p, layout, std::move(dit), [&] {
-      check();
+    ParallelDenoiser den(ctx, p, layout, std::move(dit), [&](int index) {
       dist::maybe_fail(ctx, "step");
+      dist::maybe_fail(ctx, cat("step", index).c_str());
+      agree_step(ctx, world, s, hooks.cancel);
     });
-    den.set_condition(image);
-    RunHooks loop;
-    loop.progress = hooks.progress;
-    pipeline_detail::denoise(p, den, cond, uncond, x, from.index > 0 ? &from : nullptr, loop, probe, &r);
-    if (keep.keep_dit) {
+    const auto keep_dit = [&] {
+      if (!keep.keep_dit) return;
       keep.dit = den.release_dit();
       if (!reuse) {
         keep.key = pipeline_detail::dit_cache_key(p);
         keep.latent = p.latent_shape.numel();
       }
+    };
+    den.set_condition(image);
+    RunHooks loop;
+    loop.progress = hooks.progress;
+    try {
+      pipeline_detail::denoise(p, den, cond, uncond, x, from.index > 0 ? &from : nullptr, loop, probe, &r);
+    } catch (const pipeline_detail::StepsStopped&) {
+      keep_dit();  // every rank stopped between steps: nothing is in flight, the DiT serves the next job
+      throw;
     }
+    keep_dit();
   }  // one-shot: frees the experts before rank 0's VAE decoder is built
 
   // 5. Every rank's figures to every rank.
@@ -646,7 +676,7 @@ void pipeline_detail::rank_job(dist::RankContext& ctx, const GeneratePlan& p, co
 
 std::unique_ptr<Denoiser> make_parallel_denoiser(const dist::RankContext& ctx, const GeneratePlan& p,
                                                  const dist::Layout& layout, std::unique_ptr<cuda::DiTGpu> dit,
-                                                 std::function<void()> before_step) {
+                                                 std::function<void(int)> before_step) {
   return std::make_unique<ParallelDenoiser>(ctx, p, layout, std::move(dit), std::move(before_step));
 }
 

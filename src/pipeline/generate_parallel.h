@@ -139,9 +139,11 @@ struct ParallelRun {
 //      writers), so a failure leaves no output behind.
 // Failure: any rank's error (bad input, out of memory, a lost peer, Ctrl-C) ends every rank
 // with the same one-line wan::Error within seconds (dist::launch); ranks that wait for a busy rank wait
-// in RankContext::barrier, never inside a collective. Test hooks (dist::maybe_fail, WAN_DIST_FAIL_AT):
-// "text" (rank 0, before encoding), "load" (after the rank's share), "step" (before every step), "decode"
-// (rank 0) besides the launcher's "init" and "start".
+// in RankContext::barrier or an eager collective, never inside a replayed CUDA graph (before every step
+// the ranks agree to go on, which also stops all of them at the same step on a cancel). Test hooks
+// (dist::maybe_fail, WAN_DIST_FAIL_AT): "text" (rank 0, before encoding), "load" (after the rank's
+// share), "step" (before every step), "stepN" (before step N), "decode" (rank 0) besides the
+// launcher's "init" and "start".
 // Numerics: within bf16 of the single-GPU engine (the parallel forward's token slices and partial
 // softmax merges round differently); deterministic: two runs of one layout are bit-identical.
 //
@@ -172,9 +174,10 @@ struct ParallelSessionStats {
 // latent no smaller) and rank 0 has room for its text and image encoders beside it; else every rank
 // frees its DiT, checks its memory plan and builds anew. Rank 0 frees its DiT before the decode only
 // when the decoder would not fit beside it. The text encoder and the VAE weights load per job.
-// Failure: a job's error (or its cancellation) ends the launch on every rank (dist::launch); run()
-// throws it (Cancelled when hooks.cancel was set) and the next run() starts a new launch (the models
-// load again). A hang ends through the launch's watchdog, so run() never waits forever. Idle ranks
+// Failure: a job's error ends the launch on every rank (dist::launch); run() throws it (Cancelled when
+// hooks.cancel was set) and the next run() starts a new launch (the models load again). A job cancelled
+// between steps (the ranks agree on it) throws Cancelled and keeps the launch and the DiT; cancelled
+// before its steps, it ends the launch as an error does. A hang ends through the launch's watchdog, so run() never waits forever. Idle ranks
 // mark progress while they wait, so an idle session does not trip the watchdog.
 // Not thread-safe: one caller at a time (run() serialises). The destructor ends the ranks.
 class ParallelSession {
@@ -218,12 +221,12 @@ std::unique_ptr<cuda::DiTGpu> make_rank_dit(const dist::RankContext& ctx, const 
 // is the one-GPU fused step (the DiT output stays on the device, one guidance + solver kernel of
 // cuda::SamplerGpu on this rank's x), so the numerics are those of the replicated sampler;
 // begin_sampling() and sync_sampling() are local (x and the history are equal on every rank).
-// before_step (may be empty) runs at the start of every guided_step (failure and cancellation checks;
-// it may throw). warm_up() does nothing (the first forward of each (expert, batch) sets up the NCCL
+// before_step (may be empty) runs at the start of every guided_step with the step's index (failure and
+// cancellation checks; it may throw). warm_up() does nothing (the first forward of each (expert, batch) sets up the NCCL
 // connections eagerly). ctx must outlive the denoiser.
 std::unique_ptr<Denoiser> make_parallel_denoiser(const dist::RankContext& ctx, const GeneratePlan& p,
                                                  const dist::Layout& layout, std::unique_ptr<cuda::DiTGpu> dit,
-                                                 std::function<void()> before_step = {});
+                                                 std::function<void(int)> before_step = {});
 #endif
 
 }  // namespace wan

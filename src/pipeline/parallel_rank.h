@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "kernels/check.h"
 #include "pipeline/generate_parallel.h"
 #include "pipeline/parallel_groups.h"
@@ -61,6 +62,12 @@ struct RankKeep {
     key.clear();
     latent = 0;
   }
+};
+
+// Thrown on every rank at the same step boundary when a rank saw the job's cancel flag (the ranks agree
+// before each step): nothing is in flight, so a session keeps its launch and its DiT.
+struct StepsStopped : Error {
+  StepsStopped() : Error("interrupted (Ctrl-C)", ErrorKind::Internal) {}
 };
 
 // What rank 0 hands back to its caller. built / reused: models this job built (DiT, text encoder, VAE

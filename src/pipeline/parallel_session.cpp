@@ -13,12 +13,13 @@
 namespace wan {
 
 // One launch and its job slot. `posted` counts the jobs handed to the ranks, `done` those rank 0 has
-// finished; `ended` is set when dist::launch has returned (`error`: how it failed).
+// finished (`stopped`: the last one the ranks stopped together, cancelled); `ended` is set when
+// dist::launch has returned (`error`: how it failed).
 struct ParallelSession::Launch {
   dist::Layout layout;
   std::mutex mu;
   std::condition_variable cv;
-  uint64_t posted = 0, done = 0;
+  uint64_t posted = 0, done = 0, stopped = 0;
   const GeneratePlan* plan = nullptr;
   const RunHooks* hooks = nullptr;
   bool decode = true;
@@ -62,10 +63,16 @@ void session_rank(dist::RankContext& ctx, L& st) {
       decode = st.decode;
     }
     pipeline_detail::RankZeroOut out;
-    pipeline_detail::rank_job(ctx, *plan, st.layout, *hooks, decode, keep, &out);
+    bool stopped = false;
+    try {
+      pipeline_detail::rank_job(ctx, *plan, st.layout, *hooks, decode, keep, &out);
+    } catch (const pipeline_detail::StepsStopped&) {
+      stopped = true;  // every rank stopped at the same step: the launch and the kept DiT go on
+    }
     if (ctx.rank != 0) continue;
     std::lock_guard<std::mutex> lock(st.mu);
     st.out = std::move(out);
+    if (stopped) st.stopped = seen;
     st.done = seen;
     st.cv.notify_all();
   }
@@ -145,6 +152,7 @@ GenerateResult ParallelSession::run(const GeneratePlan& p, const dist::Layout& l
     l.cv.notify_all();
     l.cv.wait(lock, [&] { return l.done == job || l.ended; });
   }
+  if (job > 0 && l.done == job && l.stopped == job) throw Cancelled();
   if (job > 0 && l.done == job) {
     pipeline_detail::RankZeroOut out = std::move(l.out);
     lock.unlock();

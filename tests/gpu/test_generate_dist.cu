@@ -600,6 +600,15 @@ TEST(GenerateDistCli, ForcedFailureEndsEveryRankWithOneError) {
        "error: rank 1: forced failure at 'load': cudaMalloc of 1 PiB"},
       {"throw at step, 2 processes", true, {{"WAN_DIST_FAIL_RANK", "1"}, {"WAN_DIST_FAIL_AT", "step"}},
        "error: rank 1: forced failure at 'step' (WAN_DIST_FAIL_RANK=1)"},
+      // Steps 2 and 3 replay CUDA graphs with NCCL kernels: the other rank must not be inside one when
+      // rank 1 fails (the ranks agree before every step). A grace longer than the limit below: only
+      // ranks that return, not the launch's reaper, end these in time.
+      {"throw at step 2, in-process", false,
+       {{"WAN_DIST_FAIL_RANK", "1"}, {"WAN_DIST_FAIL_AT", "step2"}, {"WAN_DIST_ABORT_GRACE", "60"}},
+       "error: rank 1: forced failure at 'step2' (WAN_DIST_FAIL_RANK=1)"},
+      {"throw at step 3, 2 processes", true,
+       {{"WAN_DIST_FAIL_RANK", "1"}, {"WAN_DIST_FAIL_AT", "step3"}, {"WAN_DIST_ABORT_GRACE", "60"}},
+       "error: rank 1: forced failure at 'step3' (WAN_DIST_FAIL_RANK=1)"},
       {"rank 1 dies at step, 2 processes", true,
        {{"WAN_DIST_FAIL_RANK", "1"}, {"WAN_DIST_FAIL_AT", "step"}, {"WAN_DIST_FAIL_MODE", "exit"}},
        "error: lost peer rank 1"},
