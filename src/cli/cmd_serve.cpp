@@ -102,29 +102,25 @@ int cmd_serve(int argc, char** argv) {
   qc.job_timeout_s = api::parse_duration(v.str("job-timeout"), "job-timeout");
   qc.video_ext = video_have_ffmpeg() ? ".mp4" : ".y4m";
   std::vector<std::unique_ptr<server::JobRunner>> runners;
-  std::vector<server::ResidentRunner*> resident;
-  auto add_resident = [&](std::string device) {
-    auto r = std::make_unique<server::ResidentRunner>(std::move(device));
-    resident.push_back(r.get());
-    runners.push_back(std::move(r));
-  };
   if (!instances.active()) {
-    add_resident("");
+    runners.push_back(std::make_unique<server::ResidentRunner>(""));
   } else {
     for (const std::vector<int>& g : instances.groups) {
       if (model.parallel) runners.push_back(std::make_unique<server::ParallelRunner>(g, instances.layout));
-      else add_resident(cat("cuda:", g[0]));
+      else runners.push_back(std::make_unique<server::ResidentRunner>(cat("cuda:", g[0])));
     }
     if (!quiet) fprintf(stderr, "wan serve: %s\n", instances.describe().c_str());
   }
-  if (!v.flag("no-preload") && !resident.empty()) {  // the models of a request of the default size and frames
+  if (!v.flag("no-preload")) {  // the models of a request of the default size and frames
     api::Values g = model.base;
     g.set("prompt", "preload");
     try {
       GenerateOptions o = api::generate_options(g, nullptr);
       o.plan_as_owner = true;
-      std::vector<std::future<double>> loads;  // each replica on its own GPU, at once
-      for (server::ResidentRunner* r : resident) loads.push_back(std::async(std::launch::async, [r, o] { return r->preload(o); }));
+      o.parallel = model.parallel;
+      std::vector<std::future<double>> loads;  // each instance on its own GPUs, at once
+      for (const auto& r : runners)
+        loads.push_back(std::async(std::launch::async, [r = r.get(), o] { return r->preload(o); }));
       double s = 0;
       for (auto& f : loads) s = std::max(s, f.get());
       if (!quiet) fprintf(stderr, "wan serve: models resident in %.1f s\n", s);

@@ -344,16 +344,27 @@ constexpr int kStatFields = 8;  // the per-rank figures all-gathered after the d
 using Step = std::function<void()>;
 
 // Step 1 (rank 0): the text encoder is loaded (its fit was checked with the rank's plan), encodes what
-// the plan lacks, and is freed before this rank's DiT is created.
-void encode_text_on_rank0(const dist::RankContext& ctx, const GeneratePlan& p, const RunHooks& hooks,
-                          const Step& check, const Step& probe, Timings& tm, Tensor& cond, Tensor& uncond) {
+// the plan lacks, and is freed before this rank's DiT is created. A session's rank 0 (kept: its model
+// cache) takes the kept encoder of the same key, and keeps it after the encoding while keep_room bytes
+// stay free beside it (keep_room < 0: never; the DiT is still to be built).
+bool encode_text_on_rank0(const dist::RankContext& ctx, const GeneratePlan& p, const RunHooks& hooks,
+                          const Step& check, const Step& probe, Timings& tm, Tensor& cond, Tensor& uncond,
+                          ModelCache* kept, int64_t keep_room) {
   dist::maybe_fail(ctx, "text");
   std::unique_ptr<GpuTextEncoder> te;
-  {
+  const std::string key = kept ? pipeline_detail::text_cache_key(p) : std::string();
+  const bool reused = kept && kept->text_gpu && kept->text_key == key;
+  if (reused) {
+    te = std::move(kept->text_gpu);
+    ++kept->stats.reused;
+  } else {
+    if (kept) {
+      kept->drop_text();
+      ++kept->stats.built;
+    }
     StageEvents st(hooks, Stage::LoadTextEncoder);
-    PromptTokenizer tokens = load_prompt_tokenizer(&p.ckpt, p.t5.vocab, /*allow_stand_in=*/p.random_weights);
-    te = make_gpu_text_encoder(p.ckpt, p.t5, p.random_weights, random_t5_seed(p.weights_seed), std::move(tokens),
-                               ctx.device);
+    std::shared_ptr<TextEncoder> cpu;  // unused: rank 0 encodes on its GPU
+    pipeline_detail::build_text_encoder(p, ctx.device, te, cpu);
     tm.load_text_encoder = st.end();
     probe();
   }
@@ -371,7 +382,13 @@ void encode_text_on_rank0(const dist::RankContext& ctx, const GeneratePlan& p, c
     st.advance(++done, "negative prompt");
   }
   tm.text_encode = st.end();
-  te.reset();
+  if (kept && keep_room >= 0 && static_cast<int64_t>(gpu_free_bytes(ctx.device)) >= keep_room) {
+    kept->text_gpu = std::move(te);
+    kept->text_key = key;
+  } else if (kept) {
+    kept->text_key.clear();
+  }
+  return reused;
 }
 
 // Step 3: text, latents and sampler state from rank 0 (sizes first, then the values), so a seed drawn
@@ -444,13 +461,19 @@ std::vector<double> gather_rank_stats(const dist::RankContext& ctx, dist::Comm& 
   return rows;
 }
 
+// The VAE's host weights as rank 0 reads them beside the other work (shared with a session's cache), and
+// the seconds the read took.
+using SharedVae = std::pair<std::shared_ptr<const VaeWeights>, double>;
+
 // Step 6 (rank 0, not paused): the VAE weights read meanwhile, then the decode.
-void decode_on_rank0(const dist::RankContext& ctx, const GeneratePlan& p, const RunHooks& hooks, const Step& check,
-                     std::future<std::pair<VaeWeights, double>>& vae_read, ParallelRankStats& me, GenerateResult& r) {
+std::shared_ptr<const VaeWeights> decode_on_rank0(const dist::RankContext& ctx, const GeneratePlan& p,
+                                                  const RunHooks& hooks, const Step& check,
+                                                  std::future<SharedVae>& vae_read, ParallelRankStats& me,
+                                                  GenerateResult& r) {
   Timings& tm = r.timings;
   dist::maybe_fail(ctx, "decode");
   check();
-  VaeWeights w;
+  std::shared_ptr<const VaeWeights> w;
   {
     StageEvents st(hooks, Stage::LoadVae);
     w = vae_read.get().first;  // read meanwhile: the time here is the wait for it
@@ -461,10 +484,11 @@ void decode_on_rank0(const dist::RankContext& ctx, const GeneratePlan& p, const 
   const int chunks = static_cast<int>(r.latents.dim(1));
   StageEvents st(hooks, Stage::Decode, chunks);
   int64_t peak = 0;
-  r.video = gpu_vae_decode_tracked(p.vae, w, r.latents, ctx.device, &peak);
+  r.video = gpu_vae_decode_tracked(p.vae, *w, r.latents, ctx.device, &peak);
   me.peak_device_bytes = std::max(me.peak_device_bytes, peak);
   st.advance(chunks, "");
   tm.vae_decode = st.end();
+  return w;
 }
 
 // Rank 0's result: the gathered rows become the per-rank figures and the run's load totals.
@@ -520,7 +544,8 @@ bool agree_reuse(const dist::RankContext& ctx, dist::Comm& world, cudaStream_t s
                  const std::string& device, RankKeep& keep) {
   bool mine = keep.dit && keep.key == pipeline_detail::dit_cache_key(p) && p.latent_shape.numel() <= keep.latent;
   if (mine && ctx.rank == 0) {
-    const size_t t5 = p.needs_text_encoder ? gpu_text_encoder_bytes(p.t5) : 0;
+    const bool text_kept = keep.models.text_gpu && keep.models.text_key == pipeline_detail::text_cache_key(p);
+    const size_t t5 = p.needs_text_encoder && !text_kept ? gpu_text_encoder_bytes(p.t5) : 0;
     const size_t enc = p.image.defined() ? gpu_vae_encoder_bytes(p.vae, p.image, device) : 0;
     mine = gpu_free_bytes(ctx.device) >= std::max(t5, enc);
   }
@@ -537,10 +562,39 @@ bool agree_reuse(const dist::RankContext& ctx, dist::Comm& world, cudaStream_t s
   return every;
 }
 
+// Device bytes a session's rank 0 keeps free beside the models it keeps (the sampler's buffers, the
+// decode's inputs and outputs).
+constexpr int64_t kKeepMargin = int64_t(1) << 30;
+
+// A session's preload on rank 0, after the DiT: the VAE's host weights, and the text encoder when it
+// fits beside the DiT with room for the decoder (as preload_models does on one GPU).
+void preload_rank0(const dist::RankContext& ctx, const GeneratePlan& p, const std::string& device,
+                   std::future<SharedVae>& vae_read, ModelCache* kept, const std::string& vae_key, int built,
+                   int reused, RankZeroOut* out) {
+  if (vae_read.valid()) {
+    kept->vae = vae_read.get().first;
+    kept->vae_key = vae_key;
+  }
+  const int64_t decoder = static_cast<int64_t>(gpu_vae_decoder_bytes(p.vae, p.latent_shape, device));
+  if (p.needs_text_encoder && !(kept->text_gpu && kept->text_key == pipeline_detail::text_cache_key(p)) &&
+      static_cast<int64_t>(gpu_free_bytes(ctx.device)) >=
+          static_cast<int64_t>(gpu_text_encoder_bytes(p.t5)) + decoder + kKeepMargin) {
+    kept->drop_text();
+    pipeline_detail::build_text_encoder(p, ctx.device, kept->text_gpu, kept->text_cpu);
+    kept->text_key = pipeline_detail::text_cache_key(p);
+    ++built;
+  }
+  out->built = built;
+  out->reused = reused;
+}
+
 }  // namespace
 
 void pipeline_detail::rank_job(dist::RankContext& ctx, const GeneratePlan& p, const dist::Layout& layout,
-                               const RunHooks& caller, bool decode, RankKeep& keep, RankZeroOut* out) {
+                               const RunHooks& caller, bool decode, RankKeep& keep, RankZeroOut* out,
+                               bool load_only) {
+  WAN_ASSERT(!load_only || keep.keep_dit, "a DiT loaded for no job");
+  if (load_only) decode = false;
   const bool r0 = ctx.rank == 0;
   RunHooks hooks;
   hooks.cancel = caller.cancel;
@@ -569,6 +623,10 @@ void pipeline_detail::rank_job(dist::RankContext& ctx, const GeneratePlan& p, co
   // DiT already holds its share (planned for a latent at least as large; agree_reuse checked what runs
   // beside it), so it is not counted again.
   const bool reuse = keep.keep_dit && agree_reuse(ctx, world, s, p, spec.device, keep);
+  // Rank 0 of a session keeps its text encoder and VAE weights (keep.models) beside a kept DiT; a DiT to
+  // build was planned for a device without them.
+  ModelCache* kept = r0 && keep.keep_dit ? &keep.models : nullptr;
+  if (kept && !reuse) kept->drop_text();
   GpuDiTMemory mem;
   if (!reuse) {
     mem = plan_gpu_dit_memory(p.ckpt, spec);
@@ -579,30 +637,40 @@ void pipeline_detail::rank_job(dist::RankContext& ctx, const GeneratePlan& p, co
   if (!keep.groups)
     keep.groups.emplace(dist::make_groups(ctx.comm, layout, [&](ncclComm_t c) { ctx.register_comm(c); }));
 
-  // Rank 0 reads the VAE's weights on a host thread while the rest runs (not for a run that pauses).
-  std::future<std::pair<VaeWeights, double>> vae_read;
-  if (r0 && decode && p.stop_after_steps == 0 && !p.image.defined())
+  // Rank 0 reads the VAE's weights on a host thread while the rest runs (not for a run that pauses),
+  // or takes the kept ones.
+  std::future<SharedVae> vae_read;
+  const std::string vae_key = pipeline_detail::vae_cache_key(p);
+  const bool vae_kept = kept && kept->vae && kept->vae_key == vae_key && !p.image.defined();
+  if (vae_kept)
+    vae_read = std::async(std::launch::deferred, [w = kept->vae] { return SharedVae(w, 0.0); });
+  else if (r0 && (load_only ? kept != nullptr : decode && p.stop_after_steps == 0) && !p.image.defined())
     vae_read = std::async(std::launch::async, [&p] {
       const Clock::time_point t0 = Clock::now();
-      VaeWeights w = pipeline_detail::run_vae_weights(p);
-      return std::make_pair(std::move(w), seconds_since(t0));
+      auto w = std::make_shared<const VaeWeights>(pipeline_detail::run_vae_weights(p));
+      return SharedVae(std::move(w), seconds_since(t0));
     });
 
   // 1. The text, once, on rank 0 (the other ranks go on to their DiT; resumed: the state's, nothing to encode).
-  // The text encoder loads for every job (a session keeps only the DiT).
   Tensor cond = p.prompt_embeds, uncond = p.negative_embeds;
-  if (r0 && p.needs_text_encoder) encode_text_on_rank0(ctx, p, hooks, check, probe, tm, cond, uncond);
+  const bool text = r0 && !load_only && p.needs_text_encoder;
+  const int64_t text_room =
+      reuse ? static_cast<int64_t>(gpu_vae_decoder_bytes(p.vae, p.latent_shape, spec.device)) + kKeepMargin : -1;
+  const bool text_reused = text && encode_text_on_rank0(ctx, p, hooks, check, probe, tm, cond, uncond, kept, text_room);
   // I2V / TI2V: rank 0 encodes the image on its GPU; the decode reuses the VAE weights.
   LatentCondition image;
-  if (r0 && p.image.defined()) {
+  if (r0 && !load_only && p.image.defined()) {
     VaeWeights w;
     image = pipeline_detail::encode_condition(p, hooks, &w, &tm);
     probe();
     if (decode && p.stop_after_steps == 0)
-      vae_read = std::async(std::launch::deferred, [w = std::move(w)]() mutable { return std::make_pair(std::move(w), 0.0); });
+      vae_read = std::async(std::launch::deferred, [w = std::make_shared<const VaeWeights>(std::move(w))] {
+        return SharedVae(w, 0.0);
+      });
   }
   const bool vae_weights = r0 && (vae_read.valid() || p.image.defined());
-  const int built = (reuse ? 0 : 1) + (r0 && p.needs_text_encoder ? 1 : 0) + (vae_weights ? 1 : 0);
+  const int built = (reuse ? 0 : 1) + (text && !text_reused ? 1 : 0) + (vae_weights && !vae_kept ? 1 : 0);
+  const int reused = (reuse ? 1 : 0) + (text_reused ? 1 : 0) + (vae_kept ? 1 : 0);
   check();
 
   // 2. The DiT: drawn, or this rank's share streamed and every share broadcast (ends with a barrier:
@@ -618,6 +686,15 @@ void pipeline_detail::rank_job(dist::RankContext& ctx, const GeneratePlan& p, co
     }
     tm.load_dit = st.end();
     probe();
+  }
+  if (load_only) {
+    keep.dit = std::move(dit);
+    if (!reuse) {
+      keep.key = pipeline_detail::dit_cache_key(p);
+      keep.latent = p.latent_shape.numel();
+    }
+    if (r0) preload_rank0(ctx, p, spec.device, vae_read, kept, vae_key, built, reused, out);
+    return;
   }
 
   // 3. The inputs, as rank 0 has them.
@@ -662,15 +739,20 @@ void pipeline_detail::rank_job(dist::RankContext& ctx, const GeneratePlan& p, co
   // 6. Rank 0: the video, or (paused) the state. A kept DiT stays unless the decoder needs its memory.
   if (!r.state && caller.latents_done) caller.latents_done(r.latents);  // kept if the decode fails
   if (decode && !r.state) {
-    if (keep.dit && gpu_free_bytes(ctx.device) < gpu_vae_decoder_bytes(p.vae, p.latent_shape, spec.device))
-      keep.drop_dit();
-    decode_on_rank0(ctx, p, hooks, check, vae_read, me, r);
+    const size_t need = gpu_vae_decoder_bytes(p.vae, p.latent_shape, spec.device);
+    if (kept && kept->text_gpu && gpu_free_bytes(ctx.device) < need) kept->drop_text();
+    if (keep.dit && gpu_free_bytes(ctx.device) < need) keep.drop_dit();
+    std::shared_ptr<const VaeWeights> w = decode_on_rank0(ctx, p, hooks, check, vae_read, me, r);
+    if (kept && !p.image.defined()) {
+      kept->vae = std::move(w);
+      kept->vae_key = vae_key;
+    }
   }
   probe();
   r.peak_device_bytes = me.peak_device_bytes;
   if (r.state) pipeline_detail::complete_state(p, cond, uncond, &r);
   out->built = built;
-  out->reused = reuse ? 1 : 0;
+  out->reused = reused;
   hand_back(ctx, rows, me, r, out);
 }
 

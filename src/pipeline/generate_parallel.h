@@ -172,8 +172,10 @@ struct ParallelSessionStats {
 // run_generate_parallel of its plan and layout) and wait again; the NCCL groups are made once per launch.
 // A job reuses the kept DiT when every rank's serves it (equal pipeline_detail::dit_cache_key, a planned
 // latent no smaller) and rank 0 has room for its text and image encoders beside it; else every rank
-// frees its DiT, checks its memory plan and builds anew. Rank 0 frees its DiT before the decode only
-// when the decoder would not fit beside it. The text encoder and the VAE weights load per job.
+// frees its DiT, checks its memory plan and builds anew. Rank 0 also keeps its text encoder (beside a
+// reused DiT, while the decoder's bytes and a margin stay free) and the VAE's host weights, under their
+// model_cache.h keys. Before the decode rank 0 frees the kept text encoder, then its DiT, only when the
+// decoder would not fit beside them. preload() builds the models a job of its plan uses, without a job.
 // Failure: a job's error ends the launch on every rank (dist::launch); run() throws it (Cancelled when
 // hooks.cancel was set) and the next run() starts a new launch (the models load again). A job cancelled
 // between steps (the ranks agree on it) throws Cancelled and keeps the launch and the DiT; cancelled
@@ -191,11 +193,16 @@ class ParallelSession {
   // rank's figures. A layout other than the running launch's ends that launch first.
   GenerateResult run(const GeneratePlan& p, const dist::Layout& layout, const RunHooks& hooks, bool decode,
                      std::vector<ParallelRankStats>* ranks = nullptr);
+  // Every rank builds (or keeps) the DiT that jobs of plan `p` use, and nothing else: `wan serve`'s
+  // load at start. Throws as run() does.
+  void preload(const GeneratePlan& p, const dist::Layout& layout);
   ParallelSessionStats stats() const;  // any thread
 
  private:
   struct Launch;
   void end_launch();
+  GenerateResult post(const GeneratePlan& p, const dist::Layout& layout, const RunHooks& hooks, bool decode,
+                      bool load_only, std::vector<ParallelRankStats>* ranks);
   ParallelRequest req_;
   std::mutex run_mu_;                 // one run() at a time
   std::shared_ptr<Launch> launch_;    // the running launch (null: none)

@@ -16,6 +16,7 @@
 #include "core/error.h"
 #include "kernels/check.h"
 #include "pipeline/generate_parallel.h"
+#include "pipeline/model_cache.h"
 #include "pipeline/parallel_groups.h"
 #include "pipeline/pipeline_internal.h"
 
@@ -57,6 +58,8 @@ struct RankKeep {
   std::unique_ptr<cuda::DiTGpu> dit;
   std::string key;
   int64_t latent = 0;
+  // Rank 0 of a session: the text encoder and the VAE's host weights, under their model_cache.h keys.
+  ModelCache models;
   void drop_dit() {
     dit.reset();
     key.clear();
@@ -79,9 +82,11 @@ struct RankZeroOut {
 };
 
 // One job of plan `p` on this rank (generate_parallel.h, steps 0-6). Collective: every rank of ctx
-// calls it with the same plan, layout and decode, and the same keep state. `out` is written on rank 0.
+// calls it with the same plan, layout, decode and load_only, and the same keep state. `out` is written
+// on rank 0. load_only (a session's preload, keep.keep_dit): steps 0 and 2 only, the DiT kept for the
+// plan's later jobs; nothing is encoded, sampled or decoded.
 void rank_job(dist::RankContext& ctx, const GeneratePlan& p, const dist::Layout& layout, const RunHooks& caller,
-              bool decode, RankKeep& keep, RankZeroOut* out);
+              bool decode, RankKeep& keep, RankZeroOut* out, bool load_only = false);
 
 }  // namespace wan::pipeline_detail
 #endif  // WAN_HAVE_NCCL

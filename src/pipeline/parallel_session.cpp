@@ -22,7 +22,7 @@ struct ParallelSession::Launch {
   uint64_t posted = 0, done = 0, stopped = 0;
   const GeneratePlan* plan = nullptr;
   const RunHooks* hooks = nullptr;
-  bool decode = true;
+  bool decode = true, load_only = false;
   pipeline_detail::RankZeroOut out;
   bool stop = false, ended = false;
   std::exception_ptr error;
@@ -54,18 +54,19 @@ void session_rank(dist::RankContext& ctx, L& st) {
   for (uint64_t seen = 0; next_job(ctx, st, seen);) {
     const GeneratePlan* plan;
     const RunHooks* hooks;
-    bool decode;
+    bool decode, load_only;
     {
       std::lock_guard<std::mutex> lock(st.mu);
       seen = st.posted;
       plan = st.plan;
       hooks = st.hooks;
       decode = st.decode;
+      load_only = st.load_only;
     }
     pipeline_detail::RankZeroOut out;
     bool stopped = false;
     try {
-      pipeline_detail::rank_job(ctx, *plan, st.layout, *hooks, decode, keep, &out);
+      pipeline_detail::rank_job(ctx, *plan, st.layout, *hooks, decode, keep, &out, load_only);
     } catch (const pipeline_detail::StepsStopped&) {
       stopped = true;  // every rank stopped at the same step: the launch and the kept DiT go on
     }
@@ -108,8 +109,17 @@ void ParallelSession::end_launch() {
 
 GenerateResult ParallelSession::run(const GeneratePlan& p, const dist::Layout& layout, const RunHooks& hooks,
                                     bool decode, std::vector<ParallelRankStats>* ranks) {
+  return post(p, layout, hooks, decode, false, ranks);
+}
+
+void ParallelSession::preload(const GeneratePlan& p, const dist::Layout& layout) {
+  (void)post(p, layout, RunHooks{}, false, true, nullptr);
+}
+
+GenerateResult ParallelSession::post(const GeneratePlan& p, const dist::Layout& layout, const RunHooks& hooks,
+                                     bool decode, bool load_only, std::vector<ParallelRankStats>* ranks) {
 #ifndef WAN_HAVE_NCCL
-  (void)p, (void)layout, (void)hooks, (void)decode, (void)ranks;
+  (void)p, (void)layout, (void)hooks, (void)decode, (void)load_only, (void)ranks;
   WAN_THROW("several GPUs (", req_.where(), "): this wan was built without NCCL (configure with CUDA and NCCL)");
 #else
   std::lock_guard<std::mutex> run_lock(run_mu_);
@@ -148,6 +158,7 @@ GenerateResult ParallelSession::run(const GeneratePlan& p, const dist::Layout& l
     l.plan = &p;
     l.hooks = &hooks;
     l.decode = decode;
+    l.load_only = load_only;
     job = ++l.posted;
     l.cv.notify_all();
     l.cv.wait(lock, [&] { return l.done == job || l.ended; });

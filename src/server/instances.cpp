@@ -1,6 +1,8 @@
 // serve's model instances over several GPUs (see instances.h).
 #include "server/instances.h"
 
+#include <chrono>
+
 #include "formats/video.h"
 #include "runtime/dist/launch.h"
 
@@ -62,8 +64,7 @@ ParallelRunner::ParallelRunner(std::vector<int> devices, dist::Layout layout)
 
 ParallelRunner::~ParallelRunner() = default;
 
-void ParallelRunner::run(const GenerateOptions& o, const GeneratePlan*, const std::string& video_path,
-                         const RunHooks& hooks) {
+ParallelSession& ParallelRunner::planned(const GenerateOptions& o, ParallelRun* run) {
   GenerateOptions g = o;
   g.plan_as_owner = false;
   ParallelArgs a;
@@ -73,14 +74,24 @@ void ParallelRunner::run(const GenerateOptions& o, const GeneratePlan*, const st
   a.ring = std::to_string(layout_.ring);
   // The ranks are this process's threads: no launcher's environment applies.
   const ParallelRequest r = parse_parallel_request(a, &g, [](const char*) -> const char* { return nullptr; });
-  const ParallelRun plan = plan_parallel(g, r, true);
-  ParallelSession* session = nullptr;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!session_) session_ = std::make_unique<ParallelSession>(r);
-    session = session_.get();
-  }
-  const GenerateResult result = session->run(plan.plan, plan.layout, hooks, true);
+  *run = plan_parallel(g, r, true);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!session_) session_ = std::make_unique<ParallelSession>(r);
+  return *session_;
+}
+
+double ParallelRunner::preload(const GenerateOptions& o) {
+  const auto t0 = std::chrono::steady_clock::now();
+  ParallelRun plan;
+  planned(o, &plan).preload(plan.plan, plan.layout);
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void ParallelRunner::run(const GenerateOptions& o, const GeneratePlan*, const std::string& video_path,
+                         const RunHooks& hooks) {
+  ParallelRun plan;
+  ParallelSession& session = planned(o, &plan);
+  const GenerateResult result = session.run(plan.plan, plan.layout, hooks, true);
   const Tensor& v = result.video;
   WAN_ASSERT(v.defined(), "the parallel run returned no video");
   write_video(video_path, v.f32(), static_cast<int>(v.dim(1)), static_cast<int>(v.dim(2)), static_cast<int>(v.dim(3)),

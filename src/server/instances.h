@@ -41,11 +41,15 @@ class ParallelRunner : public JobRunner {
   ~ParallelRunner() override;
   void run(const GenerateOptions& o, const GeneratePlan* plan, const std::string& video_path,
            const RunHooks& hooks) override;
+  // Every rank's DiT for jobs of `o`, and rank 0's text encoder (when it fits) and VAE weights
+  // (ParallelSession::preload).
+  double preload(const GenerateOptions& o) override;
   // wan_models_built_total, wan_models_reused_total (summed with the replicas' counters).
   std::vector<RunnerCounter> counters() const override;
   ParallelSessionStats stats() const;
 
  private:
+  ParallelSession& planned(const GenerateOptions& o, ParallelRun* run);  // o's plan here, and the session
   std::vector<int> devices_;
   dist::Layout layout_;
   mutable std::mutex mu_;                     // session_'s creation against stats()

@@ -67,6 +67,12 @@ class JobRunner {
   virtual ~JobRunner() = default;
   virtual void run(const GenerateOptions& o, const GeneratePlan* plan, const std::string& video_path,
                    const RunHooks& hooks) = 0;
+  // Loads the models a job of `o` would use, before the queue starts; returns the seconds it took.
+  // Runners without resident models load nothing.
+  virtual double preload(const GenerateOptions& o) {
+    (void)o;
+    return 0;
+  }
   virtual std::vector<RunnerCounter> counters() const { return {}; }
 };
 
@@ -81,9 +87,8 @@ class ResidentRunner : public JobRunner {
   ~ResidentRunner() override;
   void run(const GenerateOptions& o, const GeneratePlan* plan, const std::string& video_path,
            const RunHooks& hooks) override;
-  // Loads the models a job of `o` would use (pipeline/model_cache.h preload_models), before the queue
-  // starts; returns the seconds it took.
-  double preload(const GenerateOptions& o);
+  // The text encoder, DiT and VAE weights (pipeline/model_cache.h preload_models).
+  double preload(const GenerateOptions& o) override;
   // wan_models_built_total, wan_models_reused_total, wan_models_evicted_total.
   std::vector<RunnerCounter> counters() const override;
   ModelCacheStats stats() const;  // as of the last finished job

@@ -189,10 +189,11 @@ TEST(ServeGpus, ACfgParallelInstanceKeepsItsDiTBetweenJobs) {
     ASSERT_TRUE(all_finished(q, {jobs[i]}));
     const JobInfo done = q.get(jobs[i].id).value();
     ASSERT_EQ(done.state, JobState::Completed) << done.error_message;
-    // The DiT is built by the first job and kept: the second builds only its text encoder and VAE weights.
+    // The first job builds the DiT, the text encoder and the VAE weights, and keeps them: the second
+    // builds nothing.
     const ParallelSessionStats s = runner.stats();
-    EXPECT_EQ(s.reused, i) << "after job " << i;
-    EXPECT_EQ(s.built, i == 0 ? 3u : 5u) << "after job " << i;
+    EXPECT_EQ(s.reused, 3 * i) << "after job " << i;
+    EXPECT_EQ(s.built, 3u) << "after job " << i;
     EXPECT_EQ(s.launches, 1u);
   }
   const std::string second = bytes_of(q.path_of(q.get(jobs[1].id).value().video_file));
@@ -200,7 +201,7 @@ TEST(ServeGpus, ACfgParallelInstanceKeepsItsDiTBetweenJobs) {
   EXPECT_EQ(second, fresh_parallel_video(parallel_tiny(4), d.path + "/fresh.y4m"))
       << "a job on the kept DiT gives the bytes of a fresh run";
   const std::string metrics = q.runner_metrics();
-  EXPECT_NE(metrics.find("wan_models_reused_total 1"), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find("wan_models_reused_total 3"), std::string::npos) << metrics;
 }
 
 TEST(ServeGpus, AFailedOrCancelledParallelJobIsReportedAndTheNextRuns) {
@@ -255,5 +256,26 @@ TEST(ServeGpus, AFailedOrCancelledParallelJobIsReportedAndTheNextRuns) {
   EXPECT_EQ(bytes_of(d.path + "/g.y4m"), first);
   s = runner.stats();
   EXPECT_EQ(s.launches, 3u) << "a cancel between steps keeps the launch";
-  EXPECT_EQ(s.reused, 2u) << "the cancelled job and the next one ran on the kept DiT";
+  EXPECT_EQ(s.reused, 3u) << "the job after the cancelled one ran on the kept DiT, text encoder and VAE weights";
+}
+
+TEST(ServeGpus, ALayoutInstanceLoadsItsDiTAtStart) {
+  if (cuda::device_count() < 2) GTEST_SKIP() << "needs 2 CUDA devices";
+  ParallelArgs a;
+  a.gpus = "2";
+  a.cfg = true;
+  const Instances in = plan_instances(a);
+  ParallelRunner runner(in.groups[0], in.layout);
+  const GenerateOptions o = parallel_tiny(5);
+  EXPECT_GT(runner.preload(o), 0.0);
+  ParallelSessionStats s = runner.stats();
+  EXPECT_EQ(s.built, 3u) << "the preload builds the DiT, the text encoder and the VAE weights";
+  EXPECT_EQ(s.reused, 0u);
+  Dir d;
+  runner.run(o, nullptr, d.path + "/a.y4m", RunHooks{});
+  s = runner.stats();
+  EXPECT_EQ(s.reused, 3u) << "the first job runs on the preloaded models";
+  EXPECT_EQ(s.built, 3u) << "the first job builds nothing";
+  EXPECT_EQ(s.launches, 1u);
+  EXPECT_EQ(bytes_of(d.path + "/a.y4m"), fresh_parallel_video(o, d.path + "/fresh.y4m"));
 }
