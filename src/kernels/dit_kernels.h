@@ -110,8 +110,9 @@ struct RmsNormJob {
   const bf16* x = nullptr;  // [rows, x_stride], first D columns used
   int64_t x_stride = 0;     // elements between rows (>= D, multiple of 8)
   const bf16* w = nullptr;  // [D] RMSNorm weight
-  bf16* y = nullptr;        // [rows, D]
+  bf16* y = nullptr;        // [rows, y_stride], first D columns written
   int64_t rows = 0;         // B·S
+  int64_t y_stride = 0;     // elements between output rows (0: D); in place (y == x) needs y_stride == x_stride
 };
 // 3D RoPE geometry. Row r is token n = offset + r % seq of its sample; n < f·h·w sits at grid position
 // (n / (h·w), (n / w) % h, n % w); tokens n >= f·h·w (padding) are normalised but not rotated.

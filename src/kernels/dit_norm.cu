@@ -250,7 +250,7 @@ __global__ void __launch_bounds__(kMaxRowThreads)
   }
   const float total = block_sum(ss, smem);
   const float rstd = 1.0f / sqrtf(total / static_cast<float>(D) + eps);
-  bf16* yr = job.y + r * D;
+  bf16* yr = job.y + r * job.y_stride;  // in place: the whole row is in registers before the block_sum barrier
 #pragma unroll
   for (int i = 0; i < kC; ++i) {
     const int c = threadIdx.x + i * blockDim.x;
@@ -286,7 +286,10 @@ void check_job(const RmsNormJob& j, int64_t D, const char* name) {
             " must be >= D = ", D, " and a multiple of 8");
   WAN_CHECK(aligned16(j.x) && aligned16(j.w) && aligned16(j.y), "qk_rmsnorm_rope: ", name,
             ": pointers must be 16-byte aligned");
-  WAN_CHECK(j.y != j.x || j.x_stride == D, "qk_rmsnorm_rope: ", name, ": in place only with a dense input");
+  WAN_CHECK(j.y_stride >= D && j.y_stride % kChunk == 0, "qk_rmsnorm_rope: ", name, ": output row stride ",
+            j.y_stride, " must be >= D = ", D, " and a multiple of 8");
+  WAN_CHECK(j.y != j.x || j.x_stride == j.y_stride, "qk_rmsnorm_rope: ", name,
+            ": in place only with equal input and output strides");
 }
 
 }  // namespace
@@ -417,8 +420,14 @@ RopeDev check_qk(const RmsNormJob& q, const RmsNormJob* k, int64_t D, const Rope
 }
 }  // namespace
 
-void qk_rmsnorm_rope(const RmsNormJob& q, const RmsNormJob* k, int64_t D, float eps, const RopeArgs* rope,
+void qk_rmsnorm_rope(const RmsNormJob& q_in, const RmsNormJob* k_in, int64_t D, float eps, const RopeArgs* rope,
                      cudaStream_t stream) {
+  auto dense = [D](RmsNormJob j) {
+    if (j.y_stride == 0) j.y_stride = D;
+    return j;
+  };
+  const RmsNormJob q = dense(q_in), kj = k_in ? dense(*k_in) : RmsNormJob{};
+  const RmsNormJob* k = k_in ? &kj : nullptr;
   const RopeDev rd = check_qk(q, k, D, rope);
   const int64_t rows = k ? std::max(q.rows, k->rows) : q.rows;
   if (rows == 0) return;

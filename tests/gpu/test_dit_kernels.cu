@@ -212,6 +212,24 @@ TEST(GpuDitKernels, QkRmsNormRope) {
       const QkRefs refs = qk_refs(xin, t == 0 ? wq : wk, B, S, D, &rt, f, h, w);
       check_qk((t == 0 ? dq : dk).download(), refs, cat("D ", D, t == 0 ? " q" : " k"));
     }
+    // In place (the DiT's layout): q and k overwrite their thirds of the qkv rows (output stride 3D),
+    // bit for bit the dense outputs above; v's third is untouched.
+    DevBuf<uint16_t> din(qkv.size());
+    din.upload(qkv);
+    const cuda::RmsNormJob iq{bf(din), 3 * D, bf(dwq), bf(din), rows, 3 * D};
+    const cuda::RmsNormJob ik{bf(din) + D, 3 * D, bf(dwk), bf(din) + D, rows, 3 * D};
+    cuda::qk_rmsnorm_rope(iq, &ik, D, kEps, &rope, nullptr);
+    const auto got = din.download(), dense_q = dq.download(), dense_k = dk.download();
+    size_t diff_q = 0, diff_k = 0, diff_v = 0;
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t i = 0; i < D; ++i) {
+        diff_q += got[r * 3 * D + i] != dense_q[r * D + i];
+        diff_k += got[r * 3 * D + D + i] != dense_k[r * D + i];
+        diff_v += got[r * 3 * D + 2 * D + i] != qkv[r * 3 * D + 2 * D + i];
+      }
+    EXPECT_EQ(diff_q, 0u) << "D " << D << ": in-place q differs from the dense output";
+    EXPECT_EQ(diff_k, 0u) << "D " << D << ": in-place k differs from the dense output";
+    EXPECT_EQ(diff_v, 0u) << "D " << D << ": v was written";
   }
 }
 
@@ -659,7 +677,9 @@ TEST(GpuDitKernels, ChecksThrow) {
   const cuda::RmsNormJob j{bf(dy), 256, bf(dy), bf(dy) + 1, 2};
   EXPECT_THROW(cuda::qk_rmsnorm_rope(j, nullptr, 256, kEps, nullptr, nullptr), wan::Error);  // misaligned y
   const cuda::RmsNormJob js{bf(dy), 264, bf(dy), bf(dy), 2};
-  EXPECT_THROW(cuda::qk_rmsnorm_rope(js, nullptr, 256, kEps, nullptr, nullptr), wan::Error);  // strided in place
+  EXPECT_THROW(cuda::qk_rmsnorm_rope(js, nullptr, 256, kEps, nullptr, nullptr), wan::Error);  // in place, strides differ
+  const cuda::RmsNormJob jo{bf(dy), 256, bf(dy), bf(dy) + 8, 2, 252};
+  EXPECT_THROW(cuda::qk_rmsnorm_rope(jo, nullptr, 256, kEps, nullptr, nullptr), wan::Error);  // output stride < D
   EXPECT_THROW(cuda::patchify_bf16(dx.p, bf(dy), 1, 3, 1, 2, 2, 1, 2, 2, 1, nullptr), wan::Error);  // K = 12
   // residual add + LayerNorm: bad width, misaligned added rows, outputs overlapping inputs
   DevBuf<uint16_t> dz(1024);

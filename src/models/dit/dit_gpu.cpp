@@ -86,22 +86,29 @@ void DiTGpu::Impl::block(const BlockPtrs& w, const BlockPtrs* next, int index, c
   const int64_t D = g.D, rows = g.rows, crow = g.B * g.TL;
   const float eps = cfg.eps;
   auto chunk = [&](int k) { return block_mod(w, k, g); };
-  bf16* qkv = big;                 // [rows, 3D]
-  bf16* q = big + rows * 3 * D;    // [rows, D]; once its attention has run, the o GEMM's output
-  bf16* k = big + rows * 4 * D;    // [rows, D]
+  // One GPU or CFG-parallel: the normed, rotated q and k overwrite their thirds of the qkv rows, which
+  // the attention reads with a token stride of 3D (dit_gpu_plan.cpp: big holds 3D per row). A split
+  // sequence keeps them in rows of their own, as its exchanges expect dense q and k (5D per row).
+  const bool qk_in_place = !spa;
+  bf16* qkv = big;                                        // [rows, 3D]
+  bf16* q = qk_in_place ? qkv : big + rows * 3 * D;       // [rows, D] (in place: stride 3D)
+  bf16* k = qk_in_place ? qkv + D : big + rows * 4 * D;   // [rows, D] (in place: stride 3D)
+  const int64_t qk_ld = qk_in_place ? 3 * D : D;
+  // [rows, D] once the self-attention has run: the o GEMM's output, then the cross q and the cross o
+  bf16* y = qk_in_place ? big : q;
   bf16* ffn = big;                 // [rows, F]
   // DiTGemm::Fp8: the inputs of the qkv, cross q and FFN-up GEMMs come quantised out of the LayerNorm
   // before them (into h, norm_out()); the others' quantised input goes where nothing live is
-  // (dit_gpu_plan.cpp's fp8.* views): k's region (dead outside the self-attention), ck before its norm
-  // writes it, and the bytes of big past the FFN hidden.
-  void* xq = k;
+  // (dit_gpu_plan.cpp's fp8.* views): past y in the dead qkv rows (split sequence: k's region, dead
+  // outside the self-attention), ck before its norm writes it, and the bytes of big past the FFN hidden.
+  void* xq = qk_in_place ? static_cast<void*>(big + rows * D) : static_cast<void*>(k);
   void* xq_ffn2 = reinterpret_cast<char*>(big) + rows * g.F * 2;
 
   // self-attention on h = norm1(resid), computed before this block (run_body or the previous block);
   // shared: for sample 0's rows only
   const int64_t sa_rows = shared ? g.S : rows;
   linear_from_h(w.qkv_w, w.qkv_s, w.qkv_b, qkv, sa_rows, D, 3 * D, Act::None, s);
-  const RmsNormJob jq{qkv, 3 * D, w.nq, q, sa_rows}, jk{qkv + D, 3 * D, w.nk, k, sa_rows};
+  const RmsNormJob jq{qkv, 3 * D, w.nq, q, sa_rows, qk_ld}, jk{qkv + D, 3 * D, w.nk, k, sa_rows, qk_ld};
   qk_rmsnorm_rope(jq, &jk, D, eps, &rope_args, s);
   if (spa) {  // the sequence is split over ranks: Ulysses / Ring / 2D (models/dit/seq_attention_gpu.h)
     spa->run(spa_geometry(g), q, k, qkv + 2 * D, 3 * D, att,
@@ -115,27 +122,27 @@ void DiTGpu::Impl::block(const BlockPtrs& w, const BlockPtrs* next, int index, c
     sa.q = q, sa.k = k, sa.v = qkv + 2 * D, sa.o = att;
     attention_op(OpCat::SelfAttention, ss, sa, s);
   }
-  block_linear(att, w.o_w, w.o_s, w.o_b, q, sa_rows, D, D, Act::None, xq, s);
-  if (shared) copy_first_sample(q, static_cast<size_t>(g.S * D) * sizeof(bf16), g.B, s);  // the others' o rows
+  block_linear(att, w.o_w, w.o_s, w.o_b, y, sa_rows, D, D, Act::None, xq, s);
+  if (shared) copy_first_sample(y, static_cast<size_t>(g.S * D) * sizeof(bf16), g.B, s);  // the others' o rows
   // resid += o·gate_sa, and the cross-attention's affine pre-norm (norm3) of it, in one pass
   const ModVec gate_sa = chunk(2);
   norm_into_h([&](auto out) {
-    residual_add_layernorm_affine(resid, q, &gate_sa, w.n3w, w.n3b, out, rows, D, eps, s);
+    residual_add_layernorm_affine(resid, y, &gate_sa, w.n3w, w.n3b, out, rows, D, eps, s);
   });
 
   // cross-attention: no modulation or gate, all text_len keys
-  linear_from_h(w.cq_w, w.cq_s, w.cq_b, q, rows, D, D, Act::None, s);
+  linear_from_h(w.cq_w, w.cq_s, w.cq_b, y, rows, D, D, Act::None, s);
   block_linear(ctx, w.ckv_w, w.ckv_s, w.ckv_b, ckv, crow, D, 2 * D, Act::None, ck, s);
-  const RmsNormJob cq{q, D, w.cnq, q, rows}, cjk{ckv, 2 * D, w.cnk, ck, crow};
+  const RmsNormJob cq{y, D, w.cnq, y, rows}, cjk{ckv, 2 * D, w.cnk, ck, crow};
   qk_rmsnorm_rope(cq, &cjk, D, eps, nullptr, s);
   const AttentionShape cs = cross_attn_shape(g);
   AttentionArgs ca;
-  ca.q = q, ca.k = ck, ca.v = ckv + D, ca.o = att;
+  ca.q = y, ca.k = ck, ca.v = ckv + D, ca.o = att;
   attention_op(OpCat::CrossAttention, cs, ca, s);
-  block_linear(att, w.co_w, w.co_s, w.co_b, q, rows, D, D, Act::None, xq, s);
+  block_linear(att, w.co_w, w.co_s, w.co_b, y, rows, D, D, Act::None, xq, s);
   // resid += o, and the FFN's pre-norm (norm2) of it, in one pass
   norm_into_h([&](auto out) {
-    residual_add_layernorm_modulate(resid, q, nullptr, out, rows, D, chunk(3), chunk(4), eps, s);
+    residual_add_layernorm_modulate(resid, y, nullptr, out, rows, D, chunk(3), chunk(4), eps, s);
   });
 
   // feed-forward; resid += y·gate_ff, fused with the next block's norm1 (the last block's add is

@@ -73,7 +73,8 @@ AttentionShape self_attn_shape(const Geometry& g, bool one_sample) {
   if (g.seq_parallel()) return SeqParallelAttention::attention_shape(spa_geometry(g));
   AttentionShape s;
   s.B = one_sample ? 1 : g.B, s.Lq = g.L, s.Lk = g.L, s.H = g.NH, s.D = 128;
-  s.v_ld = 3 * g.D;  // v is the last third of the fused qkv rows
+  s.v_ld = 3 * g.D;  // v is the last third of the fused qkv rows, q and k (normed in place) the others
+  s.q_ld = s.k_ld = s.v_ld;
   return s;
 }
 AttentionShape cross_attn_shape(const Geometry& g) {
@@ -297,21 +298,26 @@ MemoryPlan DiTGpu::plan(const DiTConfig& cfg, const DiTShape& shape, int experts
   const size_t F = static_cast<size_t>(g.F);
   // FP8: the FFN-down input's e4m3 rows [rows, F] after the FFN hidden (nothing else in big is live
   // then); at least one fp32 row of F for the random draw's scratch (create())
-  const size_t big_bytes = std::max({rows * 5 * D * b2, rows * F * b2, rows * D * f4,
+  // q|k|v rows, with q and k normed in place (DiTGpu::Impl::block); a split sequence adds dense q and k.
+  const bool qk_rows = g.seq_parallel();
+  const size_t big_bytes = std::max({rows * (qk_rows ? 5 : 3) * D * b2, rows * F * b2, rows * D * f4,
                                      rows * static_cast<size_t>(g.K) * b2, fp8 ? rows * F * (b2 + 1) : 0,
                                      fp8 ? F * f4 : 0});
   const size_t big = a.add("big", big_bytes);
   a.view("big.qkv", big, 0, rows * 3 * D * b2);
-  a.view("big.q", big, rows * 3 * D * b2, rows * D * b2);
-  a.view("big.k", big, rows * 4 * D * b2, rows * D * b2);
+  if (qk_rows) {
+    a.view("big.q", big, rows * 3 * D * b2, rows * D * b2);
+    a.view("big.k", big, rows * 4 * D * b2, rows * D * b2);
+  }
   a.view("big.ffn", big, 0, rows * static_cast<size_t>(g.F) * b2);
   a.view("big.patch_rows", big, 0, rows * static_cast<size_t>(g.K) * b2);
   a.view("big.head_in", big, 0, rows * D * f4);
   if (fp8) {
     // Each block GEMM's quantised input (e4m3 [M, K]) in a region dead while it lives (DiTGpu::Impl::block):
-    // k's (q|k|v, o, cross q, cross o), ck's (cross k|v, before its norm), att's (FFN up, before the
-    // FFN-down output), and past the FFN hidden (FFN down). Only the row scales need a buffer.
-    a.view("fp8.xq", big, rows * 4 * D * b2, rows * D);
+    // past the o / cross q / cross o rows in big (split sequence: k's), ck's (cross k|v, before its
+    // norm), att's (FFN up, before the FFN-down output), and past the FFN hidden (FFN down). Only the
+    // row scales need a buffer.
+    a.view("fp8.xq", big, rows * (qk_rows ? 4 : 1) * D * b2, rows * D);
     a.view("fp8.xq_ctx", ck, 0, ctx_rows * D);
     a.view("fp8.xq_ffn_up", att, 0, rows * D);
     a.view("fp8.xq_ffn_down", big, rows * F * b2, rows * F);
