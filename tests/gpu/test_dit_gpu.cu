@@ -485,9 +485,14 @@ TEST(GpuDit, MemoryPlanLayoutAnd720pFits80GB) {
     }
   }
   EXPECT_LE(end, p.arena_bytes);
-  // q and k of the self-attention follow the fused qkv rows without overlap.
-  EXPECT_EQ(p.get("big.q").offset, p.get("big.qkv").offset + p.get("big.qkv").bytes);
-  EXPECT_EQ(p.get("big.k").offset, p.get("big.q").offset + p.get("big.q").bytes);
+  // One GPU: q and k are normed in place in the fused qkv rows, so big holds those rows and nothing else
+  // (at this width they are wider than the FFN hidden) and has no q or k of its own.
+  const size_t rows = size_t{2} * 21 * 45 * 80;
+  EXPECT_EQ(p.get("big.qkv").offset, big.offset);
+  EXPECT_EQ(big.bytes, rows * 3 * c.dim * 2);
+  EXPECT_THROW((void)p.get("big.q"), Error);
+  EXPECT_THROW((void)p.get("big.k"), Error);
+  EXPECT_LT(p.arena_bytes, size_t{21} << 29) << "720p activations within 10.5 GiB";
   // Weights: bf16 everywhere but the fp32 tensors (time MLP/projection, modulation, norm3, head).
   const int64_t D = c.dim, OP = c.out_dim * 4;
   const int64_t f32_params = D * c.freq_dim + D + D * D + D + 6 * D * D + 6 * D + 2 * D + OP * D + OP +
