@@ -166,15 +166,20 @@ GenerateOptions parallel_tiny(uint64_t seed) {
   return o;
 }
 
-}  // namespace
-
-TEST(ServeGpus, ACfgParallelInstanceKeepsItsDiTBetweenJobs) {
-  if (cuda::device_count() < 2) GTEST_SKIP() << "needs 2 CUDA devices";
+// `wan serve --gpus 2 --cfg-parallel`'s one instance.
+ParallelRunner cfg_instance() {
   ParallelArgs a;
   a.gpus = "2";
   a.cfg = true;
   const Instances in = plan_instances(a);
-  ParallelRunner runner(in.groups[0], in.layout);
+  return ParallelRunner(in.groups[0], in.layout);
+}
+
+}  // namespace
+
+TEST(ServeGpus, ACfgParallelInstanceKeepsItsDiTBetweenJobs) {
+  if (cuda::device_count() < 2) GTEST_SKIP() << "needs 2 CUDA devices";
+  ParallelRunner runner = cfg_instance();
   Dir d;
   QueueConfig c;
   c.dir = d.path;
@@ -210,11 +215,7 @@ TEST(ServeGpus, ACfgParallelInstanceKeepsItsDiTBetweenJobs) {
 
 TEST(ServeGpus, AFailedOrCancelledParallelJobIsReportedAndTheNextRuns) {
   if (cuda::device_count() < 2) GTEST_SKIP() << "needs 2 CUDA devices";
-  ParallelArgs a;
-  a.gpus = "2";
-  a.cfg = true;
-  const Instances in = plan_instances(a);
-  ParallelRunner runner(in.groups[0], in.layout);
+  ParallelRunner runner = cfg_instance();
   Dir d;
   const GenerateOptions o = parallel_tiny(7);
   runner.run(o, nullptr, d.path + "/a.y4m", RunHooks{});
@@ -265,11 +266,7 @@ TEST(ServeGpus, AFailedOrCancelledParallelJobIsReportedAndTheNextRuns) {
 
 TEST(ServeGpus, ALayoutInstanceLoadsItsDiTAtStart) {
   if (cuda::device_count() < 2) GTEST_SKIP() << "needs 2 CUDA devices";
-  ParallelArgs a;
-  a.gpus = "2";
-  a.cfg = true;
-  const Instances in = plan_instances(a);
-  ParallelRunner runner(in.groups[0], in.layout);
+  ParallelRunner runner = cfg_instance();
   const GenerateOptions o = parallel_tiny(5);
   EXPECT_GT(runner.preload(o), 0.0);
   ParallelSessionStats s = runner.stats();
