@@ -74,7 +74,7 @@ struct StepsStopped : Error {
 };
 
 // What rank 0 hands back to its caller. built / reused: models this job built (DiT, text encoder, VAE
-// weights) or took from the rank's keep (the DiT).
+// weights) or took from the ranks' keep.
 struct RankZeroOut {
   GenerateResult result;
   std::vector<ParallelRankStats> ranks;
