@@ -132,6 +132,7 @@ struct GpuDiTMemory {
   size_t host_weight_bytes = 0;    // the pinned host memory the residency holds (0: resident)
   std::string residency;           // its name ("resident", "expert swap", "block streaming (3 slots)")
   bool streams = false;            // block streaming: each forward copies every block (block_bytes each)
+  size_t disk_bytes = 0;           // block streaming from disk: the spill file (0: none)
   size_t block_bytes = 0;
   int residencies = 1;             // how many DenoiserSpec::residency choices there are
   size_t arena_bytes = 0;    // activations + workspaces (cuDNN's attention workspace excluded: known at creation)

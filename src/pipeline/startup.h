@@ -95,9 +95,11 @@ void plan_gpu_run(bool parallel, bool decode, bool keep_text_encoder, GeneratePl
 // SwapExperts copies an expert's allocation over PCIe at every change of expert (the first step's
 // included, since the fill leaves the last expert on the device); StreamBlocks copies every block every
 // forward, hidden behind the other blocks' compute except where a block's copy outlasts a block's compute
-// (FLOPs at kResidencyFlops; copies at kResidencyPcie). Resident: 0. The choice among the residencies
-// that fit takes the cheapest (the fastest first on a tie).
+// (FLOPs at kResidencyFlops; copies at kResidencyPcie, from disk at kResidencyDisk). Resident: 0. The
+// choice among the residencies that fit takes the cheapest (the fastest first on a tie); streaming from
+// disk only when no residency in memory fits the device and host budgets, and the spill folder has room.
 constexpr double kResidencyPcie = 50e9;      // B/s, pinned host to device (H100, measured ~55 GB/s)
+constexpr double kResidencyDisk = 3e9;       // B/s, a spill file read back (an NVMe disk; the page cache is faster)
 constexpr double kResidencyFlops = 500e12;   // FLOP/s, a block's bf16 GEMMs and attention (measured ~640)
 double residency_cost_seconds(const GeneratePlan& plan, const GpuDiTMemory& m);
 

@@ -17,6 +17,7 @@
 #include "pipeline/pipeline_internal.h"
 
 #ifdef WAN_HAVE_CUDA
+#include "models/dit/block_spill.h"
 #include "runtime/load_gpu.h"
 #endif
 
@@ -136,7 +137,7 @@ double residency_cost_seconds(const GeneratePlan& p, const GpuDiTMemory& m) {
   for (const ExpertStep& es : p.experts.steps) {
     const double batch = es.guide != 1.0f ? 2 : 1;
     const double block_s = batch * (4.0 * L * L * D + 2.0 * L * (6.0 * D * D + 2.0 * D * F)) / kResidencyFlops;
-    const double copy_s = static_cast<double>(m.block_bytes) / kResidencyPcie;
+    const double copy_s = static_cast<double>(m.block_bytes) / (m.disk_bytes > 0 ? kResidencyDisk : kResidencyPcie);
     cost += c.num_layers * std::max(0.0, copy_s - block_s);
   }
   return cost;
@@ -221,6 +222,18 @@ void choose_residency(GeneratePlan& p, DenoiserSpec spec, GpuDiTMemory m, bool d
                          " of host memory, more than the host budget of ", memory_str(static_cast<size_t>(host_limit)));
       continue;
     }
+    if (m.disk_bytes > 0 && best) continue;  // the spill file only when nothing in memory fits
+#ifdef WAN_HAVE_CUDA  // (a CPU build plans no GPU residency)
+    if (m.disk_bytes > 0) {
+      const std::string dir = cuda::spill_dir();
+      const size_t room = cuda::spill_free_bytes(dir);
+      if (room < m.disk_bytes + (size_t{1} << 30)) {
+        host_refused = cat(m.residency, " fits the device but needs ", memory_str(m.disk_bytes), " free in ", dir,
+                           " for its spill file, which has ", memory_str(room), " (set TMPDIR to a roomier folder)");
+        continue;
+      }
+    }
+#endif
     const double cost = residency_cost_seconds(p, m);
     if (!best || cost < best_cost) {
       best_cost = cost;

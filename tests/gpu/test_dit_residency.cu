@@ -8,6 +8,7 @@
 // (d) the plan counts the residency's device and host bytes, and the A14B 720p CFG step streams within
 //     24 GiB (host arithmetic);
 // (e) at the real width (t2v-A14B, 3 blocks) block streaming is bit-identical to resident weights.
+// Block streaming from disk (a spill file under $TMPDIR, no CUDA graphs) is one of the modes throughout.
 // Skips without a device (FP8 cases without FP8 GEMMs).
 #include <gtest/gtest.h>
 
@@ -47,7 +48,7 @@ DiTConfig five_blocks() {
 
 std::vector<WeightResidency> all_modes() {
   return {WeightResidency::resident(), WeightResidency::swap(), WeightResidency::stream(2),
-          WeightResidency::stream(3)};
+          WeightResidency::stream(3), WeightResidency::stream_disk(3)};
 }
 
 DiTGpu make(const DiTConfig& cfg, std::vector<DiTWeightSource> src, WeightResidency r,
@@ -150,7 +151,8 @@ TEST(GpuDitResidency, StreamedCheckpointFillsTheHostCopiesAsTheDevice) {
     SCOPED_TRACE(lora ? "LoRA merged" : "plain");
     DiTGpu ref = make(info.dit, {source(lora)}, WeightResidency::resident());
     const std::vector<float> want = run(ref, 0, in, info.dit);
-    for (const WeightResidency& r : {WeightResidency::swap(), WeightResidency::stream(2)}) {
+    for (const WeightResidency& r :
+         {WeightResidency::swap(), WeightResidency::stream(2), WeightResidency::stream_disk(2)}) {
       SCOPED_TRACE(r.str());
       DiTGpu d = make(info.dit, {source(lora)}, r);
       expect_same_weights(d, ref, info.dit, 0);
@@ -177,6 +179,13 @@ TEST(GpuDitResidency, PlanCountsDeviceAndHostBytes) {
   EXPECT_LT(s3.nonblock_bytes + 5 * s3.block_bytes, s3.weight_bytes + 5 * 256);
   EXPECT_GE(s3.nonblock_bytes + 5 * s3.block_bytes, s3.weight_bytes - 5 * 256);
   EXPECT_THROW(DiTGpu::plan(cfg, kShape, 2, 0, {}, bf, WeightResidency::stream(1)), Error);
+  // From disk: the device holds what it holds streaming from pinned memory; the host pins two staging
+  // blocks, and the spill file takes every expert's blocks.
+  const cuda::MemoryPlan d3 = DiTGpu::plan(cfg, kShape, 2, 0, {}, bf, WeightResidency::stream_disk(3));
+  EXPECT_EQ(d3.device_weight_bytes(), s3.device_weight_bytes());
+  EXPECT_EQ(d3.host_weight_bytes(), 2 * d3.block_bytes);
+  EXPECT_EQ(d3.disk_bytes(), 2 * (d3.weight_bytes - d3.nonblock_bytes));
+  EXPECT_EQ(s3.disk_bytes(), 0u);
   // The A14B 720p CFG step (81 frames: 21 x 90 x 160 latents) in bf16: resident experts need about
   // 68 GiB; block streaming fits 24 GiB.
   const DiTConfig a14b = dit_preset("t2v-A14B");
@@ -197,7 +206,8 @@ TEST(GpuDitResidency, RealWidthStreamingIsBitIdentical) {
   const DiTShape shape{2, 2, 30, 52};
   const auto in = gpu_test::dit_host_inputs(c, shape, 77, {937.0f, 937.0f}, {128, 40});
   std::vector<float> want;
-  for (const WeightResidency& r : {WeightResidency::resident(), WeightResidency::stream(2)}) {
+  for (const WeightResidency& r :
+       {WeightResidency::resident(), WeightResidency::stream(2), WeightResidency::stream_disk(3)}) {
     SCOPED_TRACE(r.str());
     DiTGpu d = make(c, {DiTWeightSource::random_weights(3)}, r, DiTGpu::Gemm::Bf16, shape);
     std::vector<float> first = run(d, 0, in, c), replay;

@@ -91,6 +91,32 @@ TEST(MemoryBudgetGpu, EveryChosenResidencyGivesTheResidentLatents) {
   EXPECT_GE(seen.size(), 3u);
 }
 
+// A host that cannot pin the experts (a host budget of 4 MiB: two staging blocks fit, the pinned copies
+// do not): below the resident plan's budget the blocks stream from a spill file, with the resident
+// latents byte for byte; below that, the refusal names the host budget.
+TEST(MemoryBudgetGpu, AShortHostStreamsTheBlocksFromDisk) {
+  REQUIRE_GPU();
+  test::TempDir t{"memory_budget_disk"};
+  GenerateOptions o = tiny(t);
+  const GeneratePlan p0 = plan_generate(o);
+  const GenerateResult ref = run_generate(p0, {}, false);
+  const int64_t held = gpu_memory_in_use(0);
+  o.host_memory_budget = int64_t{4} << 20;
+  o.memory_budget = static_cast<int64_t>(p0.memory->peak(p0.device)) - 1 + held;
+  const GeneratePlan p = plan_generate(o);
+  ASSERT_EQ(p.residency_name, "block streaming (3 slots, from disk)") << p.memory->str();
+  const GenerateResult r = run_generate(p, {}, false);
+  EXPECT_TRUE(same_bytes(r.latents, ref.latents));
+  o.memory_budget = static_cast<int64_t>(p.memory->peak(p.device)) - 1 + held;
+  try {
+    (void)plan_generate(o);
+    ADD_FAILURE() << "a budget below streaming from disk accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::BadInput);
+    EXPECT_NE(std::string(e.what()).find("--host-memory-budget"), std::string::npos) << e.what();
+  }
+}
+
 TEST(MemoryBudgetGpu, BudgetsBeyondTheDeviceAreBadInput) {
   REQUIRE_GPU();
   test::TempDir t{"memory_budget_bad"};

@@ -320,6 +320,7 @@ void DiTGpu::warm_up(const std::vector<std::pair<int, DiTShape>>& uses) {
     const Geometry g = geometry(m.cfg, shape, m.par);
     WAN_CHECK(g.B <= m.max_geo.B && g.rows <= m.max_geo.rows, "DiT GPU warm-up: batch ", g.B, " x ", g.L,
               " tokens exceeds the planned batch ", m.max_geo.B, " x ", m.max_geo.L, " tokens");
+    if (!m.graphs_allowed()) continue;  // the arena and the checks above are all a warm-up does then
     const Impl::Key key = Impl::key_of(expert, shape, g);
     m.capture(key, m.ptrs[static_cast<size_t>(expert)], g, m.stream);
   }
@@ -450,7 +451,7 @@ void DiTGpu::Impl::forward(int expert, const DiTShape& shape, const DiTInputs& i
   const Impl::Key key = Impl::key_of(expert, shape, g);
   const ExpertPtrs& w = m.ptrs[static_cast<size_t>(expert)];
   m.swap_in(expert, s);
-  if (!eager && m.opt.use_graphs && m.warmed.count(key)) {
+  if (!eager && m.graphs_allowed() && m.warmed.count(key)) {
     auto it = m.graphs.find(key);
     if (it == m.graphs.end()) {
       m.capture(key, w, g, s);

@@ -166,15 +166,20 @@ enum class DiTGemm : uint8_t { Bf16, Fp8 };
 //   StreamBlocks  each expert's weights outside the blocks on the device; the blocks stream from pinned
 //                 host memory through a ring of `slots` device buffers on a copy stream (inside the CUDA
 //                 graph): block i + slots is copied once block i is done, while the blocks between run.
+//                 With `disk`, the blocks wait in a spill file instead of pinned memory (block_spill.h:
+//                 read back through the page cache per forward, two pinned staging buffers; no CUDA
+//                 graphs), for hosts that cannot pin every expert.
 struct WeightResidency {
   enum class Mode : uint8_t { Resident, SwapExperts, StreamBlocks };
   Mode mode = Mode::Resident;
   int slots = 0;  // StreamBlocks: >= 2 (block i's last residual add reads block i + 1's modulation)
+  bool disk = false;  // StreamBlocks: from a spill file
   static WeightResidency resident() { return {}; }
   static WeightResidency swap() { return {Mode::SwapExperts, 0}; }
   static WeightResidency stream(int slots) { return {Mode::StreamBlocks, slots}; }
+  static WeightResidency stream_disk(int slots) { return {Mode::StreamBlocks, slots, true}; }
   bool operator==(const WeightResidency&) const = default;
-  std::string str() const;  // "resident" | "expert swap" | "block streaming (3 slots)"
+  std::string str() const;  // "resident" | "expert swap" | "block streaming (3 slots[, from disk])"
 };
 
 // The arena layout of one (config, shape): every buffer's byte offset and size. Views alias a region
@@ -200,8 +205,11 @@ struct MemoryPlan {
   // The experts' weights on the device: all of them (Resident), one expert (SwapExperts), or every
   // expert's non-block weights plus the slots (StreamBlocks).
   size_t device_weight_bytes() const;
-  // Pinned host memory the residency holds: one whole expert allocation per expert unless Resident.
+  // Pinned host memory the residency holds: one whole expert allocation per expert unless Resident;
+  // from disk, two staging buffers of one block.
   size_t host_weight_bytes() const;
+  // Bytes of the spill file (StreamBlocks from disk: every expert's blocks), else 0.
+  size_t disk_bytes() const;
   size_t total_bytes() const { return arena_bytes + device_weight_bytes() + reserve_bytes; }
   const Buffer& get(const std::string& name) const;  // throws wan::Error for an unknown name
   std::string str() const;                           // the table in MiB

@@ -17,6 +17,7 @@
 #include "kernels/dit_kernels.h"
 #include "kernels/fp8_quant.h"
 #include "kernels/gemm.h"
+#include "models/dit/block_spill.h"
 #include "models/dit/dit_gpu.h"
 #include "models/dit/dit_gpu_geometry.h"
 #include "models/dit/seq_attention_gpu.h"
@@ -40,6 +41,10 @@ struct ResidencyState {
   cudaEvent_t fork = nullptr;
   std::vector<cudaEvent_t> loaded, freed;  // per slot
   int on_device = -1;       // SwapExperts: whose weights the device allocation holds
+  // StreamBlocks from disk: the blocks in a spill file (host stays empty), and per slot the number of the
+  // request that fills it last (BlockSpill::wait before a stream waits on its `loaded` event).
+  std::unique_ptr<BlockSpill> spill;
+  std::vector<uint64_t> slot_request;
   ResidencyState() = default;
   ResidencyState(const ResidencyState&) = delete;
   ResidencyState& operator=(const ResidencyState&) = delete;
@@ -225,9 +230,14 @@ struct DiTGpu::Impl {
   // until block `block` is in its slot; block `block` is done, so its slot takes block + slots.
   void stream_begin(int expert, cudaStream_t s);
   void stream_wait(int block, cudaStream_t s) {
-    if (streaming() && block < cfg.num_layers)
-      CUDA_CHECK(cudaStreamWaitEvent(s, res->loaded[static_cast<size_t>(block % res->count)], 0));
+    if (!streaming() || block >= cfg.num_layers) return;
+    const size_t slot = static_cast<size_t>(block % res->count);
+    if (res->spill) res->spill->wait(res->slot_request[slot]);  // its read is done and its copy queued
+    CUDA_CHECK(cudaStreamWaitEvent(s, res->loaded[slot], 0));
   }
+  // Forwards may run as CUDA graphs: Options::use_graphs, and no block streams from disk (its reads are
+  // waited for on the host).
+  bool graphs_allowed() const { return opt.use_graphs && !(res && res->spill); }
   void stream_next(int expert, int block, cudaStream_t s);
   // SwapExperts: copies `expert`'s weights onto the device unless they are there (before a forward).
   void swap_in(int expert, cudaStream_t s);

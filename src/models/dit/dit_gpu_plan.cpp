@@ -221,7 +221,7 @@ std::string WeightResidency::str() const {
   switch (mode) {
     case Mode::Resident: return "resident";
     case Mode::SwapExperts: return "expert swap";
-    case Mode::StreamBlocks: return cat("block streaming (", slots, " slots)");
+    case Mode::StreamBlocks: return cat("block streaming (", slots, " slots", disk ? ", from disk" : "", ")");
   }
   return "?";
 }
@@ -238,7 +238,12 @@ size_t MemoryPlan::device_weight_bytes() const {
 }
 
 size_t MemoryPlan::host_weight_bytes() const {
+  if (residency.disk) return 2 * block_bytes;
   return residency.mode == WeightResidency::Mode::Resident ? 0 : weight_bytes * static_cast<size_t>(experts);
+}
+
+size_t MemoryPlan::disk_bytes() const {
+  return residency.disk ? (weight_bytes - nonblock_bytes) * static_cast<size_t>(experts) : 0;
 }
 
 std::vector<WeightResidency> DiTGpu::residencies(int experts) {
@@ -246,6 +251,7 @@ std::vector<WeightResidency> DiTGpu::residencies(int experts) {
   if (experts > 1) v.push_back(WeightResidency::swap());
   v.push_back(WeightResidency::stream(3));
   v.push_back(WeightResidency::stream(2));
+  v.push_back(WeightResidency::stream_disk(3));  // last: chosen only when the host cannot pin the others
   return v;
 }
 

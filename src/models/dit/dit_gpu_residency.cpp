@@ -2,7 +2,8 @@
 // fills of each mode, the pointer mapping the forward resolves through, the StreamBlocks copy ring and
 // the SwapExperts swap. Not Resident, every expert's weights are filled through device memory (a window:
 // the arena, or the slots when larger) exactly as a resident load fills them, then copied to pinned
-// host memory, so every mode runs on the same bytes.
+// host memory (StreamBlocks from disk: written to the spill file, block_spill.h), so every mode runs on
+// the same bytes.
 // Invariant: a fill through the arena leaves no arena state behind (the RoPE table is written again).
 // Invariant (StreamBlocks): every block is copied exactly once per forward, after the block that used
 // its slot last, and s waits for block i + 1's copy before block i's last add reads its modulation; so
@@ -10,6 +11,7 @@
 // while a kernel reads it.
 #include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "core/error.h"
 #include "models/dit/dit_gpu_impl.h"
@@ -18,6 +20,7 @@ namespace wan::cuda {
 
 ResidencyState::~ResidencyState() {
   // No throws: the owner synchronised its stream; the copy stream may still hold a forward's copies.
+  spill.reset();  // its copier queues on `copy`
   if (copy) cudaStreamSynchronize(copy);
   for (cudaEvent_t e : loaded) cudaEventDestroy(e);
   for (cudaEvent_t e : freed) cudaEventDestroy(e);
@@ -130,21 +133,28 @@ void DiTGpu::Impl::place_weights(const std::vector<DiTWeightSource>& experts) {
   const size_t ring = st.slot_bytes * static_cast<size_t>(st.count);
   char* window = arena && plan.arena_bytes > ring ? arena : st.slots;
   const size_t window_bytes = window == arena ? plan.arena_bytes : ring;
+  if (r.disk) {
+    st.spill = std::make_unique<BlockSpill>(spill_dir(), L.end - L.begin, n, st.slot_bytes, opt.device, st.copy);
+    st.slot_request.assign(static_cast<size_t>(st.count), 0);
+  }
   for (int i = 0; i < n; ++i) {
     const DiTWeightSource& src = experts[static_cast<size_t>(i)];
     void* w = nullptr;
     CUDA_CHECK(cudaMalloc(&w, std::max<size_t>(st.nonblock.bytes, 1)));
     weights.push_back(w);
     fill(st.nonblock, w, src, i, scratch, scratch_floats, stream);
-    st.host.push_back(alloc_host(table.bytes));
-    char* host = st.host.back();
+    char* host = r.disk ? nullptr : alloc_host(table.bytes);
+    if (host) st.host.push_back(host);
     for (int a = 0; a < layers;) {  // windows of whole blocks
       int b = a + 1;
       const size_t begin = L.blocks[static_cast<size_t>(a)].first;
       while (b < layers && L.blocks[static_cast<size_t>(b)].second - begin <= window_bytes) ++b;
       const size_t end = L.blocks[static_cast<size_t>(b - 1)].second;
       fill(sub_table(table, {{begin, end, 0}}), window, src, i, scratch, scratch_floats, stream);
-      CUDA_CHECK(cudaMemcpy(host + begin, window, end - begin, cudaMemcpyDeviceToHost));
+      if (host)
+        CUDA_CHECK(cudaMemcpy(host + begin, window, end - begin, cudaMemcpyDeviceToHost));
+      else
+        st.spill->write_from_device(i, begin - L.begin, window, end - begin);
       a = b;
     }
     const char* dev = static_cast<const char*>(w);
@@ -174,8 +184,13 @@ void DiTGpu::Impl::stream_begin(int expert, cudaStream_t s) {
   const BlockLayout& L = st.layout;
   for (int j = 0; j < st.count; ++j) {
     const auto& [b, e] = L.blocks[static_cast<size_t>(j)];
-    CUDA_CHECK(cudaMemcpyAsync(st.slots + static_cast<size_t>(j) * st.slot_bytes,
-                               st.host[static_cast<size_t>(expert)] + b, e - b, cudaMemcpyHostToDevice, st.copy));
+    char* slot = st.slots + static_cast<size_t>(j) * st.slot_bytes;
+    if (st.spill) {
+      st.slot_request[static_cast<size_t>(j)] =
+          st.spill->request(expert, b - L.begin, e - b, slot, st.fork, st.loaded[static_cast<size_t>(j)]);
+      continue;
+    }
+    CUDA_CHECK(cudaMemcpyAsync(slot, st.host[static_cast<size_t>(expert)] + b, e - b, cudaMemcpyHostToDevice, st.copy));
     CUDA_CHECK(cudaEventRecord(st.loaded[static_cast<size_t>(j)], st.copy));
   }
 }
@@ -187,8 +202,14 @@ void DiTGpu::Impl::stream_next(int expert, int block, cudaStream_t s) {
   if (next >= cfg.num_layers) return;
   const size_t slot = static_cast<size_t>(block % st.count);
   CUDA_CHECK(cudaEventRecord(st.freed[slot], s));
-  CUDA_CHECK(cudaStreamWaitEvent(st.copy, st.freed[slot], 0));
   const auto& [b, e] = st.layout.blocks[static_cast<size_t>(next)];
+  if (st.spill) {  // the copier waits for `freed` (not recorded again before this request is served)
+    st.slot_request[slot] =
+        st.spill->request(expert, b - st.layout.begin, e - b, st.slots + slot * st.slot_bytes, st.freed[slot],
+                          st.loaded[slot]);
+    return;
+  }
+  CUDA_CHECK(cudaStreamWaitEvent(st.copy, st.freed[slot], 0));
   CUDA_CHECK(cudaMemcpyAsync(st.slots + slot * st.slot_bytes, st.host[static_cast<size_t>(expert)] + b, e - b,
                              cudaMemcpyHostToDevice, st.copy));
   CUDA_CHECK(cudaEventRecord(st.loaded[slot], st.copy));
@@ -219,7 +240,13 @@ Tensor DiTGpu::Impl::download(int expert, const std::string& name) const {
     void* p;
     ~Free() { cudaFree(p); }
   } f{tmp};
-  CUDA_CHECK(cudaMemcpy(tmp, res->host[e] + begin, bytes, cudaMemcpyHostToDevice));
+  if (res->spill) {  // a unit within the blocks (the non-block ones are on the device)
+    std::vector<char> h(bytes);
+    res->spill->read(expert, begin - res->layout.begin, h.data(), bytes);
+    CUDA_CHECK(cudaMemcpy(tmp, h.data(), bytes, cudaMemcpyHostToDevice));
+  } else {
+    CUDA_CHECK(cudaMemcpy(tmp, res->host[e] + begin, bytes, cudaMemcpyHostToDevice));
+  }
   return dit_gpu_detail::download_weight(sub_table(table, {{begin, begin + bytes, 0}}), tmp, name);
 }
 
