@@ -408,7 +408,9 @@ void add_memory_budget_rows(std::vector<Option>& t) {
            "naming the smallest that works");
   size_row("host-memory-budget", "the machine's memory",
            "the pinned host memory the --memory-budget plan may hold for the experts' weights (swapped or "
-           "streamed); a plan that needs more is not chosen");
+           "streamed); a plan that needs more is not chosen. When none in memory fits, the blocks stream from "
+           "a spill file in $TMPDIR (default /tmp; it needs room for every expert's blocks and is removed "
+           "with the process), read back through the page cache each step, without CUDA graphs");
 }
 
 VaeTileRequest parse_vae_tile(const std::string& s, const std::string& key) {

@@ -38,6 +38,7 @@
 #ifdef WAN_HAVE_CUDA
 #include "kernels/check.h"
 #include "bench/dit_bench_gpu.h"
+#include "models/dit/block_spill.h"
 #include "kernels/gemm.h"
 #include "kernels/rng.h"
 #endif
@@ -65,6 +66,7 @@ struct BenchSettings {
   // --memory-budget: the task's experts (2 for A14B, as a generation holds them) with the fastest weight
   // residency whose plan fits it (0: one expert, resident).
   int64_t memory_budget = 0;
+  int64_t host_memory_budget = 0;  // --host-memory-budget: the pinned host memory that residency may hold (0: any)
 };
 
 BenchSettings parse_settings(const api::Values& args) {
@@ -88,6 +90,8 @@ BenchSettings parse_settings(const api::Values& args) {
   o.attention_name = api::attention_from(args);
   o.gemm = api::gemm_from(args);
   if (auto b = args.get("memory-budget")) o.memory_budget = api::parse_memory_size(*b, "memory-budget");
+  if (auto b = args.get("host-memory-budget"))
+    o.host_memory_budget = api::parse_memory_size(*b, "host-memory-budget");
   if (o.memory_budget > 0) o.breakdown = false;  // the isolated ops hold their own weights
   if (args.str("precision") == "fp8") printf("%s\n", api::kPrecisionFp8Note);
   if (o.gemm == "fp8" || o.attention_name == "own-fp8") o.breakdown = false;  // its isolated ops run bf16
@@ -339,22 +343,33 @@ StepRig setup_device(const BenchSettings& o) {
     c.num_layers = o.layer_counts.front();
     size_t smallest = SIZE_MAX;
     bool found = false;
-    // As generate's plan: the budget bounds the memory in use, the context's included.
+    std::string host_refused;
+    // As generate's plan: the budget bounds the memory in use, the context's included; the host budget
+    // bounds the pinned memory, and a spill file needs room in its folder.
     size_t free_b = 0, total_b = 0;
     CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
     const size_t held = total_b - free_b;
     for (const WeightResidency& w : DiTGpu::residencies(r.experts)) {
-      const size_t need =
-          held + DiTGpu::plan(c, r.shape, r.experts, 0, {}, DiTGpu::parse_gemm(o.gemm), w).total_bytes();
+      const MemoryPlan mp = DiTGpu::plan(c, r.shape, r.experts, 0, {}, DiTGpu::parse_gemm(o.gemm), w);
+      const size_t need = held + mp.total_bytes();
       smallest = std::min(smallest, need);
-      if (need <= budget) {
-        r.residency = w;
-        found = true;
-        break;
+      if (need > budget) continue;
+      if (o.host_memory_budget > 0 && mp.host_weight_bytes() > static_cast<size_t>(o.host_memory_budget)) {
+        host_refused = cat("; ", w.str(), " pins ", memory_str(mp.host_weight_bytes()), " of host memory, more than "
+                           "--host-memory-budget ", memory_str(static_cast<size_t>(o.host_memory_budget)));
+        continue;
       }
+      if (mp.disk_bytes() > 0 && spill_free_bytes(spill_dir()) < mp.disk_bytes() + (size_t{1} << 30)) {
+        host_refused = cat("; ", w.str(), " needs ", memory_str(mp.disk_bytes()), " free in ", spill_dir());
+        continue;
+      }
+      r.residency = w;
+      found = true;
+      break;
     }
     WAN_CHECK(found, "wan bench --memory-budget ", memory_str(budget), ": no weight residency fits (the smallest "
-              "plan needs ", memory_str(smallest), " with the ", memory_str(held), " in use before it)");
+              "plan needs ", memory_str(smallest), " with the ", memory_str(held), " in use before it", host_refused,
+              ")");
     printf("memory budget %s: %d expert(s), weights %s\n", memory_str(budget).c_str(), r.experts,
            r.residency.str().c_str());
   }
