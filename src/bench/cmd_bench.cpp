@@ -457,8 +457,8 @@ void time_layer_counts(const BenchSettings& o, const StepRig& rig, LayerRuns& ou
                                          DiTGpu::parse_gemm(o.gemm), rig.residency, rig.experts);
     printf("layers %2d: median %10.2f ms/step (mean %.2f, min %.2f; %lld timed after %lld warm-up, %s)  "
            "create %.1f s, warm-up %.1f s\n",
-           n, r.median_ms, r.mean_ms, r.min_ms, o.steps, o.warmup, o.graphs ? "graph replay" : "eager", r.create_s,
-           r.warmup_s);
+           n, r.median_ms, r.mean_ms, r.min_ms, o.steps, o.warmup,
+           o.graphs && !rig.residency.disk ? "graph replay" : "eager", r.create_s, r.warmup_s);
     fflush(stdout);
     jruns.push_back(run_json(r, n, o.warmup));
     out.runs.push_back(r);
@@ -731,7 +731,7 @@ void report_memory(const LayerRuns& lr, nlohmann::json& J) {
 int bench_single(const BenchSettings& o) {
   const StepRig rig = setup_device(o);
   nlohmann::json J;
-  put_header(J, rig.bd, o.task, o.geo, rig.shape, o.graphs, rig.attention_used, o.full, rig.target_layers);
+  put_header(J, rig.bd, o.task, o.geo, rig.shape, o.graphs && !rig.residency.disk, rig.attention_used, o.full, rig.target_layers);
   J["gemm"] = o.gemm;
   J["memory_budget_bytes"] = o.memory_budget;
   print_intro(o, rig);
