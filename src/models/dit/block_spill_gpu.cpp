@@ -41,7 +41,9 @@ BlockSpill::BlockSpill(const std::string& dir, size_t region_bytes, int experts,
   path_ = name.data();
   unlink(path_.c_str());  // goes with the process
   const size_t total = file_bytes();
-  const int r = posix_fallocate(fd_, 0, static_cast<off_t>(total));
+  int r = posix_fallocate(fd_, 0, static_cast<off_t>(total));
+  // A file system without preallocation: a sparse file (the plan checked the folder's room).
+  if ((r == EOPNOTSUPP || r == EINVAL) && ftruncate(fd_, static_cast<off_t>(total)) == 0) r = 0;
   if (r != 0) {
     close(fd_);
     WAN_THROW("block streaming from disk: cannot reserve ", total >> 20, " MiB in ", dir, " (", std::strerror(r),
