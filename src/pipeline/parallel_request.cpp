@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "pipeline/denoiser.h"
 #include "pipeline/generate_parallel.h"
 #include "pipeline/pipeline.h"
 

@@ -23,7 +23,9 @@ struct ParallelSession::Launch {
   const GeneratePlan* plan = nullptr;
   const RunHooks* hooks = nullptr;
   bool decode = true, load_only = false;
+#ifdef WAN_HAVE_NCCL
   pipeline_detail::RankZeroOut out;
+#endif
   bool stop = false, ended = false;
   std::exception_ptr error;
   std::thread thread;
