@@ -172,12 +172,8 @@ bool encode_text_on_rank0(const dist::RankContext& ctx, const GeneratePlan& p, c
   const bool reused = kept && kept->text_gpu && kept->text_key == key;
   if (reused) {
     te = std::move(kept->text_gpu);
-    ++kept->stats.reused;
   } else {
-    if (kept) {
-      kept->drop_text();
-      ++kept->stats.built;
-    }
+    if (kept) kept->drop_text();
     StageEvents st(hooks, Stage::LoadTextEncoder);
     std::shared_ptr<TextEncoder> cpu;  // unused: rank 0 encodes on its GPU
     pipeline_detail::build_text_encoder(p, ctx.device, te, cpu);
