@@ -162,14 +162,17 @@ void DiTGpu::Impl::block(const BlockPtrs& w, const BlockPtrs* next, int index, c
 
 void DiTGpu::Impl::run_body(const ExpertPtrs& w, const Geometry& g, cudaStream_t s) {
   const int64_t D = g.D, rows = g.rows;
+  const bool chunked = plan.chunk_rows > 0;  // run_body_chunked embeds the patches one chunk at a time
   // patch embedding: bf16 GEMM output (the reference's autocast Conv3d), then the fp32 residual
-  bf16* patch_rows = big;  // [rows, K]
+  bf16* patch = chunked ? patch_rows : big;  // [rows, K]
   if (g.seq_parallel())  // this rank's slice of every sample
-    patchify_slice_bf16(x_in, patch_rows, g.B, g.C, g.T, g.H, g.W, g.pt, g.ph, g.pw, seq_rank * g.S, g.S, s);
+    patchify_slice_bf16(x_in, patch, g.B, g.C, g.T, g.H, g.W, g.pt, g.ph, g.pw, seq_rank * g.S, g.S, s);
   else
-    patchify_bf16(x_in, patch_rows, g.B, g.C, g.T, g.H, g.W, g.pt, g.ph, g.pw, g.L, s);
-  linear_op(patch_rows, w.pe_w, w.pe_b, h, rows, g.K, D, Act::None, s);
-  convert_bf16_to_f32(h, resid, rows * D, s);
+    patchify_bf16(x_in, patch, g.B, g.C, g.T, g.H, g.W, g.pt, g.ph, g.pw, g.L, s);
+  if (!chunked) {
+    linear_op(patch, w.pe_w, w.pe_b, h, rows, g.K, D, Act::None, s);
+    convert_bf16_to_f32(h, resid, rows * D, s);
+  }
 
   // time embedding and projection, fp32: e [B, D], e0 [B, 6D]; of t_first too (latent frame 0's tokens)
   const LinearF32 lin = [this](const float* x, const float* wt, const float* b, float* y, int64_t M, int64_t K,
@@ -184,6 +187,7 @@ void DiTGpu::Impl::run_body(const ExpertPtrs& w, const Geometry& g, cudaStream_t
   RopeArgs ra;
   ra.table = rope, ra.max_pos = kRopeMaxPos, ra.head_dim = 128, ra.seq = g.S, ra.f = g.f, ra.h = g.gh, ra.w = g.gw;
   if (g.seq_parallel()) ra.offset = seq_rank * g.S, ra.total = g.Lpad;  // global positions of the slice (§8)
+  if (chunked) return run_body_chunked(w, g, ra, s);
   // norm1 of the first block; every later one comes out of the previous block's last residual add
   // (shared first block: sample 0's rows only, see block())
   stream_begin(w.expert, s);
@@ -377,15 +381,15 @@ DiTGpu DiTGpu::create(const DiTConfig& cfg, const std::vector<DiTWeightSource>& 
   im->opt.attention = resolve_attention(opt.attention);
   if (im->opt.attention == Attention::Cudnn) {
     im->attn = std::make_unique<CudnnAttention>();
-    for (const AttentionShape& a : attention_shapes(im->max_geo, true))
+    for (const AttentionShape& a : attention_shapes(im->max_geo, true, p.chunk_rows))
       im->attn_ws_bytes = std::max(im->attn_ws_bytes, im->attn->workspace_size(a));
   } else if (im->opt.attention == Attention::OwnFp8) {
-    for (const AttentionShape& a : attention_shapes(im->max_geo, true)) {
+    for (const AttentionShape& a : attention_shapes(im->max_geo, true, p.chunk_rows)) {
       OwnAttentionFp8::validate(a);
       im->attn_ws_bytes = std::max(im->attn_ws_bytes, OwnAttentionFp8::workspace_size(a));
     }
   } else {
-    for (const AttentionShape& a : attention_shapes(im->max_geo, true)) OwnAttention::validate(a);
+    for (const AttentionShape& a : attention_shapes(im->max_geo, true, p.chunk_rows)) OwnAttention::validate(a);
   }
   if (!opt.planned) {
     CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
@@ -437,7 +441,7 @@ void DiTGpu::Impl::forward(int expert, const DiTShape& shape, const DiTInputs& i
               in.ctx_lens[b], " of sample ", b, " outside [0, ", in.ctx_rows, "]");
   // A shape smaller than the planned one may pick other cuDNN engines: their workspace must fit too.
   if (m.attn)
-    for (const AttentionShape& a : attention_shapes(g, false))
+    for (const AttentionShape& a : attention_shapes(g, false, m.plan.chunk_rows))
       WAN_CHECK(m.attn->workspace_size(a) <= m.attn_ws_bytes, "DiT GPU forward: cuDNN wants ",
                 m.attn->workspace_size(a), " B of workspace for this shape, the plan has ", m.attn_ws_bytes);
 
@@ -487,7 +491,7 @@ OpProfile DiTGpu::profile_forward(int expert, const DiTShape& shape, const DiTIn
   if (!m.warmed.count(key)) m.forward(expert, shape, in, out, stream, true);  // builds the plans, untimed
   if (!m.profiler) m.profiler = std::make_unique<Impl::OpProfiler>();
   Impl::OpProfiler& p = *m.profiler;
-  p.reserve(Impl::profile_events(m.cfg.num_layers));
+  p.reserve(Impl::profile_events(m.cfg.num_layers, m.chunk_units(geometry(m.cfg, shape, m.par))));
   p.used = 0;
   p.spans.clear();
   p.spans.reserve(p.events.size() / 2);

@@ -169,17 +169,29 @@ enum class DiTGemm : uint8_t { Bf16, Fp8 };
 //                 With `disk`, the blocks wait in a spill file instead of pinned memory (block_spill.h:
 //                 read back through the page cache per forward, two pinned staging buffers; no CUDA
 //                 graphs), for hosts that cannot pin every expert.
+// `chunks` > 1 (any mode, one GPU) also processes each sample's rows in that many chunks: the keys and
+// values of every row are kept, everything else of a block (its norms, q, the attentions, the
+// projections, the FFN) runs one chunk at a time in buffers of chunk size, so the activations take about
+// 8·D bytes per row instead of 14·D. Chunking changes the GEMMs' row counts, and with them cuBLASLt's
+// choice of kernels, so it is not bit-identical to the whole-row forward (dit_gpu_chunked.cpp).
 struct WeightResidency {
   enum class Mode : uint8_t { Resident, SwapExperts, StreamBlocks };
   Mode mode = Mode::Resident;
   int slots = 0;  // StreamBlocks: >= 2 (block i's last residual add reads block i + 1's modulation)
   bool disk = false;  // StreamBlocks: from a spill file
+  int chunks = 0;     // > 1: each sample's rows in this many chunks (see above); 0 or 1: whole rows
   static WeightResidency resident() { return {}; }
   static WeightResidency swap() { return {Mode::SwapExperts, 0}; }
   static WeightResidency stream(int slots) { return {Mode::StreamBlocks, slots}; }
   static WeightResidency stream_disk(int slots) { return {Mode::StreamBlocks, slots, true}; }
+  WeightResidency chunked(int n) const {
+    WeightResidency r = *this;
+    r.chunks = n;
+    return r;
+  }
   bool operator==(const WeightResidency&) const = default;
-  std::string str() const;  // "resident" | "expert swap" | "block streaming (3 slots[, from disk])"
+  // "resident" | "expert swap" | "block streaming (3 slots[, from disk])", then ", rows in N chunks"
+  std::string str() const;
 };
 
 // The arena layout of one (config, shape): every buffer's byte offset and size. Views alias a region
@@ -199,6 +211,7 @@ struct MemoryPlan {
   size_t weight_bytes = 0;  // one expert
   size_t reserve_bytes = 0; // headroom kept free for handles, kernels and graphs
   WeightResidency residency;
+  int64_t chunk_rows = 0;     // WeightResidency::chunks > 1: rows per chunk (a multiple of 128), else 0
   size_t block_bytes = 0;     // the largest block's weights (a StreamBlocks slot)
   size_t nonblock_bytes = 0;  // one expert's weights outside the blocks (StreamBlocks keeps them on the device)
   int layers = 0;             // blocks per expert (no more slots than blocks)
@@ -318,7 +331,8 @@ class DiTGpu {
   static MemoryPlan plan(const DiTConfig& cfg, const DiTShape& shape, int experts, size_t attn_workspace = 0,
                          const dist::Layout& par = {}, Gemm gemm = Gemm::Bf16, WeightResidency residency = {});
   // The residencies a budget is tried with, cheapest first: Resident, SwapExperts (more than one
-  // expert), StreamBlocks with 3 slots (copies fully hidden behind two blocks of compute), then 2.
+  // expert), StreamBlocks with 3 slots (copies fully hidden behind two blocks of compute), then 2, from
+  // disk, then streaming with the rows in 4 and 16 chunks (from pinned memory, then from disk).
   static std::vector<WeightResidency> residencies(int experts);
 
   DiTGpu(DiTGpu&&) noexcept;

@@ -75,9 +75,15 @@ MemoryPlan with_attention_workspace(MemoryPlan p, size_t attn_ws);
 // Geometry::share_first()) and the cross-attention's.
 AttentionShape self_attn_shape(const Geometry& g, bool one_sample = false);
 AttentionShape cross_attn_shape(const Geometry& g);
+// The attentions of one chunk of n rows of one sample (WeightResidency::chunks, dit_gpu_chunked.cpp).
+AttentionShape chunk_self_attn_shape(const Geometry& g, int64_t n);
+AttentionShape chunk_cross_attn_shape(const Geometry& g, int64_t n);
+// Rows per chunk of a sample of S rows in `chunks` chunks (MemoryPlan::chunk_rows); 0 for chunks <= 1.
+int64_t chunk_rows_of(int64_t S, int chunks);
 // Every attention shape a forward of g runs; `any_sharing`: also the shared first block's, whether g
-// shares or not (create() sizes cuDNN's workspace for any forward up to its maximal geometry).
-std::vector<AttentionShape> attention_shapes(const Geometry& g, bool any_sharing);
+// shares or not (create() sizes cuDNN's workspace for any forward up to its maximal geometry). With
+// chunk_rows > 0 (a chunked plan): the chunks' shapes instead (the full chunk and the remainder).
+std::vector<AttentionShape> attention_shapes(const Geometry& g, bool any_sharing, int64_t chunk_rows = 0);
 
 // ---- an expert's weights (dit_gpu_weights.cpp) ----
 // Device pointers of one block's weights. With DiTGemm::Fp8 the seven GEMM weights (*_w of qkv, o, cq,

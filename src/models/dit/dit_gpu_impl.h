@@ -3,6 +3,7 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <set>
@@ -115,6 +116,7 @@ struct DiTGpu::Impl {
   float *t_first, *e_first, *e0_first;  // DiTShape::first_frame_t
   float* x_scale = nullptr;             // DiTGemm::Fp8: the quantised GEMM input's row scales
   bf16 *ctx_in, *ctx_hidden, *ctx, *ckv, *ck, *h, *att, *big;
+  bf16 *kv = nullptr, *patch_rows = nullptr;  // chunked rows (MemoryPlan::chunk_rows): [rows, 2D], [rows, K]
   void *gemm_ws, *attn_ws;
 
   ~Impl() {
@@ -149,6 +151,7 @@ struct DiTGpu::Impl {
     head_out = buf<float>("head_out"), out = buf<float>("out");
     gemm_ws = buf<void>("cublaslt_workspace"), attn_ws = buf<void>("cudnn_workspace");
     if (plan.gemm == Gemm::Fp8) x_scale = buf<float>("fp8.x_scale");
+    if (plan.chunk_rows > 0) kv = buf<bf16>("kv"), patch_rows = buf<bf16>("patch_rows");
   }
   // The parallel part of create(): checks the groups against each other, creates the split
   // self-attention and binds its arena buffers (after bind_buffers).
@@ -211,8 +214,12 @@ struct DiTGpu::Impl {
     prof->spans.push_back({cat, b, prof->mark(s)});
   }
   // Events one profiled forward of `layers` blocks records at most: 2 around the forward, 2 per interval
-  // (10 GEMMs outside the blocks with a first-frame timestep).
-  static size_t profile_events(int layers) { return 2 + 2 * static_cast<size_t>(10 + 7 * layers + 2 * layers); }
+  // (10 GEMMs outside the blocks with a first-frame timestep). Chunked rows (`units` chunks of all
+  // samples): per block 1 + 9 per chunk, and the patch embedding and head once per chunk.
+  static size_t profile_events(int layers, int64_t units = 0) {
+    if (units > 0) return 2 + 2 * static_cast<size_t>(10 + 2 * units + layers * (1 + 9 * units));
+    return 2 + 2 * static_cast<size_t>(10 + 7 * layers + 2 * layers);
+  }
   // forward() after the checks; eager: run the body even when a graph exists (profile_forward).
   void forward(int expert, const DiTShape& shape, const DiTInputs& in, float* out, cudaStream_t stream, bool eager);
   void head_and_output(const ExpertPtrs& w, const Geometry& g, cudaStream_t s);
@@ -247,6 +254,18 @@ struct DiTGpu::Impl {
   void capture(const Key& key, const ExpertPtrs& w, const Geometry& g, cudaStream_t s);
   void stage_inputs(const Geometry& g, const DiTInputs& in, cudaStream_t s);
   void run_body(const ExpertPtrs& w, const Geometry& g, cudaStream_t s);
+  // ---- chunked rows (MemoryPlan::chunk_rows > 0; dit_gpu_chunked.cpp) ----
+  // The chunks of a forward of g: every sample's rows in pieces of chunk_rows (0 when not chunked).
+  int64_t chunk_units(const Geometry& g) const {
+    if (plan.chunk_rows <= 0) return 0;
+    const int64_t C = std::min(plan.chunk_rows, g.S);
+    return g.B * ((g.S + C - 1) / C);
+  }
+  // run_body's chunked form: the patch embedding, the blocks and the head one chunk of rows at a time.
+  void run_body_chunked(const ExpertPtrs& w, const Geometry& g, const RopeArgs& rope_args, cudaStream_t s);
+  // One block: every chunk's keys and values first, then each chunk's self-attention, cross-attention
+  // and FFN, its residual rows updated in place. `index`: the block's place (the streamed weights' waits).
+  void block_chunked(const BlockPtrs& w, int index, const Geometry& g, const RopeArgs& rope_args, cudaStream_t s);
   // One block; on entry h holds its norm1 output, `next` is the following block (null for the last),
   // whose norm1 this block's last residual add computes on the way. `shared`: every sample's input is
   // sample 0's (the first block with Geometry::share_first()): h holds sample 0's rows only, and the

@@ -69,6 +69,27 @@ SeqParallelAttention::Geometry spa_geometry(const Geometry& g) {
   return a;
 }
 
+// The attentions of one chunk of n rows of one sample (WeightResidency::chunks): q dense [n, D], k and v
+// the halves of that sample's [S, 2D] key|value rows; the cross-attention's k and v as cross_attn_shape's.
+AttentionShape chunk_self_attn_shape(const Geometry& g, int64_t n) {
+  AttentionShape s;
+  s.B = 1, s.Lq = n, s.Lk = g.L, s.H = g.NH, s.D = 128;
+  s.q_ld = g.D, s.k_ld = s.v_ld = 2 * g.D;
+  return s;
+}
+AttentionShape chunk_cross_attn_shape(const Geometry& g, int64_t n) {
+  AttentionShape s;
+  s.B = 1, s.Lq = n, s.Lk = g.TL, s.H = g.NH, s.D = 128;
+  s.v_ld = 2 * g.D;
+  return s;
+}
+int64_t chunk_rows_of(int64_t S, int chunks) {
+  if (chunks <= 1) return 0;
+  const int64_t align = S >= 128 * chunks ? 128 : 16;  // whole FP8 Q blocks at real sizes
+  const int64_t per = (S + chunks - 1) / chunks;
+  return std::min(S, (per + align - 1) / align * align);
+}
+
 AttentionShape self_attn_shape(const Geometry& g, bool one_sample) {
   if (g.seq_parallel()) return SeqParallelAttention::attention_shape(spa_geometry(g));
   AttentionShape s;
@@ -83,7 +104,13 @@ AttentionShape cross_attn_shape(const Geometry& g) {
   s.v_ld = 2 * g.D;  // v is the second half of the fused context kv rows
   return s;
 }
-std::vector<AttentionShape> attention_shapes(const Geometry& g, bool any_sharing) {
+std::vector<AttentionShape> attention_shapes(const Geometry& g, bool any_sharing, int64_t chunk_rows) {
+  if (chunk_rows > 0) {
+    const int64_t C = std::min(chunk_rows, g.S), rem = g.S % C;
+    std::vector<AttentionShape> v{chunk_self_attn_shape(g, C), chunk_cross_attn_shape(g, C)};
+    if (rem) v.push_back(chunk_self_attn_shape(g, rem)), v.push_back(chunk_cross_attn_shape(g, rem));
+    return v;
+  }
   std::vector<AttentionShape> v{self_attn_shape(g), cross_attn_shape(g)};
   if (any_sharing ? g.can_share_first() : g.share_first()) v.push_back(self_attn_shape(g, true));
   return v;
@@ -165,6 +192,7 @@ using dit_gpu_detail::kRopeMaxPos;
 using dit_gpu_detail::geometry;
 using dit_gpu_detail::PlanBuilder;
 using dit_gpu_detail::spa_geometry;
+using dit_gpu_detail::chunk_rows_of;
 
 // ---- MemoryPlan ----
 
@@ -219,9 +247,11 @@ dist::Layout DiTGpu::Options::Parallel::degrees() const {
 
 std::string WeightResidency::str() const {
   switch (mode) {
-    case Mode::Resident: return "resident";
-    case Mode::SwapExperts: return "expert swap";
-    case Mode::StreamBlocks: return cat("block streaming (", slots, " slots", disk ? ", from disk" : "", ")");
+    case Mode::Resident: return chunks > 1 ? cat("resident, rows in ", chunks, " chunks") : "resident";
+    case Mode::SwapExperts: return chunks > 1 ? cat("expert swap, rows in ", chunks, " chunks") : "expert swap";
+    case Mode::StreamBlocks:
+      return cat("block streaming (", slots, " slots", disk ? ", from disk" : "", ")",
+                 chunks > 1 ? cat(", rows in ", chunks, " chunks") : "");
   }
   return "?";
 }
@@ -251,7 +281,12 @@ std::vector<WeightResidency> DiTGpu::residencies(int experts) {
   if (experts > 1) v.push_back(WeightResidency::swap());
   v.push_back(WeightResidency::stream(3));
   v.push_back(WeightResidency::stream(2));
-  v.push_back(WeightResidency::stream_disk(3));  // last: chosen only when the host cannot pin the others
+  v.push_back(WeightResidency::stream_disk(3));  // chosen only when the host cannot pin the others
+  // Chunked rows (about 8·D bytes of activations per row instead of 14·D), when nothing above fits.
+  for (int chunks : {4, 16}) {
+    v.push_back(WeightResidency::stream(2).chunked(chunks));
+    v.push_back(WeightResidency::stream_disk(3).chunked(chunks));
+  }
   return v;
 }
 
@@ -260,6 +295,7 @@ MemoryPlan DiTGpu::plan(const DiTConfig& cfg, const DiTShape& shape, int experts
   WAN_CHECK(experts >= 1, "DiT GPU: at least one expert");
   WAN_CHECK(residency.mode != WeightResidency::Mode::StreamBlocks || residency.slots >= 2,
             "DiT GPU: block streaming needs at least 2 slots, got ", residency.slots);
+  WAN_CHECK(residency.chunks <= 1 || !par.active(), "DiT GPU: chunked rows run on one GPU");
   const DeviceTable wt = dit_gpu_detail::build_weight_table(cfg, gemm);  // also checks the config
   const Geometry g = geometry(cfg, shape, par);
   const bool fp8 = gemm == Gemm::Fp8;
@@ -299,9 +335,31 @@ MemoryPlan DiTGpu::plan(const DiTConfig& cfg, const DiTShape& shape, int experts
   a.add("e0_first", static_cast<size_t>(g.B) * 6 * D * f4);
   a.add("rope", static_cast<size_t>(kRopeMaxPos) * 128 * f4);  // [max_pos][64 pairs][cos, sin]
   a.add("resid", rows * D * f4);
+  const size_t F = static_cast<size_t>(g.F);
+  p.chunk_rows = chunk_rows_of(g.S, residency.chunks);
+  if (p.chunk_rows > 0) {
+    // Chunked rows (dit_gpu_chunked.cpp): every row's keys|values and patch features; a chunk's norm
+    // output h, attention output att, and big: its q, then y (o, cross q, cross o) with the FP8 input of
+    // the o / cross o GEMMs past it, then its FFN hidden with the FFN-down input past that, and the head's
+    // fp32 rows.
+    const size_t C = static_cast<size_t>(p.chunk_rows);
+    a.add("kv", rows * 2 * D * b2);
+    a.add("patch_rows", rows * static_cast<size_t>(g.K) * b2);
+    a.add("h", C * D * b2);
+    a.add("att", C * D * b2);
+    a.add("big", std::max({C * F * (fp8 ? b2 + 1 : b2), C * D * (fp8 ? 3 : 2), C * D * f4, F * f4}));
+    if (fp8) {
+      a.view("fp8.xq_ctx", ck, 0, ctx_rows * D);
+      a.add("fp8.x_scale", std::max(C, ctx_rows) * f4);
+    }
+    a.add("head_out", rows * static_cast<size_t>(g.OP) * f4);
+    a.add("out", static_cast<size_t>(g.Bg * g.Co * g.T * g.H * g.W) * f4);
+    a.add("cublaslt_workspace", GemmRunner::kWorkspaceBytes);
+    a.add("cudnn_workspace", attn_workspace);
+    return p;
+  }
   a.add("h", rows * D * b2);
   const size_t att = a.add("att", rows * D * b2);
-  const size_t F = static_cast<size_t>(g.F);
   // FP8: the FFN-down input's e4m3 rows [rows, F] after the FFN hidden (nothing else in big is live
   // then); at least one fp32 row of F for the random draw's scratch (create())
   // q|k|v rows, with q and k normed in place (DiTGpu::Impl::block); a split sequence adds dense q and k.
