@@ -133,6 +133,7 @@ struct GpuDiTMemory {
   std::string residency;           // its name ("resident", "expert swap", "block streaming (3 slots)")
   bool streams = false;            // block streaming: each forward copies every block (block_bytes each)
   size_t disk_bytes = 0;           // block streaming from disk: the spill file (0: none)
+  int64_t chunk_rows = 0;          // rows per chunk when the activations are chunked (0: whole rows)
   size_t block_bytes = 0;
   int residencies = 1;             // how many DenoiserSpec::residency choices there are
   size_t arena_bytes = 0;    // activations + workspaces (cuDNN's attention workspace excluded: known at creation)

@@ -183,6 +183,7 @@ GpuDiTMemory plan_gpu_dit_memory(const CheckpointInfo& ckpt, const DenoiserSpec&
   m.host_weight_bytes = plan->host_weight_bytes();
   m.residency = res.str();
   m.streams = res.mode == cuda::WeightResidency::Mode::StreamBlocks;
+  m.chunk_rows = plan->chunk_rows;
   m.disk_bytes = plan->disk_bytes();
   m.block_bytes = plan->block_bytes;
   m.arena_bytes = plan->arena_bytes;

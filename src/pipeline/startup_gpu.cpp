@@ -120,23 +120,31 @@ RunMemoryPlan run_memory(const GeneratePlan& p, const GpuDiTMemory& m, bool fast
 }  // namespace
 
 double residency_cost_seconds(const GeneratePlan& p, const GpuDiTMemory& m) {
-  if (m.host_weight_bytes == 0) return 0;
+  // Chunked rows: norm1 twice and smaller GEMMs, counted as 1% of each block's compute, so that whole rows
+  // win wherever they fit.
+  const DiTConfig& c = p.ckpt.dit;
+  const double L = static_cast<double>(p.seq_len), D = c.dim, F = c.ffn_dim;
+  auto block_seconds = [&](const ExpertStep& es) {
+    const double batch = es.guide != 1.0f ? 2 : 1;
+    return batch * (4.0 * L * L * D + 2.0 * L * (6.0 * D * D + 2.0 * D * F)) / kResidencyFlops;
+  };
+  double chunking = 0;
+  if (m.chunk_rows > 0)
+    for (const ExpertStep& es : p.experts.steps) chunking += 0.01 * c.num_layers * block_seconds(es);
+  if (m.host_weight_bytes == 0) return chunking;
   const int steps = static_cast<int>(p.experts.steps.size());
   if (!m.streams) {  // SwapExperts: a copy at every change of expert
     int changes = 0;
     for (int i = 0; i < steps; ++i)
       if (i == 0 || p.experts.steps[static_cast<size_t>(i)].expert != p.experts.steps[static_cast<size_t>(i) - 1].expert)
         ++changes;
-    return changes * static_cast<double>(m.weight_bytes) / kResidencyPcie;
+    return chunking + changes * static_cast<double>(m.weight_bytes) / kResidencyPcie;
   }
   // StreamBlocks: per forward, each block's copy beyond one block's compute (ANCHORS.md's count: attention
   // 4·L²·D and the linear layers 2·L·(6D² + 2DF) per sample).
-  const DiTConfig& c = p.ckpt.dit;
-  const double L = static_cast<double>(p.seq_len), D = c.dim, F = c.ffn_dim;
-  double cost = 0;
+  double cost = chunking;
   for (const ExpertStep& es : p.experts.steps) {
-    const double batch = es.guide != 1.0f ? 2 : 1;
-    const double block_s = batch * (4.0 * L * L * D + 2.0 * L * (6.0 * D * D + 2.0 * D * F)) / kResidencyFlops;
+    const double block_s = block_seconds(es);
     const double copy_s = static_cast<double>(m.block_bytes) / (m.disk_bytes > 0 ? kResidencyDisk : kResidencyPcie);
     cost += c.num_layers * std::max(0.0, copy_s - block_s);
   }
