@@ -217,3 +217,18 @@ TEST(GpuDitResidency, RealWidthStreamingIsBitIdentical) {
     else EXPECT_TRUE(gpu_test::bit_equal(first, want));
   }
 }
+
+// WAN_SPILL_DROP_CACHE=1 (the disk measurements' switch: every forward reads the spill file from the disk,
+// not the page cache) changes no byte.
+TEST(GpuDitResidency, SpillReadFromTheDiskGivesTheSameOutputs) {
+  REQUIRE_GPU();
+  const DiTConfig cfg = five_blocks();
+  const auto in = gpu_test::dit_host_inputs(cfg, kShape, 5, {300.0f, 300.0f}, {128, 64});
+  auto sources = [] { return std::vector<DiTWeightSource>{DiTWeightSource::random_weights(4)}; };
+  DiTGpu ref = make(cfg, sources(), WeightResidency::resident());
+  const std::vector<float> want = run(ref, 0, in, cfg);
+  setenv("WAN_SPILL_DROP_CACHE", "1", 1);
+  DiTGpu d = make(cfg, sources(), WeightResidency::stream_disk(3));
+  unsetenv("WAN_SPILL_DROP_CACHE");
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(gpu_test::bit_equal(run(d, 0, in, cfg), want)) << "forward " << i;
+}

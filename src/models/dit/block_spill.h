@@ -74,6 +74,9 @@ class BlockSpill {
   uint64_t issued_ = 0, served_ = 0;
   bool stop_ = false;
   std::exception_ptr error_;
+  // WAN_SPILL_DROP_CACHE=1 (a measurement switch): the file's pages leave the page cache once written and
+  // after every read, so each forward reads the disk, as on a host whose memory cannot cache the file.
+  bool drop_cache_ = false;
   std::thread copier_;
 };
 

@@ -62,6 +62,8 @@ BlockSpill::BlockSpill(const std::string& dir, size_t region_bytes, int experts,
     staging_[k] = static_cast<char*>(p);
     CUDA_CHECK(cudaEventCreateWithFlags(&staged_[k], cudaEventDisableTiming));
   }
+  const char* drop = std::getenv("WAN_SPILL_DROP_CACHE");
+  drop_cache_ = drop && drop[0] == '1';
   copier_ = std::thread([this] { run(); });
 }
 
@@ -140,6 +142,7 @@ void BlockSpill::run() {
     return;
   }
   int k = 0;  // the staging buffer the next read fills
+  bool written = false;
   for (;;) {
     Request q;
     {
@@ -150,8 +153,16 @@ void BlockSpill::run() {
       queue_.pop_front();
     }
     try {
+      const size_t at = static_cast<size_t>(q.e) * region_ + q.off;
+      if (drop_cache_ && !written) {  // the writes are done: onto the disk, out of the page cache
+        WAN_CHECK(fdatasync(fd_) == 0, "block streaming from disk: syncing the spill file failed (",
+                  std::strerror(errno), ")");
+        (void)posix_fadvise(fd_, 0, 0, POSIX_FADV_DONTNEED);
+      }
+      written = true;
       CUDA_CHECK(cudaEventSynchronize(staged_[k]));  // its previous copy has left the buffer
-      read_exact(static_cast<size_t>(q.e) * region_ + q.off, staging_[k], q.bytes);
+      read_exact(at, staging_[k], q.bytes);
+      if (drop_cache_) (void)posix_fadvise(fd_, static_cast<off_t>(at), static_cast<off_t>(q.bytes), POSIX_FADV_DONTNEED);
       CUDA_CHECK(cudaStreamWaitEvent(copy_, q.after, 0));
       CUDA_CHECK(cudaMemcpyAsync(q.dst, staging_[k], q.bytes, cudaMemcpyHostToDevice, copy_));
       CUDA_CHECK(cudaEventRecord(staged_[k], copy_));
