@@ -34,6 +34,7 @@ using namespace dit_gpu_detail;  // Geometry, geometry(), the arena constants (d
 struct ResidencyState {
   BlockLayout layout;
   std::vector<char*> host;  // one whole allocation image per expert (StreamBlocks: its blocks' bytes)
+  std::vector<size_t> host_bytes;  // their sizes (registered anonymous mappings: alloc_host)
   DeviceTable nonblock;     // StreamBlocks: the non-block tensors, compacted (each expert's device allocation)
   char* slots = nullptr;    // StreamBlocks: `count` slots of slot_bytes
   size_t slot_bytes = 0;
