@@ -553,6 +553,31 @@ TEST(ResidencyCost, SwapsPayPerChangeStreamingOnlyWhatComputeDoesNotHide) {
   EXPECT_EQ(residency_cost_seconds(p, m), 0.0);
 }
 
+// Chunked rows cost 1% of the blocks' compute, resident or streamed: more than any whole-row residency whose
+// copies compute hides (so those win where they fit), on top of what streaming pays.
+TEST(ResidencyCost, ChunkedRowsCostOnePercentOfTheCompute) {
+  GeneratePlan p = plan_generate(tiny());
+  p.ckpt.dit = dit_preset("t2v-A14B");
+  p.seq_len = 75600;
+  GpuDiTMemory m;
+  m.chunk_rows = 18944;
+  const double c = residency_cost_seconds(p, m);  // resident weights, chunked rows
+  // per step (a batch of 2 with guidance): 40 blocks of batch·(4L²D + 2L(6D² + 2DF)) FLOP at kResidencyFlops
+  const double D = 5120, F = 13824, L = 75600;
+  double want = 0;
+  for (const ExpertStep& es : p.experts.steps)
+    want += 0.01 * 40 * (es.guide != 1.0f ? 2 : 1) * (4 * L * L * D + 2 * L * (6 * D * D + 2 * D * F)) / kResidencyFlops;
+  EXPECT_GT(want, 0.0);
+  EXPECT_NEAR(c, want, 1e-6 * want);
+  m.weight_bytes = 50'000'000'000;
+  m.host_weight_bytes = 2 * m.weight_bytes;
+  m.streams = true;
+  m.block_bytes = 720'000'000;  // hidden at 720p: the streaming adds nothing
+  EXPECT_NEAR(residency_cost_seconds(p, m), c, 1e-9);
+  m.chunk_rows = 0;
+  EXPECT_EQ(residency_cost_seconds(p, m), 0.0);
+}
+
 // --vae-tile in the plan: the auto candidates (untiled, then 512, 384, 256-pixel tiles, each cutting the frame
 // into more tiles), and the choice among them by the run's memory plan: the first (largest) whose run fits,
 // stopping at the first whose decode stage fits (smaller tiles only shrink the decode).
