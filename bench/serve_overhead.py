@@ -27,6 +27,16 @@ import tempfile
 import time
 
 
+def gpu_names():
+    """The GPUs' names as nvidia-smi gives them ([] without it): the device every figure was measured on."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=30)
+        return [l.strip() for l in out.stdout.splitlines() if l.strip()] if out.returncode == 0 else []
+    except (OSError, subprocess.SubprocessError):
+        return []
+
+
 def request(port, method, path, body=None, headers=None):
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
     c.request(method, path, body=body, headers=headers or {})
@@ -111,7 +121,7 @@ def main():
     res = {"what": "wan serve overhead per job and warm request -> first step", "task": a.task, "size": a.size,
            "frames": a.frames, "steps": a.steps, "server_ready_s": ready_s, "warm_up_job": warm, "jobs": jobs,
            "median": med, "models_built": built, "models_reused": reused,
-           "commit": os.environ.get("WAN_COMMIT", ""), "date": time.strftime("%Y-%m-%d")}
+           "commit": os.environ.get("WAN_COMMIT", ""), "date": time.strftime("%Y-%m-%d"), "device": gpu_names()}
     print(json.dumps(med, indent=1))
     gauges = [l for l in metrics.splitlines() if l.startswith("wan_device_memory_used_bytes")]
     res["device_memory_used"] = gauges
