@@ -211,7 +211,7 @@ struct MemoryPlan {
   size_t weight_bytes = 0;  // one expert
   size_t reserve_bytes = 0; // headroom kept free for handles, kernels and graphs
   WeightResidency residency;
-  int64_t chunk_rows = 0;     // WeightResidency::chunks > 1: rows per chunk (a multiple of 128), else 0
+  int64_t chunk_rows = 0;     // WeightResidency::chunks > 1: rows per chunk (128-aligned, 16 at small sizes), else 0
   size_t block_bytes = 0;     // the largest block's weights (a StreamBlocks slot)
   size_t nonblock_bytes = 0;  // one expert's weights outside the blocks (StreamBlocks keeps them on the device)
   int layers = 0;             // blocks per expert (no more slots than blocks)

@@ -55,7 +55,7 @@ void DiTGpu::Impl::run_body_chunked(const ExpertPtrs& w, const Geometry& g, cons
   for (size_t i = 0; i < w.blocks.size(); ++i) {
     const int b = static_cast<int>(i);
     stream_wait(b, s);
-    block_chunked(w.blocks[i], b, g, rope_args, s);
+    block_chunked(w.blocks[i], g, rope_args, s);
     stream_next(w.expert, b, s);
   }
   // head (fp32): LN(x)·(1 + scale) + shift, fp32 Linear, per chunk into the head rows
@@ -69,9 +69,7 @@ void DiTGpu::Impl::run_body_chunked(const ExpertPtrs& w, const Geometry& g, cons
   unpatchify(head_out, out, g.B, g.Lpad, g.Co, g.f, g.gh, g.gw, g.pt, g.ph, g.pw, s);
 }
 
-void DiTGpu::Impl::block_chunked(const BlockPtrs& w, int index, const Geometry& g, const RopeArgs& rope_args,
-                                 cudaStream_t s) {
-  (void)index;
+void DiTGpu::Impl::block_chunked(const BlockPtrs& w, const Geometry& g, const RopeArgs& rope_args, cudaStream_t s) {
   const int64_t D = g.D, S = g.S, crow = g.B * g.TL;
   const float eps = cfg.eps;
   auto mod = [&](int k, const Chunk& c) { return chunk_mod(block_mod(w, k, g), c.b, c.c0); };

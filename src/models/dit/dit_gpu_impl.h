@@ -265,8 +265,8 @@ struct DiTGpu::Impl {
   // run_body's chunked form: the patch embedding, the blocks and the head one chunk of rows at a time.
   void run_body_chunked(const ExpertPtrs& w, const Geometry& g, const RopeArgs& rope_args, cudaStream_t s);
   // One block: every chunk's keys and values first, then each chunk's self-attention, cross-attention
-  // and FFN, its residual rows updated in place. `index`: the block's place (the streamed weights' waits).
-  void block_chunked(const BlockPtrs& w, int index, const Geometry& g, const RopeArgs& rope_args, cudaStream_t s);
+  // and FFN, its residual rows updated in place (the caller waits for its streamed weights).
+  void block_chunked(const BlockPtrs& w, const Geometry& g, const RopeArgs& rope_args, cudaStream_t s);
   // One block; on entry h holds its norm1 output, `next` is the following block (null for the last),
   // whose norm1 this block's last residual add computes on the way. `shared`: every sample's input is
   // sample 0's (the first block with Geometry::share_first()): h holds sample 0's rows only, and the

@@ -290,6 +290,45 @@ std::vector<WeightResidency> DiTGpu::residencies(int experts) {
   return v;
 }
 
+namespace {
+// The block's whole-row activations (DiTGpu::Impl::block): h, att, and big with its views.
+void add_whole_row_buffers(PlanBuilder& a, const Geometry& g, size_t ck, bool fp8) {
+  const size_t f4 = 4, b2 = 2;
+  const size_t rows = static_cast<size_t>(g.rows), D = static_cast<size_t>(g.D), F = static_cast<size_t>(g.F);
+  const size_t ctx_rows = static_cast<size_t>(g.B * g.TL);
+  a.add("h", rows * D * b2);
+  const size_t att = a.add("att", rows * D * b2);
+  // FP8: the FFN-down input's e4m3 rows [rows, F] after the FFN hidden (nothing else in big is live
+  // then); at least one fp32 row of F for the random draw's scratch (create())
+  // q|k|v rows, with q and k normed in place (DiTGpu::Impl::block); a split sequence adds dense q and k.
+  const bool qk_rows = g.seq_parallel();
+  const size_t big_bytes = std::max({rows * (qk_rows ? 5 : 3) * D * b2, rows * F * b2, rows * D * f4,
+                                     rows * static_cast<size_t>(g.K) * b2, fp8 ? rows * F * (b2 + 1) : 0,
+                                     fp8 ? F * f4 : 0});
+  const size_t big = a.add("big", big_bytes);
+  a.view("big.qkv", big, 0, rows * 3 * D * b2);
+  if (qk_rows) {
+    a.view("big.q", big, rows * 3 * D * b2, rows * D * b2);
+    a.view("big.k", big, rows * 4 * D * b2, rows * D * b2);
+  }
+  a.view("big.ffn", big, 0, rows * static_cast<size_t>(g.F) * b2);
+  a.view("big.patch_rows", big, 0, rows * static_cast<size_t>(g.K) * b2);
+  a.view("big.head_in", big, 0, rows * D * f4);
+  if (fp8) {
+    // Each block GEMM's quantised input (e4m3 [M, K]) in a region dead while it lives (DiTGpu::Impl::block):
+    // past the o / cross q / cross o rows in big (split sequence: k's), ck's (cross k|v, before its
+    // norm), att's (FFN up, before the FFN-down output), and past the FFN hidden (FFN down). Only the
+    // row scales need a buffer.
+    a.view("fp8.xq", big, rows * (qk_rows ? 4 : 1) * D * b2, rows * D);
+    a.view("fp8.xq_ctx", ck, 0, ctx_rows * D);
+    a.view("fp8.xq_ffn_up", att, 0, rows * D);
+    a.view("fp8.xq_ffn_down", big, rows * F * b2, rows * F);
+    a.add("fp8.x_scale", std::max(rows, ctx_rows) * f4);
+  }
+}
+
+}  // namespace
+
 MemoryPlan DiTGpu::plan(const DiTConfig& cfg, const DiTShape& shape, int experts, size_t attn_workspace,
                         const dist::Layout& par, Gemm gemm, WeightResidency residency) {
   WAN_CHECK(experts >= 1, "DiT GPU: at least one expert");
@@ -352,40 +391,8 @@ MemoryPlan DiTGpu::plan(const DiTConfig& cfg, const DiTShape& shape, int experts
       a.view("fp8.xq_ctx", ck, 0, ctx_rows * D);
       a.add("fp8.x_scale", std::max(C, ctx_rows) * f4);
     }
-    a.add("head_out", rows * static_cast<size_t>(g.OP) * f4);
-    a.add("out", static_cast<size_t>(g.Bg * g.Co * g.T * g.H * g.W) * f4);
-    a.add("cublaslt_workspace", GemmRunner::kWorkspaceBytes);
-    a.add("cudnn_workspace", attn_workspace);
-    return p;
-  }
-  a.add("h", rows * D * b2);
-  const size_t att = a.add("att", rows * D * b2);
-  // FP8: the FFN-down input's e4m3 rows [rows, F] after the FFN hidden (nothing else in big is live
-  // then); at least one fp32 row of F for the random draw's scratch (create())
-  // q|k|v rows, with q and k normed in place (DiTGpu::Impl::block); a split sequence adds dense q and k.
-  const bool qk_rows = g.seq_parallel();
-  const size_t big_bytes = std::max({rows * (qk_rows ? 5 : 3) * D * b2, rows * F * b2, rows * D * f4,
-                                     rows * static_cast<size_t>(g.K) * b2, fp8 ? rows * F * (b2 + 1) : 0,
-                                     fp8 ? F * f4 : 0});
-  const size_t big = a.add("big", big_bytes);
-  a.view("big.qkv", big, 0, rows * 3 * D * b2);
-  if (qk_rows) {
-    a.view("big.q", big, rows * 3 * D * b2, rows * D * b2);
-    a.view("big.k", big, rows * 4 * D * b2, rows * D * b2);
-  }
-  a.view("big.ffn", big, 0, rows * static_cast<size_t>(g.F) * b2);
-  a.view("big.patch_rows", big, 0, rows * static_cast<size_t>(g.K) * b2);
-  a.view("big.head_in", big, 0, rows * D * f4);
-  if (fp8) {
-    // Each block GEMM's quantised input (e4m3 [M, K]) in a region dead while it lives (DiTGpu::Impl::block):
-    // past the o / cross q / cross o rows in big (split sequence: k's), ck's (cross k|v, before its
-    // norm), att's (FFN up, before the FFN-down output), and past the FFN hidden (FFN down). Only the
-    // row scales need a buffer.
-    a.view("fp8.xq", big, rows * (qk_rows ? 4 : 1) * D * b2, rows * D);
-    a.view("fp8.xq_ctx", ck, 0, ctx_rows * D);
-    a.view("fp8.xq_ffn_up", att, 0, rows * D);
-    a.view("fp8.xq_ffn_down", big, rows * F * b2, rows * F);
-    a.add("fp8.x_scale", std::max(rows, ctx_rows) * f4);
+  } else {
+    add_whole_row_buffers(a, g, ck, fp8);
   }
   // head rows: with a split sequence, all ranks' rows [P][B·S] (this rank's written in place, then
   // all-gathered) and, for B > 1, the same rows in sample order [B][P·S]
