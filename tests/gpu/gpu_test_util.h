@@ -5,12 +5,16 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/dtype.h"
@@ -52,6 +56,25 @@ struct StreamGuard {
   StreamGuard(const StreamGuard&) = delete;
   StreamGuard& operator=(const StreamGuard&) = delete;
 };
+
+// Waits for `stream`, at most `seconds`. A kernel still running by then (a hang: a lost barrier arrival,
+// a wrong mbarrier phase) ends the binary with one line naming `what`, where a plain synchronize would
+// block until an outer timeout kills the run without saying which case it was in.
+inline void sync_or_die(cudaStream_t stream, const std::string& what, double seconds = 60) {
+  const auto t0 = std::chrono::steady_clock::now();
+  for (;;) {
+    const cudaError_t e = cudaStreamQuery(stream);
+    if (e == cudaSuccess) return;
+    if (e != cudaErrorNotReady) CUDA_CHECK(e);
+    if (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() > seconds) {
+      std::fprintf(stderr, "FATAL: %s: the GPU work is still running after %.0f s (a hang?)\n", what.c_str(), seconds);
+      std::fflush(stdout);
+      std::fflush(stderr);
+      std::_Exit(3);
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+}
 
 // n values normal(seed, i) * scale + offset (Philox, the engine's RNG).
 inline std::vector<float> randn(uint64_t seed, size_t n, float scale, float offset = 0.0f) {

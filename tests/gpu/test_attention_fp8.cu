@@ -124,7 +124,7 @@ void run_case(const Case& c, cudaStream_t stream) {
   a.k_lens = masked ? dkl.p : nullptr;
   a.lse = dlse.p;
   OwnAttentionFp8::run(s, a, dws.p, dws.n, stream);
-  CUDA_CHECK(cudaStreamSynchronize(stream));
+  sync_or_die(stream, std::string("attention_fp8 case \"") + c.name + "\"");
   CUDA_CHECK(cudaGetLastError());
   const std::vector<uint16_t> o = dout.download();
   const std::vector<float> lse = dlse.download();
