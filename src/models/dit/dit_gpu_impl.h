@@ -33,8 +33,11 @@ using namespace dit_gpu_detail;  // Geometry, geometry(), the arena constants (d
 // the device slots and the copy stream of StreamBlocks, which expert SwapExperts has on the device.
 struct ResidencyState {
   BlockLayout layout;
-  std::vector<char*> host;  // one whole allocation image per expert (StreamBlocks: its blocks' bytes)
-  std::vector<size_t> host_bytes;  // their sizes (registered anonymous mappings: alloc_host)
+  struct HostImage {
+    char* data;    // a registered anonymous mapping (alloc_host)
+    size_t bytes;
+  };
+  std::vector<HostImage> host;  // one whole allocation image per expert (StreamBlocks: its blocks' bytes)
   DeviceTable nonblock;     // StreamBlocks: the non-block tensors, compacted (each expert's device allocation)
   char* slots = nullptr;    // StreamBlocks: `count` slots of slot_bytes
   size_t slot_bytes = 0;

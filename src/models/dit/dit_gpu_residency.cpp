@@ -31,9 +31,9 @@ ResidencyState::~ResidencyState() {
   if (fork) cudaEventDestroy(fork);
   if (copy) cudaStreamDestroy(copy);
   if (slots) cudaFree(slots);
-  for (size_t i = 0; i < host.size(); ++i) {
-    cudaHostUnregister(host[i]);
-    munmap(host[i], host_bytes[i]);
+  for (const HostImage& h : host) {
+    cudaHostUnregister(h.data);
+    munmap(h.data, h.bytes);
   }
 }
 
@@ -78,8 +78,7 @@ char* alloc_host(ResidencyState& st, size_t bytes) {
     munmap(p, bytes);
     refuse(cudaGetErrorString(e));
   }
-  st.host.push_back(p);
-  st.host_bytes.push_back(bytes);
+  st.host.push_back({p, bytes});
   return p;
 }
 
@@ -213,7 +212,8 @@ void DiTGpu::Impl::stream_begin(int expert, cudaStream_t s) {
           st.spill->request(expert, b - L.begin, e - b, slot, st.fork, st.loaded[static_cast<size_t>(j)]);
       continue;
     }
-    CUDA_CHECK(cudaMemcpyAsync(slot, st.host[static_cast<size_t>(expert)] + b, e - b, cudaMemcpyHostToDevice, st.copy));
+    CUDA_CHECK(cudaMemcpyAsync(slot, st.host[static_cast<size_t>(expert)].data + b, e - b, cudaMemcpyHostToDevice,
+                               st.copy));
     CUDA_CHECK(cudaEventRecord(st.loaded[static_cast<size_t>(j)], st.copy));
   }
 }
@@ -233,15 +233,15 @@ void DiTGpu::Impl::stream_next(int expert, int block, cudaStream_t s) {
     return;
   }
   CUDA_CHECK(cudaStreamWaitEvent(st.copy, st.freed[slot], 0));
-  CUDA_CHECK(cudaMemcpyAsync(st.slots + slot * st.slot_bytes, st.host[static_cast<size_t>(expert)] + b, e - b,
+  CUDA_CHECK(cudaMemcpyAsync(st.slots + slot * st.slot_bytes, st.host[static_cast<size_t>(expert)].data + b, e - b,
                              cudaMemcpyHostToDevice, st.copy));
   CUDA_CHECK(cudaEventRecord(st.loaded[slot], st.copy));
 }
 
 void DiTGpu::Impl::swap_in(int expert, cudaStream_t s) {
   if (!res || plan.residency.mode != WeightResidency::Mode::SwapExperts || res->on_device == expert) return;
-  CUDA_CHECK(cudaMemcpyAsync(weights[0], res->host[static_cast<size_t>(expert)], table.bytes, cudaMemcpyHostToDevice,
-                             s));
+  CUDA_CHECK(cudaMemcpyAsync(weights[0], res->host[static_cast<size_t>(expert)].data, table.bytes,
+                             cudaMemcpyHostToDevice, s));
   res->on_device = expert;
 }
 
@@ -268,7 +268,7 @@ Tensor DiTGpu::Impl::download(int expert, const std::string& name) const {
     res->spill->read(expert, begin - res->layout.begin, h.data(), bytes);
     CUDA_CHECK(cudaMemcpy(tmp, h.data(), bytes, cudaMemcpyHostToDevice));
   } else {
-    CUDA_CHECK(cudaMemcpy(tmp, res->host[e] + begin, bytes, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(tmp, res->host[e].data + begin, bytes, cudaMemcpyHostToDevice));
   }
   return dit_gpu_detail::download_weight(sub_table(table, {{begin, begin + bytes, 0}}), tmp, name);
 }
