@@ -1,11 +1,13 @@
 // The engine's own FP8 attention forward for Hopper (see attention_fp8.h for the scheme and the contract).
-// The kernel is attention_own.cu's long-key path (one 128-row query tile per CTA, a TMA producer warp,
-// two ping-ponging consumer warpgroups, online softmax in fp32) with e4m3 operands:
+// The layout follows attention_own.cu's long-key path (a TMA producer warp, consumer warpgroups that take
+// turns at the tensor cores, online softmax in fp32), with e4m3 operands and three consumers of 64 query
+// rows each (192 per CTA):
 //   S = Q·Kᵀ: wgmma m64n128k32 e4m3, both operands K-major from shared memory (one 128-byte row holds a
 //   whole head of 128 e4m3 values, so a 128-byte-swizzled TMA box is a whole Q or K tile);
-//   softmax: s·f with f = scale·log2(e)·sq·sk per tile, numerators 256·exp2(...) (kExpOffset 8);
-//   O += P·V: P converted to e4m3 in registers in the accumulator's order, V read transposed ([dims][keys],
-//   K-major) with the keys permuted per 16 by the quantiser to match (attention_fp8_quant.cu);
+//   softmax: s·f with f = scale·log2(e)·sq·sk per tile, numerators 256·exp2(...) (kOff 8), written as e4m3
+//   to a P tile in shared memory (two per consumer, alternating) in the accumulator's key order;
+//   O += P·V: both from shared memory, V transposed ([dims][keys], K-major) with the keys permuted per 16 by
+//   the quantiser to match P (attention_fp8_quant.cu);
 //   epilogue: O · (1/l) · sv (V's per-channel scale), the LSE with the K-smoothing correction.
 #include "kernels/attention_fp8.h"
 
@@ -27,21 +29,28 @@
 namespace wan::cuda {
 namespace {
 
-constexpr int kBlockM = 128;  // query rows per work item (two consumer warpgroups of 64)
+// Three consumer warpgroups of 64 query rows each: while one runs its softmax, the tensor cores have the
+// other two's MMAs to work on (with two, the softmax of one is exposed whenever the other's MMAs end).
+constexpr int kConsumers = 3;
+constexpr int kBlockM = 64 * kConsumers;  // query rows per work item
+constexpr int kThreads = 128 * (kConsumers + 1);
+constexpr int kQuantRows = 128;  // the quantiser's Q block (one scale per 128 rows; 64-row slices never straddle one)
 constexpr int kHeadDim = 128;
 constexpr int kBN = 128;      // keys per tile (= the K scale block of the quantiser)
-constexpr int kThreads = 384;
 constexpr uint32_t kQBytes = kBlockM * kHeadDim;  // e4m3: one byte per element
 constexpr uint32_t kKBytes = kBN * kHeadDim;
 constexpr uint32_t kVBytes = kHeadDim * kBN;
-// K/V ring depth 2 or 3 (template parameter STAGES; each stage 32 KiB).
+constexpr uint32_t kPBytes = 64 * kBN;  // one consumer warpgroup's P tile (e4m3)
+// K/V ring depth 2 or 3 (template parameter STAGES; each stage 32 KiB); two P tiles per consumer.
 constexpr size_t smem_bytes(int stages) {
-  return kQBytes + size_t(stages) * (kKBytes + kVBytes) + 1024 /*align*/ + 256 /*barriers*/;
+  return size_t(kQBytes) + size_t(stages) * (kKBytes + kVBytes) + 2 * kConsumers * kPBytes + 1024 /*align*/ +
+         256 /*barriers*/;
 }
 
 struct Params {
   int B, Lq, Lk, H;
-  int num_q_tiles, k_blocks;
+  int num_q_tiles, k_blocks;  // num_q_tiles: work items per (sample, head), kBlockM rows each
+  int q_blocks;               // the quantiser's 128-row Q blocks per (sample, head)
   const int32_t* k_lens;  // nullable
   __nv_bfloat16* o;
   int64_t o_ld;
@@ -55,7 +64,7 @@ struct Params {
 #if defined(WAN_SM90A)
 using namespace sm90;
 
-// S[64 x 128] (+)= Q[64 x 32] (shared, K-major) · K[32 x 128] (shared, K-major); scale_d 0 overwrites S.
+// D[64 x 128] (+)= A[64 x 32] (shared, K-major) · B[32 x 128] (shared, K-major); scale_d 0 overwrites D.
 __device__ __forceinline__ void wgmma_ss_e4m3(float (&d)[64], uint64_t da, uint64_t db, int scale_d) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
@@ -64,15 +73,6 @@ __device__ __forceinline__ void wgmma_ss_e4m3(float (&d)[64], uint64_t da, uint6
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
       : "l"(da), "l"(db), "r"(scale_d));
 }
-// O[64 x 128] += P[64 x 32] (registers, 4 x e4m3x4) · Vᵀ[32 x 128] (shared, K-major).
-__device__ __forceinline__ void wgmma_rs_e4m3(float (&d)[64], const uint32_t (&a)[4], uint64_t db) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
-}
 
 // Four probabilities (>= 0, <= 256) -> four e4m3 bytes, v0 in the low byte.
 __device__ __forceinline__ uint32_t e4m3x4(float v0, float v1, float v2, float v3) {
@@ -80,37 +80,97 @@ __device__ __forceinline__ uint32_t e4m3x4(float v0, float v1, float v2, float v
   const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(v2, v3), __NV_SATFINITE, __NV_E4M3);
   return lo | (hi << 16);
 }
-// The softmax tile (accumulator layout: s[i] is row (i>>1)&1, column 8·(i>>2) + 2·(lane&3) + (i&1)) as
-// P·V's A fragments: per 32 keys, register 0 holds row 0's columns {0,1,8,9} + 2·(lane&3) and so on, i.e.
-// fragment position 4t + i of each 16-column half holds column 8·(i/2) + 2t + (i mod 2). The quantiser
-// writes V's keys in that order, so no data moves between lanes.
-__device__ __forceinline__ void to_fp8_fragments(const float (&s)[kBN / 2], uint32_t (&p)[kBN / 8]) {
-#pragma unroll
-  for (int kk = 0; kk < kBN / 32; ++kk) {
-    const int b = 16 * kk;
-    p[4 * kk + 0] = e4m3x4(s[b + 0], s[b + 1], s[b + 4], s[b + 5]);
-    p[4 * kk + 1] = e4m3x4(s[b + 2], s[b + 3], s[b + 6], s[b + 7]);
-    p[4 * kk + 2] = e4m3x4(s[b + 8], s[b + 9], s[b + 12], s[b + 13]);
-    p[4 * kk + 3] = e4m3x4(s[b + 10], s[b + 11], s[b + 14], s[b + 15]);
-  }
-}
 __device__ __forceinline__ void issue_qk(float (&s)[kBN / 2], uint32_t q_base, uint32_t k_base) {
 #pragma unroll
   for (int kk = 0; kk < kHeadDim / 32; ++kk)
     wgmma_ss_e4m3(s, desc(q_base + 32 * kk, 16, 1024), desc(k_base + 32 * kk, 16, 1024), kk > 0);
 }
-__device__ __forceinline__ void issue_pv(float (&o)[64], const uint32_t (&p)[kBN / 8], uint32_t v_base) {
+// O += P·V with P from shared memory: the tile is K-major, 128-byte rows, 128-byte swizzled like Q.
+__device__ __forceinline__ void issue_pv(float (&o)[64], uint32_t p_base, uint32_t v_base) {
+#pragma unroll
+  for (int kk = 0; kk < kBN / 32; ++kk)
+    wgmma_ss_e4m3(o, desc(p_base + 32 * kk, 16, 1024), desc(v_base + 32 * kk, 16, 1024), 1);
+}
+// The online softmax of one S tile (accumulator layout: s[i] is row (i>>1)&1, column 8·(i>>2) + 2·(lane&3)
+// + (i&1)), written as e4m3 into the warpgroup's P tile in shared memory. It only reads s: ptxas waits for
+// every wgmma in flight before any write to a wgmma accumulator register, so a softmax in place would wait
+// for this warpgroup's own P·V before its exponentials.
+// Per 32 keys, one stmatrix of four 8 x 16-byte matrices (rows +0/+8, 16-byte chunks 2kk and 2kk+1,
+// swizzled). Byte 4t + i of each 16-key half holds key 8·(i/2) + 2t + (i mod 2) of the accumulator: the
+// quantiser writes V's keys in that order (attention_fp8_quant.cu), so no data moves between lanes.
+// kPolyEvery > 0: every kPolyEvery-th exponential on the FMA pipe (exp2_poly), the rest on the MUFU.
+// kLazy: the running max moves only when the tile's exceeds it by more than 2 (log2 units); alpha is then
+// 1 exactly and the caller skips the rescale (numerators reach 2^(kOff + 2)).
+template <bool kMasked, int kPolyEvery, bool kLazy, int kOff>
+__device__ __forceinline__ void softmax_to_smem(const float (&s)[kBN / 2], RowState& st, float f, int valid, int lane,
+                                                float (&alpha)[2], uint32_t p_base, int warp) {
+  const int c0 = 2 * (lane & 3);
+  auto col_of = [&](int i) { return 8 * (i >> 2) + c0 + (i & 1); };
+  // Row maxima in 4 independent chains per row (element i: row (i >> 1) & 1, chain (i >> 2) & 3).
+  float mc[2][4];
+#pragma unroll
+  for (int r = 0; r < 2; ++r)
+#pragma unroll
+    for (int k = 0; k < 4; ++k) mc[r][k] = -INFINITY;
+#pragma unroll
+  for (int i = 0; i < kBN / 2; ++i) {
+    const float v = !kMasked || col_of(i) < valid ? s[i] : -INFINITY;
+    mc[(i >> 1) & 1][(i >> 2) & 3] = fmaxf(mc[(i >> 1) & 1][(i >> 2) & 3], v);
+  }
+  float neg_m[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float mx = fmaxf(fmaxf(mc[r][0], mc[r][1]), fmaxf(mc[r][2], mc[r][3]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    if constexpr (kLazy) {
+      const float cand = mx * f;
+      alpha[r] = 1.f;
+      if (cand > st.m[r] + 2.f) {  // always on the first tile (st.m = -inf: alpha = 0)
+        alpha[r] = ex2(st.m[r] - cand);
+        st.m[r] = cand;
+      }
+    } else {
+      const float m_new = fmaxf(st.m[r], mx * f);
+      alpha[r] = ex2(st.m[r] - m_new);  // st.m = -inf on the first tile: alpha = 0
+      st.m[r] = m_new;
+    }
+    st.l[r] *= alpha[r];
+    neg_m[r] = kOff - st.m[r];  // P = 2^(s·f − m + kOff)
+  }
+  float lc[2][4] = {};
+  const int j = lane >> 3, rr = lane & 7;
+  const uint32_t row = 16 * warp + rr + 8 * (j & 1);
 #pragma unroll
   for (int kk = 0; kk < kBN / 32; ++kk) {
-    const uint32_t a[4] = {p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3]};
-    wgmma_rs_e4m3(o, a, desc(v_base + 32 * kk, 16, 1024));
+    float e[16];
+#pragma unroll
+    for (int q = 0; q < 16; ++q) {
+      const int i = 16 * kk + q, r = (i >> 1) & 1;
+      const float x = fmaf(s[i], f, neg_m[r]);
+      float y;
+      if constexpr (kPolyEvery > 0) y = i % kPolyEvery == kPolyEvery - 1 ? exp2_poly(x) : ex2(x);
+      else y = ex2(x);
+      if (kMasked && col_of(i) >= valid) y = 0.f;
+      e[q] = y;
+      lc[r][(i >> 2) & 3] += y;
+    }
+    const uint32_t r0 = e4m3x4(e[0], e[1], e[4], e[5]), r1 = e4m3x4(e[2], e[3], e[6], e[7]);
+    const uint32_t r2 = e4m3x4(e[8], e[9], e[12], e[13]), r3 = e4m3x4(e[10], e[11], e[14], e[15]);
+    const uint32_t addr = p_base + row * 128 + ((static_cast<uint32_t>(2 * kk + (j >> 1)) ^ rr) << 4);
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r0), "r"(r1),
+                 "r"(r2), "r"(r3)
+                 : "memory");
   }
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // P is read by wgmma (the async proxy)
+#pragma unroll
+  for (int r = 0; r < 2; ++r) st.l[r] += (lc[r][0] + lc[r][1]) + (lc[r][2] + lc[r][3]);
 }
 #endif  // WAN_SM90A
 
 // POLY > 0: every POLY-th softmax exponential on the FMA pipe (exp2_poly), the rest on the MUFU.
-// LAZY: lazy rescale (sm90_ptx.cuh softmax_tile): P = 2^(s·f − m + 6) <= 256, O rescaled only on a max move.
-template <bool PP, int POLY, int STAGES, bool LAZY>
+// LAZY: lazy rescale: P = 2^(s·f − m + 6) <= 256, O rescaled only on a max move.
+template <int POLY, int STAGES, bool LAZY>
 __global__ void __launch_bounds__(kThreads, 1)
     attn_fp8_sm90(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                   const __grid_constant__ CUtensorMap tv, const Params p) {
@@ -119,9 +179,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
   const uint32_t sQ = smem_u32(smem);
-  const uint32_t sK = sQ + kQBytes;                  // stage s at sK + s·kKBytes
-  const uint32_t sV = sK + STAGES * kKBytes;        // stage s at sV + s·kVBytes
-  const uint32_t bars = sV + STAGES * kVBytes;
+  const uint32_t sK = sQ + kQBytes;           // stage s at sK + s·kKBytes
+  const uint32_t sV = sK + STAGES * kKBytes;  // stage s at sV + s·kVBytes
+  const uint32_t sP = sV + STAGES * kVBytes;  // consumer c, parity e at sP + (2c + e)·kPBytes
+  const uint32_t bars = sP + 2 * kConsumers * kPBytes;
   const uint32_t q_full = bars, q_empty = bars + 8;
   auto k_full = [&](int s) { return bars + 8u * (2 + s); };
   auto v_full = [&](int s) { return bars + 8u * (2 + STAGES + s); };
@@ -137,12 +198,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   };
   if (tid == 0) {
     mbar_init(q_full, 1);
-    mbar_init(q_empty, 256);
+    mbar_init(q_empty, 128 * kConsumers);
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(k_full(s), 1);
       mbar_init(v_full(s), 1);
-      mbar_init(k_empty(s), 8);
-      mbar_init(v_empty(s), 8);
+      mbar_init(k_empty(s), 4 * kConsumers);
+      mbar_init(v_empty(s), 4 * kConsumers);
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
@@ -180,34 +241,43 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 
   // ---- consumers ----
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
+  // (65536 − 128·24) / 384 = 162 registers a thread, rounded down to a multiple of 8.
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 160;\n");
   const int c = wg - 1;
   const int t = tid - 128 * wg;
   const int warp = t / 32, lane = t % 32;
   auto release = [&](uint32_t bar) {
     if (lane == 0) mbar_arrive(bar);
   };
-  auto turn_begin = [&] {
-    if constexpr (PP) named_bar_sync(1 + c, 256);
-  };
-  auto turn_end = [&] {
-    if constexpr (PP) named_bar_arrive(2 - c, 256);
-  };
-  if constexpr (PP) {
-    if (c == 1) named_bar_arrive(1, 256);
-  }
+  // The consumers take turns at the tensor cores round a ring of named barriers 1..3: a turn ends by
+  // letting the next consumer's begin. The turns also publish P: every warp's stmatrix of P precedes the
+  // barrier that the warpgroup's P·V issue follows.
+  auto turn_begin = [&] { named_bar_sync(1 + c, 256); };
+  auto turn_end = [&] { named_bar_arrive(1 + (c + 1) % kConsumers, 256); };
+  if (c == kConsumers - 1) named_bar_arrive(1, 256);
 
   float s[kBN / 2], o[64];
-  uint32_t pf[kBN / 8];
   RowState st;
   float alpha[2] = {0.f, 0.f};
-  uint32_t pend_pos = 0;
   int qt = 0, h = 0, b = 0, bh = 0, n_valid = 0, n_tiles = 0;
   uint32_t it = 0, item = 0;
   float fq = 0.f;  // scale·log2(e)·sq of the item's Q block
   const uint32_t q_base = sQ + c * (64 * 128);
+  const uint32_t p_tile = sP + 2 * c * kPBytes;
 
   auto tile_factor = [&](int n) { return fq * p.k_scale[static_cast<int64_t>(bh) * p.k_blocks + n]; };
+  auto softmax = [&](int n) {  // S_n -> P_n (P tile n mod 2)
+    const int valid = n_valid - n * kBN;
+    const uint32_t p_dst = p_tile + (n & 1) * kPBytes;
+    if (valid >= kBN) softmax_to_smem<false, POLY, LAZY, kOff>(s, st, tile_factor(n), valid, lane, alpha, p_dst, warp);
+    else softmax_to_smem<true, POLY, LAZY, kOff>(s, st, tile_factor(n), valid, lane, alpha, p_dst, warp);
+  };
+  auto rescale = [&] {
+    if (!LAZY || alpha[0] != 1.f || alpha[1] != 1.f) {
+#pragma unroll
+      for (int i = 0; i < 64; ++i) o[i] *= alpha[(i >> 1) & 1];
+    }
+  };
   auto epilogue = [&] {
     float inv_l[2];
 #pragma unroll
@@ -247,29 +317,22 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
   };
-  auto rescale_and_issue_pv = [&](int sp) {
-    if (!LAZY || alpha[0] != 1.f || alpha[1] != 1.f) {
-#pragma unroll
-      for (int i = 0; i < 64; ++i) o[i] *= alpha[(i >> 1) & 1];
-    }
-    wgmma_fence();
-    issue_pv(o, pf, sV + sp * kVBytes);
-    wgmma_commit();
-  };
+
   for (int w = blockIdx.x; w < num_items; w += gridDim.x, ++item) {
     decode_item(w, p.num_q_tiles, p.H, qt, h, b);
     bh = b * p.H + h;
     n_valid = n_valid_of(b);
     n_tiles = (n_valid + kBN - 1) / kBN;
-    fq = p.scale_log2 * p.q_scale[static_cast<int64_t>(bh) * p.num_q_tiles + qt];
+    // The last item's rows may run past the last Q block (rows >= Lq: computed, never stored).
+    fq = p.scale_log2 *
+         p.q_scale[static_cast<int64_t>(bh) * p.q_blocks + min((qt * kBlockM + 64 * c) / kQuantRows, p.q_blocks - 1)];
     st.m[0] = st.m[1] = -INFINITY;
     st.l[0] = st.l[1] = 0.f;
 #pragma unroll
     for (int i = 0; i < 64; ++i) o[i] = 0.f;
     mbar_wait(q_full, item & 1);
-    {  // tile 0: S_0 alone
+    {  // tile 0: S_0 alone. (Peeled: a P·V issued under `if (n > 0)` makes ptxas serialise every wgmma, C7514.)
       const int s0 = it % STAGES;
-      const float f0 = tile_factor(0);
       mbar_wait(k_full(s0), (it / STAGES) & 1);
       turn_begin();
       wgmma_fence();
@@ -280,45 +343,48 @@ __global__ void __launch_bounds__(kThreads, 1)
       reg_fence(s);
       release(k_empty(s0));
       if (n_tiles == 1) mbar_arrive(q_empty);
-      softmax_tile<kBN, kOff, POLY, LAZY>(s, st, f0, n_valid, lane, alpha);
-      to_fp8_fragments(s, pf);
-      pend_pos = it;
+      softmax(0);
     }
-    for (int n = 1; n < n_tiles; ++n) {  // S_n issued, then O += P_{n-1}·V_{n-1} in the same turn
-      const uint32_t cur = it + n;
-      const int sn = cur % STAGES, sp = pend_pos % STAGES;
-      const float fn = tile_factor(n);
+    // Tile n: S_n issued, then O += P_{n-1}·V_{n-1}; the softmax of S_n runs while that P·V does and writes
+    // P_n to the other P tile; then O is rescaled.
+    for (int n = 1; n < n_tiles; ++n) {
+      const uint32_t cur = it + n, prev = cur - 1;
+      const int sn = cur % STAGES, sp = prev % STAGES;
       mbar_wait(k_full(sn), (cur / STAGES) & 1);
-      mbar_wait(v_full(sp), (pend_pos / STAGES) & 1);
+      mbar_wait(v_full(sp), (prev / STAGES) & 1);
       turn_begin();
       wgmma_fence();
       issue_qk(s, q_base, sK + sn * kKBytes);
       wgmma_commit();
-      rescale_and_issue_pv(sp);
+      wgmma_fence();
+      issue_pv(o, p_tile + ((n - 1) & 1) * kPBytes, sV + sp * kVBytes);
+      wgmma_commit();
       turn_end();
-      wgmma_wait<1>();
+      wgmma_wait<1>();  // S_n (P·V_{n-1} may still run)
       reg_fence(s);
       release(k_empty(sn));
       if (n == n_tiles - 1) mbar_arrive(q_empty);
-      softmax_tile<kBN, kOff, POLY, LAZY>(s, st, fn, n_valid - n * kBN, lane, alpha);
+      softmax(n);
       wgmma_wait<0>();
       reg_fence(o);
       release(v_empty(sp));
-      to_fp8_fragments(s, pf);
-      pend_pos = cur;
+      rescale();
     }
-    it += n_tiles;
     {  // the last P·V and the epilogue
-      const int sp = pend_pos % STAGES;
-      mbar_wait(v_full(sp), (pend_pos / STAGES) & 1);
+      const uint32_t last = it + n_tiles - 1;
+      const int sl = last % STAGES;
+      mbar_wait(v_full(sl), (last / STAGES) & 1);
       turn_begin();
-      rescale_and_issue_pv(sp);
+      wgmma_fence();
+      issue_pv(o, p_tile + ((n_tiles - 1) & 1) * kPBytes, sV + sl * kVBytes);
+      wgmma_commit();
       turn_end();
       wgmma_wait<0>();
       reg_fence(o);
-      release(v_empty(sp));
+      release(v_empty(sl));
       epilogue();
     }
+    it += n_tiles;
   }
 #endif  // WAN_SM90A
 }
@@ -340,7 +406,7 @@ CUtensorMap make_map(const void* base, int64_t inner, int64_t rows, int64_t oute
   return m;
 }
 
-template <bool PP, int POLY, int STAGES, bool LAZY>
+template <int POLY, int STAGES, bool LAZY>
 void launch(unsigned grid, const CUtensorMap& tq, const CUtensorMap& tk, const CUtensorMap& tv, const Params& p,
             cudaStream_t stream) {
   constexpr size_t kSmem = smem_bytes(STAGES);
@@ -353,12 +419,12 @@ void launch(unsigned grid, const CUtensorMap& tq, const CUtensorMap& tk, const C
     std::lock_guard<std::mutex> lock(mu);
     if (set_on.size() <= static_cast<size_t>(dev)) set_on.resize(static_cast<size_t>(dev) + 1, false);
     if (!set_on[static_cast<size_t>(dev)]) {
-      CUDA_CHECK(cudaFuncSetAttribute(attn_fp8_sm90<PP, POLY, STAGES, LAZY>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+      CUDA_CHECK(cudaFuncSetAttribute(attn_fp8_sm90<POLY, STAGES, LAZY>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       static_cast<int>(kSmem)));
       set_on[static_cast<size_t>(dev)] = true;
     }
   }
-  attn_fp8_sm90<PP, POLY, STAGES, LAZY><<<grid, kThreads, kSmem, stream>>>(tq, tk, tv, p);
+  attn_fp8_sm90<POLY, STAGES, LAZY><<<grid, kThreads, kSmem, stream>>>(tq, tk, tv, p);
 }
 
 }  // namespace
@@ -372,7 +438,7 @@ bool OwnAttentionFp8::supported() {
   }
   if (prop.major != 9 || prop.minor != 0) return false;
   cudaFuncAttributes fa{};
-  if (cudaFuncGetAttributes(&fa, attn_fp8_sm90<true, 0, 2, false>) != cudaSuccess) {
+  if (cudaFuncGetAttributes(&fa, attn_fp8_sm90<0, 2, false>) != cudaSuccess) {
     (void)cudaGetLastError();
     return false;
   }
@@ -406,7 +472,8 @@ void OwnAttentionFp8::run(const AttentionShape& s, const AttentionArgs& a, void*
   fp8_attention_quantize(s, a, l, ws, stream);
   Params p{};
   p.B = static_cast<int>(s.B), p.Lq = static_cast<int>(s.Lq), p.Lk = static_cast<int>(s.Lk), p.H = static_cast<int>(s.H);
-  p.num_q_tiles = static_cast<int>(l.q_tiles), p.k_blocks = static_cast<int>(l.k_blocks);
+  p.num_q_tiles = static_cast<int>((s.Lq + kBlockM - 1) / kBlockM), p.k_blocks = static_cast<int>(l.k_blocks);
+  p.q_blocks = static_cast<int>(l.q_tiles);
   p.k_lens = s.masked ? a.k_lens : nullptr;
   p.o = static_cast<__nv_bfloat16*>(a.o);
   p.o_ld = s.o_ld ? s.o_ld : s.H * kHeadDim;
@@ -417,7 +484,7 @@ void OwnAttentionFp8::run(const AttentionShape& s, const AttentionArgs& a, void*
   p.k_scale = reinterpret_cast<const float*>(ws + l.k_scale);
   p.q_mean_dot = reinterpret_cast<const float*>(ws + l.q_mean_dot);
   p.v_amax = reinterpret_cast<const uint32_t*>(ws + l.v_amax);
-  const int64_t items = l.q_tiles * l.BH;
+  const int64_t items = int64_t{p.num_q_tiles} * l.BH;
   WAN_CHECK(items < (int64_t{1} << 31), "attention_fp8: too many work items (", items, ")");
   const CUtensorMap tq = make_map(ws + l.q, kHeadDim, s.Lq, l.BH, kHeadDim, kBlockM);
   const CUtensorMap tk = make_map(ws + l.k, kHeadDim, s.Lk, l.BH, kHeadDim, kBN);
@@ -432,12 +499,12 @@ void OwnAttentionFp8::run(const AttentionShape& s, const AttentionArgs& a, void*
   if (const char* e = std::getenv("WAN_ATTN_FP8_STAGES")) stages = std::atoi(e) == 3 ? 3 : 2;
   bool lazy = false;
   if (const char* e = std::getenv("WAN_ATTN_FP8_LAZY")) lazy = e[0] == '1';
-  if (lazy && poly == 4) launch<true, 4, 2, true>(grid, tq, tk, tv, p, stream);
-  else if (lazy) launch<true, 0, 2, true>(grid, tq, tk, tv, p, stream);
-  else if (poly == 2) launch<true, 2, 2, false>(grid, tq, tk, tv, p, stream);
-  else if (poly == 4) launch<true, 4, 2, false>(grid, tq, tk, tv, p, stream);
-  else if (stages == 3) launch<true, 0, 3, false>(grid, tq, tk, tv, p, stream);
-  else launch<true, 0, 2, false>(grid, tq, tk, tv, p, stream);
+  if (lazy && poly == 4) launch<4, 2, true>(grid, tq, tk, tv, p, stream);
+  else if (lazy) launch<0, 2, true>(grid, tq, tk, tv, p, stream);
+  else if (poly == 2) launch<2, 2, false>(grid, tq, tk, tv, p, stream);
+  else if (poly == 4) launch<4, 2, false>(grid, tq, tk, tv, p, stream);
+  else if (stages == 3) launch<0, 3, false>(grid, tq, tk, tv, p, stream);
+  else launch<0, 2, false>(grid, tq, tk, tv, p, stream);
   CUDA_CHECK(cudaGetLastError());
 }
 

@@ -7,8 +7,8 @@
 //      then e4m3 with one scale per 128 keys of a head; the LSE gets scale·q·mean back, so it equals the
 //      unsmoothed attention's (ring attention merges partial results by it);
 //   V: e4m3 with one scale per (sample, head, channel), stored transposed [head dim][keys] (FP8 wgmma
-//      reads both operands K-major) with the keys of each 16 permuted so that the fp32 score accumulator,
-//      converted to e4m3 in registers, is P·V's A operand as is (no shuffles);
+//      reads both operands K-major) with the keys of each 16 permuted so that each thread writes the P of
+//      its own accumulator elements (no shuffles);
 //   P: exp2(s·f − m + 8), i.e. 256·softmax numerators (small ones stay normal in e4m3), rounded to e4m3
 //      for P·V; the row sum l is taken in fp32 before rounding; fp32 accumulators throughout.
 // Invariants: no host synchronisation; capturable in CUDA graphs; the workspace is the caller's.

@@ -133,15 +133,11 @@ struct RowState {
   float l[2];  // running sum of exp2(s − m) over this thread's columns (reduced over the quad at the end)
 };
 
-// Softmax of one [64 x BN] tile in place (accumulator layout): s becomes exp2(s·scale_log2 − m_new +
-// kExpOffset); alpha gets the factors exp2(m_old − m_new) that rescale the previous accumulator. Columns >=
-// valid (tile-relative) are masked. kExpOffset scales the numerators (and l) by 2^kExpOffset (the FP8
-// kernel's 256·P keeps small probabilities normal in e4m3).
-// kPolyEvery > 0: every kPolyEvery-th element's exp2 runs as exp2_poly (MUFU relief for the FP8 kernel).
-// kLazy: the running max moves only when the tile's exceeds it by more than 2 (log2 units); otherwise
-// alpha = 1 exactly and the caller may skip rescaling the accumulator (numerators then reach
-// 2^(kExpOffset + 2)).
-template <int BN, int kExpOffset = 0, int kPolyEvery = 0, bool kLazy = false>
+// Softmax of one [64 x BN] tile in place (accumulator layout): s becomes exp2(s·scale_log2 − m_new); alpha
+// gets the factors exp2(m_old − m_new) that rescale the previous accumulator. Columns >= valid
+// (tile-relative) are masked. (The FP8 kernel has its own, attention_fp8.cu softmax_to_smem: it must not
+// write s.)
+template <int BN>
 __device__ __forceinline__ void softmax_tile(float (&s)[BN / 2], RowState& st, float scale_log2, int valid, int lane,
                                              float (&alpha)[2]) {
   if (valid < BN) {
@@ -169,29 +165,17 @@ __device__ __forceinline__ void softmax_tile(float (&s)[BN / 2], RowState& st, f
   for (int r = 0; r < 2; ++r) {
     mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
     mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-    if constexpr (kLazy) {
-      const float cand = mx[r] * scale_log2;
-      alpha[r] = 1.f;
-      if (cand > st.m[r] + 2.f) {  // always on the first tile (st.m = -inf: alpha = 0)
-        alpha[r] = ex2(st.m[r] - cand);
-        st.m[r] = cand;
-      }
-    } else {
-      const float m_new = fmaxf(st.m[r], mx[r] * scale_log2);
-      alpha[r] = ex2(st.m[r] - m_new);  // st.m = -inf on the first tile: alpha = 0
-      st.m[r] = m_new;
-    }
+    const float m_new = fmaxf(st.m[r], mx[r] * scale_log2);
+    alpha[r] = ex2(st.m[r] - m_new);  // st.m = -inf on the first tile: alpha = 0
+    st.m[r] = m_new;
     st.l[r] *= alpha[r];
   }
-  float neg_m[2] = {-st.m[0], -st.m[1]};
-  if constexpr (kExpOffset != 0) neg_m[0] = kExpOffset - st.m[0], neg_m[1] = kExpOffset - st.m[1];
+  const float neg_m[2] = {-st.m[0], -st.m[1]};
   float lc[2][4] = {};
 #pragma unroll
   for (int i = 0; i < BN / 2; ++i) {
     const int r = (i >> 1) & 1;
-    const float x = fmaf(s[i], scale_log2, neg_m[r]);
-    if constexpr (kPolyEvery > 0) s[i] = i % kPolyEvery == kPolyEvery - 1 ? exp2_poly(x) : ex2(x);
-    else s[i] = ex2(x);
+    s[i] = ex2(fmaf(s[i], scale_log2, neg_m[r]));
     lc[r][(i >> 2) & 3] += s[i];
   }
 #pragma unroll
