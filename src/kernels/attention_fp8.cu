@@ -138,9 +138,9 @@ __device__ __forceinline__ void softmax_to_smem(const float (&s)[kBN / 2], RowSt
     st.l[r] *= alpha[r];
     neg_m[r] = kOff - st.m[r];  // P = 2^(s·f − m + kOff)
   }
-  float lc[2][4] = {};
   const int j = lane >> 3, rr = lane & 7;
   const uint32_t row = 16 * warp + rr + 8 * (j & 1);
+  float lc[2][4] = {};
 #pragma unroll
   for (int kk = 0; kk < kBN / 32; ++kk) {
     float e[16];
@@ -169,7 +169,7 @@ __device__ __forceinline__ void softmax_to_smem(const float (&s)[kBN / 2], RowSt
 #endif  // WAN_SM90A
 
 // POLY > 0: every POLY-th softmax exponential on the FMA pipe (exp2_poly), the rest on the MUFU.
-// LAZY: lazy rescale: P = 2^(s·f − m + 6) <= 256, O rescaled only on a max move.
+// LAZY (the default): lazy rescale: P = 2^(s·f − m + 6) <= 256, O rescaled only on a max move.
 template <int POLY, int STAGES, bool LAZY>
 __global__ void __launch_bounds__(kThreads, 1)
     attn_fp8_sm90(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
@@ -429,6 +429,11 @@ void launch(unsigned grid, const CUtensorMap& tq, const CUtensorMap& tk, const C
 
 }  // namespace
 
+bool fp8_attention_lazy_rescale() {
+  const char* e = std::getenv("WAN_ATTN_FP8_LAZY");
+  return !(e && e[0] == '0');
+}
+
 bool OwnAttentionFp8::supported() {
   int dev = 0;
   cudaDeviceProp prop{};
@@ -438,7 +443,7 @@ bool OwnAttentionFp8::supported() {
   }
   if (prop.major != 9 || prop.minor != 0) return false;
   cudaFuncAttributes fa{};
-  if (cudaFuncGetAttributes(&fa, attn_fp8_sm90<0, 2, false>) != cudaSuccess) {
+  if (cudaFuncGetAttributes(&fa, attn_fp8_sm90<0, 2, true>) != cudaSuccess) {
     (void)cudaGetLastError();
     return false;
   }
@@ -489,22 +494,22 @@ void OwnAttentionFp8::run(const AttentionShape& s, const AttentionArgs& a, void*
   const CUtensorMap tq = make_map(ws + l.q, kHeadDim, s.Lq, l.BH, kHeadDim, kBlockM);
   const CUtensorMap tk = make_map(ws + l.k, kHeadDim, s.Lk, l.BH, kHeadDim, kBN);
   const CUtensorMap tv = make_map(ws + l.vt, l.Lk16, kHeadDim, l.BH, kBN, kHeadDim);
+  // Lazy rescaling is the default (WAN_ATTN_FP8_LAZY=0: eager, P offset 8): O is rescaled only when a row
+  // max moves by more than 2 (log2), with P offset 6 (ops::Fp8AttentionRefOptions::lazy_rescale).
   // Experiments (bench-attention): WAN_ATTN_FP8_POLY=2|4 moves every 2nd / 4th exponential off the MUFU;
-  // WAN_ATTN_FP8_STAGES=3 deepens the K/V ring; WAN_ATTN_FP8_LAZY=1 rescales O only when a row max moves
-  // by more than 2 (log2), with P offset 6 (ops::Fp8AttentionRefOptions::lazy_rescale).
+  // WAN_ATTN_FP8_STAGES=3 deepens the K/V ring.
   int poly = 0;
   if (const char* e = std::getenv("WAN_ATTN_FP8_POLY")) poly = std::atoi(e);
   const unsigned grid = static_cast<unsigned>(items);
   int stages = 2;
   if (const char* e = std::getenv("WAN_ATTN_FP8_STAGES")) stages = std::atoi(e) == 3 ? 3 : 2;
-  bool lazy = false;
-  if (const char* e = std::getenv("WAN_ATTN_FP8_LAZY")) lazy = e[0] == '1';
-  if (lazy && poly == 4) launch<4, 2, true>(grid, tq, tk, tv, p, stream);
-  else if (lazy) launch<0, 2, true>(grid, tq, tk, tv, p, stream);
-  else if (poly == 2) launch<2, 2, false>(grid, tq, tk, tv, p, stream);
-  else if (poly == 4) launch<4, 2, false>(grid, tq, tk, tv, p, stream);
-  else if (stages == 3) launch<0, 3, false>(grid, tq, tk, tv, p, stream);
-  else launch<0, 2, false>(grid, tq, tk, tv, p, stream);
+  const bool lazy = fp8_attention_lazy_rescale();
+  if (!lazy && poly == 4) launch<4, 2, false>(grid, tq, tk, tv, p, stream);
+  else if (!lazy) launch<0, 2, false>(grid, tq, tk, tv, p, stream);
+  else if (poly == 2) launch<2, 2, true>(grid, tq, tk, tv, p, stream);
+  else if (poly == 4) launch<4, 2, true>(grid, tq, tk, tv, p, stream);
+  else if (stages == 3) launch<0, 3, true>(grid, tq, tk, tv, p, stream);
+  else launch<0, 2, true>(grid, tq, tk, tv, p, stream);
   CUDA_CHECK(cudaGetLastError());
 }
 

@@ -9,8 +9,11 @@
 //   V: e4m3 with one scale per (sample, head, channel), stored transposed [head dim][keys] (FP8 wgmma
 //      reads both operands K-major) with the keys of each 16 permuted so that each thread writes the P of
 //      its own accumulator elements (no shuffles);
-//   P: exp2(s·f − m + 8), i.e. 256·softmax numerators (small ones stay normal in e4m3), rounded to e4m3
-//      for P·V; the row sum l is taken in fp32 before rounding; fp32 accumulators throughout.
+//   P: exp2(s·f − m + 6), i.e. 64·softmax numerators (small ones stay normal in e4m3), rounded to e4m3
+//      for P·V; the running max m moves only when a tile's exceeds it by more than 2 (lazy rescale: P <=
+//      256, and O is rescaled only on a move); the row sum l is taken in fp32 before rounding; fp32
+//      accumulators throughout. WAN_ATTN_FP8_LAZY=0 selects the eager form (m = the running max, P =
+//      exp2(s·f − m + 8)); ops::Fp8AttentionRefOptions::lazy_rescale spells either.
 // Invariants: no host synchronisation; capturable in CUDA graphs; the workspace is the caller's.
 #pragma once
 #include <cuda_runtime.h>
@@ -46,6 +49,9 @@ class OwnAttentionFp8 {
   static void run(const AttentionShape& s, const AttentionArgs& a, void* workspace, size_t workspace_bytes,
                   cudaStream_t stream);
 };
+
+// Whether run() uses the lazy rescale (the default; WAN_ATTN_FP8_LAZY=0: eager), for emulations to match.
+bool fp8_attention_lazy_rescale();
 
 // The quantisation passes alone (attention_fp8_quant.cu; run() calls it first): fills the workspace's
 // q, k, vt, scales, mean and q·mean (when s.lse) from a's bf16 Q/K/V.

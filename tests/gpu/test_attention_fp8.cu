@@ -170,8 +170,7 @@ void run_case(const Case& c, cudaStream_t stream) {
     }
     std::vector<float> eo(q32.size()), lse_e(static_cast<size_t>(B * H * Lq));
     ops::Fp8AttentionRefOptions ropt;
-    const char* lazy = std::getenv("WAN_ATTN_FP8_LAZY");
-    ropt.lazy_rescale = lazy && lazy[0] == '1';
+    ropt.lazy_rescale = cuda::fp8_attention_lazy_rescale();
     ops::attention_fp8_ref(q32.data(), k32.data(), v32.data(), eo.data(), lse_e.data(), B, Lq, Lk, H, D,
                            masked ? c.klens.data() : nullptr, kAttnScale, ropt);
     // rows == every row here, in order: got and cref.fp32 are [B, Lq, HD]
@@ -212,14 +211,14 @@ TEST(GpuAttentionFp8, SmallOddLengthsEveryRow) {
       {"keys offset +8", 1, 260, 700, 2, {}, false, 0, 1.0f, 19, 0, 8.0f},
       {"keys offset +30 masked", 2, 140, 300, 2, {150, 300}, false, 0, 1.0f, 20, 0, 30.0f},
   };
-  // Every kernel variant (attention_fp8.cu's experiment switches): exponentials partly on the FMA pipe,
-  // a deeper K/V ring.
+  // Every kernel variant (attention_fp8.cu's switches): eager rescaling, exponentials partly on the FMA
+  // pipe, a deeper K/V ring.
   struct Variant {
     const char *name, *poly, *stages, *lazy;
   };
-  for (const Variant& v : {Variant{"default", "0", "2", "0"}, Variant{"poly 2", "2", "2", "0"},
-                           Variant{"poly 4", "4", "2", "0"}, Variant{"stages 3", "0", "3", "0"},
-                           Variant{"lazy", "0", "2", "1"}, Variant{"lazy poly 4", "4", "2", "1"}}) {
+  for (const Variant& v : {Variant{"default (lazy)", "0", "2", "1"}, Variant{"poly 2", "2", "2", "1"},
+                           Variant{"poly 4", "4", "2", "1"}, Variant{"stages 3", "0", "3", "1"},
+                           Variant{"eager", "0", "2", "0"}, Variant{"eager poly 4", "4", "2", "0"}}) {
     std::printf("variant: %s\n", v.name);
     setenv("WAN_ATTN_FP8_POLY", v.poly, 1);
     setenv("WAN_ATTN_FP8_STAGES", v.stages, 1);
