@@ -9,11 +9,9 @@
 //   V: e4m3 with one scale per (sample, head, channel), stored transposed [head dim][keys] (FP8 wgmma
 //      reads both operands K-major) with the keys of each 16 permuted so that each thread writes the P of
 //      its own accumulator elements (no shuffles);
-//   P: exp2(s·f − m + 6), i.e. 64·softmax numerators (small ones stay normal in e4m3), rounded to e4m3
-//      for P·V; the running max m moves only when a tile's exceeds it by more than 2 (lazy rescale: P <=
-//      256, and O is rescaled only on a move); the row sum l is taken in fp32 before rounding; fp32
-//      accumulators throughout. WAN_ATTN_FP8_LAZY=0 selects the eager form (m = the running max, P =
-//      exp2(s·f − m + 8)); ops::Fp8AttentionRefOptions::lazy_rescale spells either.
+//   P: exp2(s·f − m + 6) rounded to e4m3 for P·V, the running max m moving only when a tile's exceeds it
+//      by more than 2 (lazy rescale: P <= 256, O rescaled only on a move; WAN_ATTN_FP8_LAZY=0: eager, P =
+//      exp2(s·f − m + 8)); the row sum l in fp32 before rounding; fp32 accumulators throughout.
 // Invariants: no host synchronisation; capturable in CUDA graphs; the workspace is the caller's.
 #pragma once
 #include <cuda_runtime.h>
