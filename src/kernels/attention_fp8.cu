@@ -106,17 +106,8 @@ __device__ __forceinline__ void softmax_to_smem(const float (&s)[kBN / 2], RowSt
                                                 float (&alpha)[2], uint32_t p_base, int warp) {
   const int c0 = 2 * (lane & 3);
   auto col_of = [&](int i) { return 8 * (i >> 2) + c0 + (i & 1); };
-  // Row maxima in 4 independent chains per row (element i: row (i >> 1) & 1, chain (i >> 2) & 3).
   float mc[2][4];
-#pragma unroll
-  for (int r = 0; r < 2; ++r)
-#pragma unroll
-    for (int k = 0; k < 4; ++k) mc[r][k] = -INFINITY;
-#pragma unroll
-  for (int i = 0; i < kBN / 2; ++i) {
-    const float v = !kMasked || col_of(i) < valid ? s[i] : -INFINITY;
-    mc[(i >> 1) & 1][(i >> 2) & 3] = fmaxf(mc[(i >> 1) & 1][(i >> 2) & 3], v);
-  }
+  row_max_chains<kBN / 2>([&](int i) { return !kMasked || col_of(i) < valid ? s[i] : -INFINITY; }, mc);
   float neg_m[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {

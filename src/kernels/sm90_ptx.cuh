@@ -133,6 +133,19 @@ struct RowState {
   float l[2];  // running sum of exp2(s − m) over this thread's columns (reduced over the quad at the end)
 };
 
+// Running maxima of a thread's share of an accumulator tile (N elements; element i is v(i), of row
+// (i >> 1) & 1) in 4 independent chains per row (chain (i >> 2) & 3), so the dependent latency between the
+// tile's arrival and its first exp2 is ~N/8 + 2 steps instead of N/2. The caller reduces the chains.
+template <int N, class V>
+__device__ __forceinline__ void row_max_chains(V v, float (&mc)[2][4]) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r)
+#pragma unroll
+    for (int k = 0; k < 4; ++k) mc[r][k] = -INFINITY;
+#pragma unroll
+  for (int i = 0; i < N; ++i) mc[(i >> 1) & 1][(i >> 2) & 3] = fmaxf(mc[(i >> 1) & 1][(i >> 2) & 3], v(i));
+}
+
 // Softmax of one [64 x BN] tile in place (accumulator layout): s becomes exp2(s·scale_log2 − m_new); alpha
 // gets the factors exp2(m_old − m_new) that rescale the previous accumulator. Columns >= valid
 // (tile-relative) are masked. (The FP8 kernel has its own, attention_fp8.cu softmax_to_smem: it must not
@@ -148,16 +161,8 @@ __device__ __forceinline__ void softmax_tile(float (&s)[BN / 2], RowState& st, f
       if (col >= valid) s[i] = -INFINITY;
     }
   }
-  // Row maxima and sums over the thread's BN/4 columns per row in 4 independent chains (element i
-  // belongs to row (i >> 1) & 1 and chain (i >> 2) & 3), so the dependent latency between the S tile's
-  // arrival and the first exp2 is ~BN/16 + 2 steps instead of BN/4.
   float mc[2][4];
-#pragma unroll
-  for (int r = 0; r < 2; ++r)
-#pragma unroll
-    for (int k = 0; k < 4; ++k) mc[r][k] = -INFINITY;
-#pragma unroll
-  for (int i = 0; i < BN / 2; ++i) mc[(i >> 1) & 1][(i >> 2) & 3] = fmaxf(mc[(i >> 1) & 1][(i >> 2) & 3], s[i]);
+  row_max_chains<BN / 2>([&](int i) { return s[i]; }, mc);
   float mx[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) mx[r] = fmaxf(fmaxf(mc[r][0], mc[r][1]), fmaxf(mc[r][2], mc[r][3]));
