@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "attention_test_ref.h"
@@ -152,7 +153,7 @@ Result run_case(CudnnAttention& cudnn, const Case& c, cudaStream_t stream) {
     if (own) OwnAttention::run(s, a, stream);
     else cudnn.run(s, a, dws.p, ws, stream);
     CUDA_CHECK(cudaEventRecord(e1, stream));
-    CUDA_CHECK(cudaStreamSynchronize(stream));
+    sync_or_die(stream, std::string(own ? "own" : "cuDNN") + " attention case \"" + c.name + "\"");
     CUDA_CHECK(cudaGetLastError());
     Outputs out;
     CUDA_CHECK(cudaEventElapsedTime(&out.ms, e0, e1));
