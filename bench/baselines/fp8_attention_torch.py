@@ -4,8 +4,10 @@ Per (sample, head), D = 128, inputs bf16:
   K smoothed: k - mean_j(k) (softmax-invariant); Q in blocks of 128 rows, smoothed K in blocks of 128 keys,
   one e4m3 scale per block (amax / 448, q = e4m3(x * (448 / amax)): core/fp8_rows.h); V one scale per channel;
   S = (Qq . Kq^T) * sq * sk * scale; P = 256 * exp(S - rowmax) rounded to e4m3; O = (Pq . Vq) * sv / sum(P).
-The engine's kernel runs the softmax online over 128-key tiles (P rounded relative to the running max);
-this emulation uses the final row max (one pass), the same quantisation otherwise.
+The engine's kernel runs the softmax online over 128-key tiles (P rounded relative to the running max,
+by default lazily: P = 2^(s - m + 6) with m within 2 of the row max); this emulation uses the final row
+max (one pass), the same quantisation otherwise. e4m3 rounds normal values with the same relative error at
+any power-of-two scale, so only probabilities near e4m3's subnormal range can round differently.
 Reports the relative L2 error of the emulated output against fp32 attention of the same bf16 inputs, on
 --rows query rows per head (first, last and random), for Gaussian inputs or q/k/v saved by the engine.
 Usage: python bench/baselines/fp8_attention_torch.py [--L 75600] [--heads 40] [--rows 512] [--json FILE]
