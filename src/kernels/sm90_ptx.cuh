@@ -67,8 +67,8 @@ __device__ __forceinline__ void reg_fence(float (&d)[N]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
-// Named barriers 1 and 2 (0 is __syncthreads): the consumers' turns at the tensor cores (the ping-pong of
-// attention_own.cu and attention_fp8.cu).
+// Named barriers from 1 (0 is __syncthreads): the consumers' turns at the tensor cores (attention_own.cu's
+// two consumers ping-pong on 1 and 2, attention_fp8.cu's three go round 1..3).
 __device__ __forceinline__ void named_bar_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
