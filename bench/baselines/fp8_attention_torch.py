@@ -3,7 +3,7 @@
 Per (sample, head), D = 128, inputs bf16:
   K smoothed: k - mean_j(k) (softmax-invariant); Q in blocks of 128 rows, smoothed K in blocks of 128 keys,
   one e4m3 scale per block (amax / 448, q = e4m3(x * (448 / amax)): core/fp8_rows.h); V one scale per channel;
-  S = (Qq . Kq^T) * sq * sk * scale; P = 256 * exp(S - rowmax) rounded to e4m3; O = (Pq . Vq) * sv / sum(P).
+  S = (Qq . Kq^T) * sq * sk * scale; P = 256 * exp(S - rowmax) rounded to e4m3 (Pq); O = (Pq . Vq) * sv / sum(Pq).
 The engine's kernel runs the softmax online over 128-key tiles (P rounded relative to the running max,
 by default lazily: P = 2^(s - m + 6) with m within 2 of the row max); this emulation uses the final row
 max (one pass), the same quantisation otherwise. e4m3 rounds normal values with the same relative error at
@@ -44,7 +44,7 @@ def emulate_head(q, k, v, rows, scale):
     s = (qq @ kq.T) * scale
     p = torch.exp2((s - s.amax(dim=1, keepdim=True)) * 1.4426950408889634 + 8.0)
     pq = p.to(torch.float8_e4m3fn).float()
-    o = (pq @ vq) * sv / p.sum(dim=1, keepdim=True)
+    o = (pq @ vq) * sv / pq.sum(dim=1, keepdim=True)
     ref = torch.softmax((q[rows] @ k.T) * scale, dim=1) @ v
     return o, ref
 

@@ -8,6 +8,7 @@
 //   to a P tile in shared memory (two per consumer, alternating) in the accumulator's key order;
 //   O += P·V: both from shared memory, V transposed ([dims][keys], K-major) with the keys permuted per 16 by
 //   the quantiser to match P (attention_fp8_quant.cu);
+//   l: P times ones (wgmma N = 8) beside each P·V, the tile's row sums added in fp32;
 //   epilogue: O · (1/l) · sv (V's per-channel scale), the LSE with the K-smoothing correction.
 #include "kernels/attention_fp8.h"
 
@@ -43,8 +44,8 @@ constexpr uint32_t kVBytes = kHeadDim * kBN;
 constexpr uint32_t kPBytes = 64 * kBN;  // one consumer warpgroup's P tile (e4m3)
 // K/V ring depth 2 or 3 (template parameter STAGES; each stage 32 KiB); two P tiles per consumer.
 constexpr size_t smem_bytes(int stages) {
-  return size_t(kQBytes) + size_t(stages) * (kKBytes + kVBytes) + 2 * kConsumers * kPBytes + 1024 /*align*/ +
-         256 /*barriers*/;
+  return size_t(kQBytes) + size_t(stages) * (kKBytes + kVBytes) + 2 * kConsumers * kPBytes + 1024 /*ones*/ +
+         1024 /*align*/ + 256 /*barriers*/;
 }
 
 struct Params {
@@ -64,15 +65,28 @@ struct Params {
 #if defined(WAN_SM90A)
 using namespace sm90;
 
-// D[64 x 128] (+)= A[64 x 32] (shared, K-major) · B[32 x 128] (shared, K-major); scale_d 0 overwrites D.
-__device__ __forceinline__ void wgmma_ss_e4m3(float (&d)[64], uint64_t da, uint64_t db, int scale_d) {
+// D[64 x 128] (+)= A[64 x 32] · B[32 x 128], both from shared memory, K-major, given the low words of their
+// descriptors (desc_lo below); the high word, the same for every operand here (1024 bytes between 8-row
+// groups, 128-byte swizzle), is %67. scale_d 0 overwrites D. (Operands in this form keep ptxas from
+// rebuilding 64-bit descriptors before every wgmma: 2% faster at L 75 600.)
+__device__ __forceinline__ void wgmma_ss_e4m3(float (&d)[64], uint32_t a_lo, uint32_t b_lo, int scale_d) {
   asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "{\n.reg .pred p;\n.reg .b64 da, db;\nsetp.ne.b32 p, %66, 0;\nmov.b64 da, {%64, %67};\nmov.b64 db, {%65, %67};\n"
       "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1;\n}\n"
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, da, db, p, 1, 1;\n}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-      : "l"(da), "l"(db), "r"(scale_d));
+      : "r"(a_lo), "r"(b_lo), "r"(scale_d), "r"(0x40000040u));
 }
+// The same with N = 8 (P times a block of ones: the row sums).
+__device__ __forceinline__ void wgmma_ss_e4m3_n8(float (&d)[4], uint32_t a_lo, uint32_t b_lo, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\n.reg .b64 da, db;\nsetp.ne.b32 p, %6, 0;\nmov.b64 da, {%4, %7};\nmov.b64 db, {%5, %7};\n"
+      "wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3 {%0, %1, %2, %3}, da, db, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a_lo), "r"(b_lo), "r"(scale_d), "r"(0x40000040u));
+}
+// Low word of desc(addr, 16, 1024): moving the address by 16·j bytes within shared memory adds j to it.
+__device__ __forceinline__ uint32_t desc_lo(uint32_t addr) { return ((addr & 0x3FFFF) >> 4) | (1u << 16); }
 
 // Four probabilities (>= 0, <= 256) -> four e4m3 bytes, v0 in the low byte.
 __device__ __forceinline__ uint32_t e4m3x4(float v0, float v1, float v2, float v3) {
@@ -80,16 +94,15 @@ __device__ __forceinline__ uint32_t e4m3x4(float v0, float v1, float v2, float v
   const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(v2, v3), __NV_SATFINITE, __NV_E4M3);
   return lo | (hi << 16);
 }
-__device__ __forceinline__ void issue_qk(float (&s)[kBN / 2], uint32_t q_base, uint32_t k_base) {
+// S = Q·Kᵀ and O += P·V (P from shared memory: the tile is K-major, 128-byte rows, 128-byte swizzled like
+// Q), from descriptor low words (32 bytes along K add 2).
+__device__ __forceinline__ void issue_qk(float (&s)[kBN / 2], uint32_t q_lo, uint32_t k_lo) {
 #pragma unroll
-  for (int kk = 0; kk < kHeadDim / 32; ++kk)
-    wgmma_ss_e4m3(s, desc(q_base + 32 * kk, 16, 1024), desc(k_base + 32 * kk, 16, 1024), kk > 0);
+  for (int kk = 0; kk < kHeadDim / 32; ++kk) wgmma_ss_e4m3(s, q_lo + 2 * kk, k_lo + 2 * kk, kk > 0);
 }
-// O += P·V with P from shared memory: the tile is K-major, 128-byte rows, 128-byte swizzled like Q.
-__device__ __forceinline__ void issue_pv(float (&o)[64], uint32_t p_base, uint32_t v_base) {
+__device__ __forceinline__ void issue_pv(float (&o)[64], uint32_t p_lo, uint32_t v_lo) {
 #pragma unroll
-  for (int kk = 0; kk < kBN / 32; ++kk)
-    wgmma_ss_e4m3(o, desc(p_base + 32 * kk, 16, 1024), desc(v_base + 32 * kk, 16, 1024), 1);
+  for (int kk = 0; kk < kBN / 32; ++kk) wgmma_ss_e4m3(o, p_lo + 2 * kk, v_lo + 2 * kk, 1);
 }
 // The online softmax of one S tile (accumulator layout: s[i] is row (i>>1)&1, column 8·(i>>2) + 2·(lane&3)
 // + (i&1)), written as e4m3 into the warpgroup's P tile in shared memory. It only reads s: ptxas waits for
@@ -126,12 +139,10 @@ __device__ __forceinline__ void softmax_to_smem(const float (&s)[kBN / 2], RowSt
       alpha[r] = ex2(st.m[r] - m_new);  // st.m = -inf on the first tile: alpha = 0
       st.m[r] = m_new;
     }
-    st.l[r] *= alpha[r];
     neg_m[r] = kOff - st.m[r];  // P = 2^(s·f − m + kOff)
   }
   const int j = lane >> 3, rr = lane & 7;
   const uint32_t row = 16 * warp + rr + 8 * (j & 1);
-  float lc[2][4] = {};
 #pragma unroll
   for (int kk = 0; kk < kBN / 32; ++kk) {
     float e[16];
@@ -144,7 +155,6 @@ __device__ __forceinline__ void softmax_to_smem(const float (&s)[kBN / 2], RowSt
       else y = ex2(x);
       if (kMasked && col_of(i) >= valid) y = 0.f;
       e[q] = y;
-      lc[r][(i >> 2) & 3] += y;
     }
     const uint32_t r0 = e4m3x4(e[0], e[1], e[4], e[5]), r1 = e4m3x4(e[2], e[3], e[6], e[7]);
     const uint32_t r2 = e4m3x4(e[8], e[9], e[12], e[13]), r3 = e4m3x4(e[10], e[11], e[14], e[15]);
@@ -154,8 +164,6 @@ __device__ __forceinline__ void softmax_to_smem(const float (&s)[kBN / 2], RowSt
                  : "memory");
   }
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // P is read by wgmma (the async proxy)
-#pragma unroll
-  for (int r = 0; r < 2; ++r) st.l[r] += (lc[r][0] + lc[r][1]) + (lc[r][2] + lc[r][3]);
 }
 #endif  // WAN_SM90A
 
@@ -173,7 +181,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t sK = sQ + kQBytes;           // stage s at sK + s·kKBytes
   const uint32_t sV = sK + STAGES * kKBytes;  // stage s at sV + s·kVBytes
   const uint32_t sP = sV + STAGES * kVBytes;  // consumer c, parity e at sP + (2c + e)·kPBytes
-  const uint32_t bars = sP + 2 * kConsumers * kPBytes;
+  const uint32_t sOnes = sP + 2 * kConsumers * kPBytes;  // 1 KiB of e4m3 ones (the row sums' B operand)
+  const uint32_t bars = sOnes + 1024;
   const uint32_t q_full = bars, q_empty = bars + 8;
   auto k_full = [&](int s) { return bars + 8u * (2 + s); };
   auto v_full = [&](int s) { return bars + 8u * (2 + STAGES + s); };
@@ -197,6 +206,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbar_init(v_empty(s), 4 * kConsumers);
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  if (tid < 256) {  // read by wgmma (the async proxy)
+    reinterpret_cast<uint32_t*>(smem + (sOnes - sQ))[tid] = 0x38383838u;
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
   }
   __syncthreads();
 
@@ -248,6 +261,16 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (c == kConsumers - 1) named_bar_arrive(1, 256);
 
   float s[kBN / 2], o[64];
+  // The row sums of P come from the tensor cores, P times ones (N = 8) beside each P·V, into a fresh lt per
+  // tile (lt[2r]: row r, the whole row in every thread) that is added to st.l in fp32: the FP8 MMA's own
+  // accumulation drops the low bits of small addends, so a sum carried across tiles in it comes out
+  // too small at L 75 600. They save the softmax 64 FADDs per tile (1.2% at L 75 600).
+  float lt[4];
+  const uint32_t ones_lo = desc_lo(sOnes);
+  auto issue_rowsum = [&](uint32_t p_lo_tile) {
+#pragma unroll
+    for (int kk = 0; kk < kBN / 32; ++kk) wgmma_ss_e4m3_n8(lt, p_lo_tile + 2 * kk, ones_lo, kk > 0);
+  };
   RowState st;
   float alpha[2] = {0.f, 0.f};
   int qt = 0, h = 0, b = 0, bh = 0, n_valid = 0, n_tiles = 0;
@@ -255,6 +278,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   float fq = 0.f;  // scale·log2(e)·sq of the item's Q block
   const uint32_t q_base = sQ + c * (64 * 128);
   const uint32_t p_tile = sP + 2 * c * kPBytes;
+  // Descriptor low words of the tiles: a K or V stage is 1024 more, the second P tile 512 more.
+  const uint32_t q_lo = desc_lo(q_base), k_lo = desc_lo(sK), v_lo = desc_lo(sV), p_lo = desc_lo(p_tile);
+  static_assert(kKBytes == 16 << 10 && kVBytes == 16 << 10 && kPBytes == 8 << 10, "descriptor strides");
 
   auto tile_factor = [&](int n) { return fq * p.k_scale[static_cast<int64_t>(bh) * p.k_blocks + n]; };
   auto softmax = [&](int n) {  // S_n -> P_n (P tile n mod 2)
@@ -264,6 +290,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     else softmax_to_smem<true, POLY, LAZY, kOff>(s, st, tile_factor(n), valid, lane, alpha, p_dst, warp);
   };
   auto rescale = [&] {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) st.l[r] = (st.l[r] + lt[2 * r]) * alpha[r];
     if (!LAZY || alpha[0] != 1.f || alpha[1] != 1.f) {
 #pragma unroll
       for (int i = 0; i < 64; ++i) o[i] *= alpha[(i >> 1) & 1];
@@ -273,9 +301,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     float inv_l[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      float l = st.l[r];
-      l += __shfl_xor_sync(0xffffffffu, l, 1);
-      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      const float l = st.l[r];
       inv_l[r] = 1.f / l;
       const int row = qt * kBlockM + 64 * c + 16 * warp + (lane >> 2) + 8 * r;
       if (p.lse && (lane & 3) == 0 && row < p.Lq) {
@@ -327,7 +353,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbar_wait(k_full(s0), (it / STAGES) & 1);
       turn_begin();
       wgmma_fence();
-      issue_qk(s, q_base, sK + s0 * kKBytes);
+      issue_qk(s, q_lo, k_lo + (s0 << 10));
       wgmma_commit();
       turn_end();
       wgmma_wait<0>();
@@ -345,10 +371,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbar_wait(v_full(sp), (prev / STAGES) & 1);
       turn_begin();
       wgmma_fence();
-      issue_qk(s, q_base, sK + sn * kKBytes);
+      issue_qk(s, q_lo, k_lo + (sn << 10));
       wgmma_commit();
       wgmma_fence();
-      issue_pv(o, p_tile + ((n - 1) & 1) * kPBytes, sV + sp * kVBytes);
+      issue_pv(o, p_lo + (((n - 1) & 1) << 9), v_lo + (sp << 10));
+      issue_rowsum(p_lo + (((n - 1) & 1) << 9));
       wgmma_commit();
       turn_end();
       wgmma_wait<1>();  // S_n (P·V_{n-1} may still run)
@@ -358,6 +385,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       softmax(n);
       wgmma_wait<0>();
       reg_fence(o);
+      reg_fence(lt);
       release(v_empty(sp));
       rescale();
     }
@@ -367,11 +395,15 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbar_wait(v_full(sl), (last / STAGES) & 1);
       turn_begin();
       wgmma_fence();
-      issue_pv(o, p_tile + ((n_tiles - 1) & 1) * kPBytes, sV + sl * kVBytes);
+      issue_pv(o, p_lo + (((n_tiles - 1) & 1) << 9), v_lo + (sl << 10));
+      issue_rowsum(p_lo + (((n_tiles - 1) & 1) << 9));
       wgmma_commit();
       turn_end();
       wgmma_wait<0>();
       reg_fence(o);
+      reg_fence(lt);
+      st.l[0] += lt[0];
+      st.l[1] += lt[2];
       release(v_empty(sl));
       epilogue();
     }

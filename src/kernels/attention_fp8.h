@@ -11,7 +11,8 @@
 //      its own accumulator elements (no shuffles);
 //   P: exp2(s·f − m + 6) rounded to e4m3 for P·V, the running max m moving only when a tile's exceeds it
 //      by more than 2 (lazy rescale: P <= 256, O rescaled only on a move; WAN_ATTN_FP8_LAZY=0: eager, P =
-//      exp2(s·f − m + 8)); the row sum l in fp32 before rounding; fp32 accumulators throughout.
+//      exp2(s·f − m + 8)); the row sum l of the rounded P (the tensor cores sum each 128-key tile, fp32
+//      adds the tiles); fp32 accumulators throughout.
 // Invariants: no host synchronisation; capturable in CUDA graphs; the workspace is the caller's.
 #pragma once
 #include <cuda_runtime.h>

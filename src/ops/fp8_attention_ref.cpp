@@ -78,9 +78,9 @@ float exact_dot(const float* a, const float* b) {
 
 // The online softmax of one query row (steps 8 and 9): s [n] raw scores, fu [K blocks] the score
 // factor f of each K block for this row's Q block, pq [bn] scratch. Writes o [kD]; returns m and l.
-// lazy: the kernel's lazy rescale (Fp8AttentionRefOptions::lazy_rescale).
-void softmax_row(const float* s, const float* fu, const HeadKV& kv, int64_t bn, bool lazy, float* pq, float* o,
-                 float& m_out, float& l_out) {
+// lazy: the kernel's lazy rescale (Fp8AttentionRefOptions::lazy_rescale); l_rounded: l_of_rounded_p.
+void softmax_row(const float* s, const float* fu, const HeadKV& kv, int64_t bn, bool lazy, bool l_rounded, float* pq,
+                 float* o, float& m_out, float& l_out) {
   const float offset = lazy ? kLazyOffset : 8.0f;
   float m = -std::numeric_limits<float>::infinity(), l = 0.0f;
   std::array<float, kD> acc{}, pv;
@@ -95,8 +95,8 @@ void softmax_row(const float* s, const float* fu, const HeadKV& kv, int64_t bn, 
     float sum = 0.0f;
     for (int64_t j = j0; j < j1; ++j) {
       const float p = std::exp2(std::fma(s[j], fu[j / kBlock], bias));
-      sum += p;
       pq[j - j0] = f8e4m3_to_f32(f32_to_f8e4m3(p));
+      sum += l_rounded ? pq[j - j0] : p;
     }
     l = l * alpha + sum;
     pv.fill(0.0f);
@@ -116,7 +116,7 @@ void softmax_row(const float* s, const float* fu, const HeadKV& kv, int64_t bn, 
 // One block of nq <= 128 query rows qh (rows `row` floats apart) against one head's K/V: steps 3, 6, 7,
 // the softmax and step 10. lse_h (nullable) points at the block's first row in [Lq].
 void attend_qblock(const float* qh, int64_t row, int64_t nq, const HeadKV& kv, float scale, int64_t bn, bool lazy,
-                   float* oh, float* lse_h) {
+                   bool l_rounded, float* oh, float* lse_h) {
   std::vector<float> qf(static_cast<size_t>(nq * kD)), s(static_cast<size_t>(kv.n)), pq(static_cast<size_t>(bn));
   uint32_t amax = 0;
   for (int64_t i = 0; i < nq; ++i)
@@ -130,7 +130,7 @@ void attend_qblock(const float* qh, int64_t row, int64_t nq, const HeadKV& kv, f
   for (int64_t i = 0; i < nq; ++i) {
     for (int64_t j = 0; j < kv.n; ++j) s[j] = exact_dot(qf.data() + i * kD, kv.kq.data() + j * kD);
     float m = 0.0f, l = 0.0f;
-    softmax_row(s.data(), fu.data(), kv, bn, lazy, pq.data(), oh + i * row, m, l);
+    softmax_row(s.data(), fu.data(), kv, bn, lazy, l_rounded, pq.data(), oh + i * row, m, l);
     if (!lse_h) continue;
     // q·mean is the per-row shift the smoothing took out of every score; adding it back makes this the
     // LSE of the unsmoothed scores.
@@ -174,7 +174,8 @@ void attention_fp8_ref(const float* q, const float* k, const float* v, float* ou
         const int64_t b = (p0 + a) / H, h = (p0 + a) % H, i0 = qb * kBlock;
         const int64_t off = (b * Lq + i0) * row + h * kD;
         float* lse_h = lse ? lse + (b * H + h) * Lq + i0 : nullptr;
-        attend_qblock(q + off, row, std::min(kBlock, Lq - i0), kv[a], scale, opt.key_tile, opt.lazy_rescale, out + off,
+        attend_qblock(q + off, row, std::min(kBlock, Lq - i0), kv[a], scale, opt.key_tile, opt.lazy_rescale,
+                      opt.l_of_rounded_p, out + off,
                       lse_h);
       }
     });

@@ -18,6 +18,9 @@ struct Fp8AttentionRefOptions {
   // 2 (log2 units: the accumulator is then rescaled), and P = 2^(s·f − m + 6) (<= 256) instead of
   // 2^(s·f − m + 8); the LSE subtracts 6.
   bool lazy_rescale = false;
+  // The row sum l adds each P after its rounding to e4m3, as the kernel does (it sums the P tile on the
+  // tensor cores), instead of before.
+  bool l_of_rounded_p = false;
 };
 
 // q [B, Lq, H, D], k and v [B, Lk, H, D] dense token-major fp32 (bf16-exact values in practice), D = 128.

@@ -241,6 +241,30 @@ TEST(Fp8AttentionRef, LazyRescale) {
   expect_lse_within(l.lse, lref, "lazy rescale vs double");
 }
 
+// The kernel's row sum of the e4m3-rounded P (l_of_rounded_p, with the lazy rescale as the kernel runs it):
+// as accurate as the sum before rounding, different from it (the option is used), its LSE as exact.
+TEST(Fp8AttentionRef, RowSumOfRoundedP) {
+  const Case c(411, 2, 129, 700, 2);
+  const std::vector<float> ref = run_fp32(c);
+  const std::vector<double> lref = lse_double(c);
+  ops::Fp8AttentionRefOptions before, after;
+  before.lazy_rescale = after.lazy_rescale = true;
+  after.l_of_rounded_p = true;
+  auto run = [&](const ops::Fp8AttentionRefOptions& o) {
+    Result r{std::vector<float>(c.q.size()), std::vector<float>(c.B * c.H * c.Lq)};
+    ops::attention_fp8_ref(c.q.data(), c.k.data(), c.v.data(), r.out.data(), r.lse.data(), c.B, c.Lq, c.Lk, c.H, D,
+                           nullptr, 0.0f, o);
+    return r;
+  };
+  const Result b = run(before), a = run(after);
+  const double eb = rel_l2(b.out, ref), ea = rel_l2(a.out, ref), between = rel_l2(a.out, b.out);
+  std::printf("row sum of rounded P: err %.3e (before rounding %.3e), between %.3e\n", ea, eb, between);
+  EXPECT_LE(ea, kOutBound);
+  EXPECT_LE(ea, 1.05 * eb);
+  EXPECT_GT(between, 0.0);
+  expect_lse_within(a.lse, lref, "row sum of rounded P vs double");
+}
+
 // One case's out and lse as an FNV-1a digest, the same whatever the thread count; here the pool's run
 // must equal a serial one (a nested parallel_for runs serially, core/thread_pool.h). Also the child of
 // ThreadCountIndependent, which reads the digest line.
