@@ -127,6 +127,27 @@ bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
+// `variant` of the scheme against `base` on case c: as accurate (within 5%), different from it (the option
+// is used), and its LSE as exact.
+void expect_variant_as_accurate(const Case& c, const ops::Fp8AttentionRefOptions& base,
+                                const ops::Fp8AttentionRefOptions& variant, const char* what) {
+  const std::vector<float> ref = run_fp32(c);
+  const std::vector<double> lref = lse_double(c);
+  auto run = [&](const ops::Fp8AttentionRefOptions& o) {
+    Result r{std::vector<float>(c.q.size()), std::vector<float>(c.B * c.H * c.Lq)};
+    ops::attention_fp8_ref(c.q.data(), c.k.data(), c.v.data(), r.out.data(), r.lse.data(), c.B, c.Lq, c.Lk, c.H, D,
+                           nullptr, 0.0f, o);
+    return r;
+  };
+  const Result b = run(base), v = run(variant);
+  const double eb = rel_l2(b.out, ref), ev = rel_l2(v.out, ref), between = rel_l2(v.out, b.out);
+  std::printf("%s: err %.3e (base %.3e), between %.3e\n", what, ev, eb, between);
+  EXPECT_LE(ev, kOutBound) << what;
+  EXPECT_LE(ev, 1.05 * eb) << what;
+  EXPECT_GT(between, 0.0) << what;
+  expect_lse_within(v.lse, lref, what);
+}
+
 }  // namespace
 
 // The FP8 scheme against fp32 attention and a double LSE, at sizes with partial Q / K blocks and tiles.
@@ -221,48 +242,21 @@ TEST(Fp8AttentionRef, KeyTiles) {
   EXPECT_LT(between, 0.5 * std::min(e128, e256));
 }
 
-// The kernel's lazy rescale (the running max moves only by more than 2, P offset 6 instead of 8): as
-// accurate as the eager one, different from it (the option is used), and its LSE as exact.
+// The kernel's lazy rescale (the running max moves only by more than 2, P offset 6 instead of 8) against
+// the eager one.
 TEST(Fp8AttentionRef, LazyRescale) {
-  const Case c(410, 2, 129, 700, 2);
-  const std::vector<float> ref = run_fp32(c);
-  const std::vector<double> lref = lse_double(c);
   ops::Fp8AttentionRefOptions lazy;
   lazy.lazy_rescale = true;
-  Result l{std::vector<float>(c.q.size()), std::vector<float>(c.B * c.H * c.Lq)};
-  ops::attention_fp8_ref(c.q.data(), c.k.data(), c.v.data(), l.out.data(), l.lse.data(), c.B, c.Lq, c.Lk, c.H, D,
-                         nullptr, 0.0f, lazy);
-  const Result e = run_fp8(c);
-  const double el = rel_l2(l.out, ref), ee = rel_l2(e.out, ref), between = rel_l2(l.out, e.out);
-  std::printf("lazy rescale: err %.3e (eager %.3e), lazy vs eager %.3e\n", el, ee, between);
-  EXPECT_LE(el, kOutBound);
-  EXPECT_LE(el, 1.05 * ee);
-  EXPECT_GT(between, 0.0);
-  expect_lse_within(l.lse, lref, "lazy rescale vs double");
+  expect_variant_as_accurate(Case(410, 2, 129, 700, 2), {}, lazy, "lazy rescale");
 }
 
-// The kernel's row sum of the e4m3-rounded P (l_of_rounded_p, with the lazy rescale as the kernel runs it):
-// as accurate as the sum before rounding, different from it (the option is used), its LSE as exact.
+// The kernel's row sum of the e4m3-rounded P (l_of_rounded_p) against the sum before rounding, both with
+// the lazy rescale as the kernel runs it.
 TEST(Fp8AttentionRef, RowSumOfRoundedP) {
-  const Case c(411, 2, 129, 700, 2);
-  const std::vector<float> ref = run_fp32(c);
-  const std::vector<double> lref = lse_double(c);
   ops::Fp8AttentionRefOptions before, after;
   before.lazy_rescale = after.lazy_rescale = true;
   after.l_of_rounded_p = true;
-  auto run = [&](const ops::Fp8AttentionRefOptions& o) {
-    Result r{std::vector<float>(c.q.size()), std::vector<float>(c.B * c.H * c.Lq)};
-    ops::attention_fp8_ref(c.q.data(), c.k.data(), c.v.data(), r.out.data(), r.lse.data(), c.B, c.Lq, c.Lk, c.H, D,
-                           nullptr, 0.0f, o);
-    return r;
-  };
-  const Result b = run(before), a = run(after);
-  const double eb = rel_l2(b.out, ref), ea = rel_l2(a.out, ref), between = rel_l2(a.out, b.out);
-  std::printf("row sum of rounded P: err %.3e (before rounding %.3e), between %.3e\n", ea, eb, between);
-  EXPECT_LE(ea, kOutBound);
-  EXPECT_LE(ea, 1.05 * eb);
-  EXPECT_GT(between, 0.0);
-  expect_lse_within(a.lse, lref, "row sum of rounded P vs double");
+  expect_variant_as_accurate(Case(411, 2, 129, 700, 2), before, after, "row sum of rounded P");
 }
 
 // One case's out and lse as an FNV-1a digest, the same whatever the thread count; here the pool's run
