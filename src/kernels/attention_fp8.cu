@@ -4,7 +4,7 @@
 // rows each (192 per CTA):
 //   S = Q·Kᵀ: wgmma m64n128k32 e4m3, both operands K-major from shared memory (one 128-byte row holds a
 //   whole head of 128 e4m3 values, so a 128-byte-swizzled TMA box is a whole Q or K tile);
-//   softmax: s·f with f = scale·log2(e)·sq·sk per tile, numerators 256·exp2(...) (kOff 8), written as e4m3
+//   softmax: s·f with f = scale·log2(e)·sq·sk per tile, numerators 2^kOff·exp2(...), written as e4m3
 //   to a P tile in shared memory (two per consumer, alternating) in the accumulator's key order;
 //   O += P·V: both from shared memory, V transposed ([dims][keys], K-major) with the keys permuted per 16 by
 //   the quantiser to match P (attention_fp8_quant.cu);

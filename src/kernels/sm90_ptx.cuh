@@ -130,7 +130,8 @@ __device__ __forceinline__ void store_quad_transposed(uint4* dst, const uint32_t
 // Online-softmax state of the two rows a thread owns (r0 = 16·warp + lane/4 and r0 + 8).
 struct RowState {
   float m[2];  // running max of the scaled scores, in log2 units
-  float l[2];  // running sum of exp2(s − m) over this thread's columns (reduced over the quad at the end)
+  float l[2];  // running sum of exp2(s − m): attention_own.cu's over this thread's columns (reduced over the
+               // quad at the end), attention_fp8.cu's over the whole row (from the tensor cores)
 };
 
 // Running maxima of a thread's share of an accumulator tile (N elements; element i is v(i), of row
