@@ -65,17 +65,22 @@ struct Params {
 #if defined(WAN_SM90A)
 using namespace sm90;
 
-// D[64 x 128] (+)= A[64 x 32] · B[32 x 128], both from shared memory, K-major, given the low words of their
-// descriptors (desc_lo below); the high word, the same for every operand here (1024 bytes between 8-row
-// groups, 128-byte swizzle), is %67. scale_d 0 overwrites D. (Operands in this form keep ptxas from
-// rebuilding 64-bit descriptors before every wgmma: 2% faster at L 75 600.)
+// Every operand here is K-major with 128-byte rows, 128-byte swizzled, 1024 bytes between 8-row groups:
+// its descriptor is desc(addr, 16, 1024), whose high word does not depend on the address. The MMAs take
+// the low word alone (desc_lo) and add kDescHi in the asm, which keeps ptxas from rebuilding 64-bit
+// descriptors before every wgmma (2% faster at L 75 600). Moving the address by 16·j bytes adds j.
+constexpr uint32_t kDescHi = static_cast<uint32_t>(desc(0, 16, 1024) >> 32);
+__device__ __forceinline__ uint32_t desc_lo(uint32_t addr) { return static_cast<uint32_t>(desc(addr, 16, 1024)); }
+
+// D[64 x 128] (+)= A[64 x 32] · B[32 x 128], both from shared memory, given their descriptors' low words;
+// scale_d 0 overwrites D.
 __device__ __forceinline__ void wgmma_ss_e4m3(float (&d)[64], uint32_t a_lo, uint32_t b_lo, int scale_d) {
   asm volatile(
       "{\n.reg .pred p;\n.reg .b64 da, db;\nsetp.ne.b32 p, %66, 0;\nmov.b64 da, {%64, %67};\nmov.b64 db, {%65, %67};\n"
       "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 "
       "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, da, db, p, 1, 1;\n}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-      : "r"(a_lo), "r"(b_lo), "r"(scale_d), "r"(0x40000040u));
+      : "r"(a_lo), "r"(b_lo), "r"(scale_d), "r"(kDescHi));
 }
 // The same with N = 8 (P times a block of ones: the row sums).
 __device__ __forceinline__ void wgmma_ss_e4m3_n8(float (&d)[4], uint32_t a_lo, uint32_t b_lo, int scale_d) {
@@ -83,10 +88,8 @@ __device__ __forceinline__ void wgmma_ss_e4m3_n8(float (&d)[4], uint32_t a_lo, u
       "{\n.reg .pred p;\n.reg .b64 da, db;\nsetp.ne.b32 p, %6, 0;\nmov.b64 da, {%4, %7};\nmov.b64 db, {%5, %7};\n"
       "wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3 {%0, %1, %2, %3}, da, db, p, 1, 1;\n}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a_lo), "r"(b_lo), "r"(scale_d), "r"(0x40000040u));
+      : "r"(a_lo), "r"(b_lo), "r"(scale_d), "r"(kDescHi));
 }
-// Low word of desc(addr, 16, 1024): moving the address by 16·j bytes within shared memory adds j to it.
-__device__ __forceinline__ uint32_t desc_lo(uint32_t addr) { return ((addr & 0x3FFFF) >> 4) | (1u << 16); }
 
 // Four probabilities (>= 0, <= 256) -> four e4m3 bytes, v0 in the low byte.
 __device__ __forceinline__ uint32_t e4m3x4(float v0, float v1, float v2, float v3) {
@@ -94,8 +97,8 @@ __device__ __forceinline__ uint32_t e4m3x4(float v0, float v1, float v2, float v
   const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(v2, v3), __NV_SATFINITE, __NV_E4M3);
   return lo | (hi << 16);
 }
-// S = Q·Kᵀ and O += P·V (P from shared memory: the tile is K-major, 128-byte rows, 128-byte swizzled like
-// Q), from descriptor low words (32 bytes along K add 2).
+// S = Q·Kᵀ and O += P·V (P from shared memory, laid out like Q), from descriptor low words (32 bytes along
+// K add 2).
 __device__ __forceinline__ void issue_qk(float (&s)[kBN / 2], uint32_t q_lo, uint32_t k_lo) {
 #pragma unroll
   for (int kk = 0; kk < kHeadDim / 32; ++kk) wgmma_ss_e4m3(s, q_lo + 2 * kk, k_lo + 2 * kk, kk > 0);
@@ -267,20 +270,23 @@ __global__ void __launch_bounds__(kThreads, 1)
   // too small at L 75 600. They save the softmax 64 FADDs per tile (1.2% at L 75 600).
   float lt[4];
   const uint32_t ones_lo = desc_lo(sOnes);
-  auto issue_rowsum = [&](uint32_t p_lo_tile) {
-#pragma unroll
-    for (int kk = 0; kk < kBN / 32; ++kk) wgmma_ss_e4m3_n8(lt, p_lo_tile + 2 * kk, ones_lo, kk > 0);
-  };
   RowState st;
   float alpha[2] = {0.f, 0.f};
   int qt = 0, h = 0, b = 0, bh = 0, n_valid = 0, n_tiles = 0;
   uint32_t it = 0, item = 0;
   float fq = 0.f;  // scale·log2(e)·sq of the item's Q block
-  const uint32_t q_base = sQ + c * (64 * 128);
   const uint32_t p_tile = sP + 2 * c * kPBytes;
   // Descriptor low words of the tiles: a K or V stage is 1024 more, the second P tile 512 more.
-  const uint32_t q_lo = desc_lo(q_base), k_lo = desc_lo(sK), v_lo = desc_lo(sV), p_lo = desc_lo(p_tile);
+  const uint32_t q_lo = desc_lo(sQ + c * (64 * 128)), k_lo = desc_lo(sK), v_lo = desc_lo(sV);
+  const uint32_t p_lo = desc_lo(p_tile);
   static_assert(kKBytes == 16 << 10 && kVBytes == 16 << 10 && kPBytes == 8 << 10, "descriptor strides");
+  // O += P_n·V (V stage sv) and lt = P_n's row sums, P_n in P tile n mod 2.
+  auto issue_pv_rowsum = [&](int n, int sv) {
+    const uint32_t pn = p_lo + ((n & 1) << 9);
+    issue_pv(o, pn, v_lo + (sv << 10));
+#pragma unroll
+    for (int kk = 0; kk < kBN / 32; ++kk) wgmma_ss_e4m3_n8(lt, pn + 2 * kk, ones_lo, kk > 0);
+  };
 
   auto tile_factor = [&](int n) { return fq * p.k_scale[static_cast<int64_t>(bh) * p.k_blocks + n]; };
   auto softmax = [&](int n) {  // S_n -> P_n (P tile n mod 2)
@@ -374,8 +380,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       issue_qk(s, q_lo, k_lo + (sn << 10));
       wgmma_commit();
       wgmma_fence();
-      issue_pv(o, p_lo + (((n - 1) & 1) << 9), v_lo + (sp << 10));
-      issue_rowsum(p_lo + (((n - 1) & 1) << 9));
+      issue_pv_rowsum(n - 1, sp);
       wgmma_commit();
       turn_end();
       wgmma_wait<1>();  // S_n (P·V_{n-1} may still run)
@@ -395,8 +400,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbar_wait(v_full(sl), (last / STAGES) & 1);
       turn_begin();
       wgmma_fence();
-      issue_pv(o, p_lo + (((n_tiles - 1) & 1) << 9), v_lo + (sl << 10));
-      issue_rowsum(p_lo + (((n_tiles - 1) & 1) << 9));
+      issue_pv_rowsum(n_tiles - 1, sl);
       wgmma_commit();
       turn_end();
       wgmma_wait<0>();
