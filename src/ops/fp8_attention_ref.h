@@ -3,7 +3,9 @@
 // each step). Per (sample, head): K is smoothed by its mean over the valid keys (softmax-invariant), Q
 // and the smoothed K are quantised in blocks of 128 tokens x 128 dims, V per channel over the valid
 // keys (all through core/fp8_rows.h); scores are exact sums of e4m3 products; the online softmax runs
-// over key tiles of key_tile keys with P scaled by 2^8 and rounded to e4m3 before P·V.
+// over key tiles of key_tile keys with P scaled by 2^offset and rounded to e4m3 before P·V. The default
+// options are the kernel's scheme (lazy rescale, row sums of the rounded P); both off is the eager one
+// the kernel started from (P scaled by 2^8, l summed before the rounding).
 // Invariants: keys j >= k_lens[b] enter nothing (not the mean, not an amax, not a sum), so a masked
 // call equals the unmasked call on the truncated keys bit for bit; results do not depend on the
 // thread count (every value is computed by one task in a fixed order).
@@ -17,10 +19,10 @@ struct Fp8AttentionRefOptions {
   // The kernel's lazy rescale: the running row max m moves only when a tile's max exceeds it by more than
   // 2 (log2 units: the accumulator is then rescaled), and P = 2^(s·f − m + 6) (<= 256) instead of
   // 2^(s·f − m + 8); the LSE subtracts 6.
-  bool lazy_rescale = false;
+  bool lazy_rescale = true;
   // The row sum l adds each P after its rounding to e4m3, as the kernel does (it sums the P tile on the
   // tensor cores), instead of before.
-  bool l_of_rounded_p = false;
+  bool l_of_rounded_p = true;
 };
 
 // q [B, Lq, H, D], k and v [B, Lk, H, D] dense token-major fp32 (bf16-exact values in practice), D = 128.

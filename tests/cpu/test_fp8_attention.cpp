@@ -245,9 +245,19 @@ TEST(Fp8AttentionRef, KeyTiles) {
 // The kernel's lazy rescale (the running max moves only by more than 2, P offset 6 instead of 8) against
 // the eager one.
 TEST(Fp8AttentionRef, LazyRescale) {
-  ops::Fp8AttentionRefOptions lazy;
-  lazy.lazy_rescale = true;
-  expect_variant_as_accurate(Case(410, 2, 129, 700, 2), {}, lazy, "lazy rescale");
+  ops::Fp8AttentionRefOptions eager, lazy;
+  eager.lazy_rescale = false;
+  eager.l_of_rounded_p = lazy.l_of_rounded_p = false;
+  expect_variant_as_accurate(Case(410, 2, 129, 700, 2), eager, lazy, "lazy rescale");
+}
+
+// The default options are the kernel's scheme (attention_fp8.h): the lazy rescale and the row sums of the
+// rounded P.
+TEST(Fp8AttentionRef, DefaultsAreTheKernelsScheme) {
+  const ops::Fp8AttentionRefOptions o;
+  EXPECT_EQ(o.key_tile, 128);
+  EXPECT_TRUE(o.lazy_rescale);
+  EXPECT_TRUE(o.l_of_rounded_p);
 }
 
 // The kernel's row sum of the e4m3-rounded P (l_of_rounded_p) against the sum before rounding, both with
@@ -255,6 +265,7 @@ TEST(Fp8AttentionRef, LazyRescale) {
 TEST(Fp8AttentionRef, RowSumOfRoundedP) {
   ops::Fp8AttentionRefOptions before, after;
   before.lazy_rescale = after.lazy_rescale = true;
+  before.l_of_rounded_p = false;
   after.l_of_rounded_p = true;
   expect_variant_as_accurate(Case(411, 2, 129, 700, 2), before, after, "row sum of rounded P");
 }
