@@ -8,7 +8,8 @@ per token for x and per output channel for w. Reports, on every row_step-th row:
   - rel L2 of torch._scaled_mm (row-wise scales, bf16 out) against the same reference;
 and the median time of torch._scaled_mm and of the bf16 torch.matmul (CUDA events); also the time of the
 same e4m3 product with one scalar scale per operand (tensor-wise, no bias), the speed the per-row
-scaling costs against.
+scaling costs against, and of the row-wise product with use_fast_accum=True (no fp32 promotion of the
+tensor cores' partial sums; its rel L2 too, bias added after).
 Usage: python bench/baselines/fp8_gemm_torch.py [--m 75600] [--json FILE]
 """
 import argparse
@@ -83,16 +84,24 @@ def main():
         bf16_mm = lambda: torch.nn.functional.linear(x, w, b)
         one = torch.ones((), device=dev)
         tensorwise_mm = lambda: torch._scaled_mm(xq, wq.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+        fast_mm = lambda: torch._scaled_mm(xq, wq.t(), scale_a=sx, scale_b=sw.t(), out_dtype=torch.bfloat16,
+                                           use_fast_accum=True)
         flops = 2.0 * M * N * K
         t8, t16, tt = median_ms(fp8_mm), median_ms(bf16_mm), median_ms(tensorwise_mm)
+        try:
+            y_fast = fast_mm()[sel].float()
+            tf, fast_err = median_ms(fast_mm), rel_l2(act(y_fast + b[None].float()), ref)
+        except RuntimeError:  # a build without fast accumulation for row-wise scales
+            tf, fast_err = float("nan"), float("nan")
         row = {"name": name, "M": M, "K": K, "N": N, "gelu": gelu, "rows_checked": int(sel.numel()),
                "rel_l2_emulation": rel_l2(emu, ref), "rel_l2_scaled_mm": rel_l2(y, ref),
                "scaled_mm_ms": t8, "scaled_mm_tflops": flops / t8 / 1e9, "bf16_ms": t16,
-               "bf16_tflops": flops / t16 / 1e9, "tensorwise_ms": tt, "tensorwise_tflops": flops / tt / 1e9}
+               "bf16_tflops": flops / t16 / 1e9, "tensorwise_ms": tt, "tensorwise_tflops": flops / tt / 1e9,
+               "fast_accum_ms": tf, "fast_accum_tflops": flops / tf / 1e9, "rel_l2_fast_accum": fast_err}
         rows.append(row)
         print(f"{name:9s} {M:6d} {K:6d} {N:6d} | emulation relL2 {row['rel_l2_emulation']:.4f} | _scaled_mm relL2 "
               f"{row['rel_l2_scaled_mm']:.4f} {row['scaled_mm_tflops']:7.0f} TF/s | tensor-wise {row['tensorwise_tflops']:6.0f} "
-              f"TF/s | bf16 {row['bf16_tflops']:6.0f} TF/s")
+              f"TF/s | fast-accum {row['fast_accum_tflops']:6.0f} TF/s relL2 {fast_err:.4f} | bf16 {row['bf16_tflops']:6.0f} TF/s")
         del x, w, xq, wq
         torch.cuda.empty_cache()
     doc = {"tool": "bench/baselines/fp8_gemm_torch.py", "torch": torch.__version__,

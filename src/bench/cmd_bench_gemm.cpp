@@ -7,7 +7,8 @@
 //   (cuda::quantize_rows_fp8, timed on its own: ms and GB/s = (3·M·K + 4·M) bytes / time, next to a
 //   cudaMemcpyAsync of x, GB/s = 2·(2·M·K) bytes / time: the copy bandwidth it aims for) then runs the
 //   FP8 GEMM with the bias (and GELU) in cuBLASLt's epilogue or, when cuBLASLt refuses that, in the
-//   separate kernel (the JSON says which);
+//   separate kernel (the JSON says which), with the engine's fast accumulation; the same GEMM with fp32
+//   accumulation (Fp8Accumulate::Fp32) is timed and checked beside it;
 // - time: CUDA events around each call on one stream, reps interleaved bf16 / quantise / fp8 after warm-up,
 //   median; TFLOP/s = 2·M·N·K / time (fp8 also with the quantisation's time added);
 // - accuracy: rel L2 of the bf16 and the fp8 outputs against cuBLAS's fp32 GEMM (no TF32) of the
@@ -87,7 +88,7 @@ using namespace wan::cuda;
 __nv_bfloat16* bf(uint16_t* p) { return reinterpret_cast<__nv_bfloat16*>(p); }
 
 struct Events {
-  cudaEvent_t e[5] = {nullptr, nullptr, nullptr, nullptr, nullptr};
+  cudaEvent_t e[6] = {nullptr, nullptr, nullptr, nullptr, nullptr, nullptr};
   Events() {
     for (auto& x : e) CUDA_CHECK(cudaEventCreate(&x));
   }
@@ -109,21 +110,24 @@ struct Stream {
 
 // One case's device buffers (fp8 ones empty when FP8 is not timed).
 struct CaseBuffers {
-  DevMem<uint16_t> x, w, bias, y16, y8, x_copy;
+  DevMem<uint16_t> x, w, bias, y16, y8, y8_acc32, x_copy;
   DevMem<uint8_t> xq, wq;
   DevMem<float> sx, sw;
   CaseBuffers(int64_t M, int64_t K, int64_t N, bool bf16, bool fp8)
-      : x(M * K), w(N * K), bias(N), y16(bf16 ? M * N : 0), y8(fp8 ? M * N : 0), x_copy(fp8 ? M * K : 0),
+      : x(M * K), w(N * K), bias(N), y16(bf16 ? M * N : 0), y8(fp8 ? M * N : 0), y8_acc32(fp8 ? M * N : 0),
+        x_copy(fp8 ? M * K : 0),
         xq(fp8 ? M * K : 0), wq(fp8 ? N * K : 0), sx(fp8 ? M : 0), sw(fp8 ? N : 0) {}
   static size_t bytes(int64_t M, int64_t K, int64_t N, bool bf16, bool fp8) {
     size_t b = 2 * (M * K + N * K + N) + (bf16 ? 2 * M * N : 0);
-    if (fp8) b += 2 * M * N + 3 * M * K + N * K + 4 * (M + N);
+    if (fp8) b += 4 * M * N + 3 * M * K + N * K + 4 * (M + N);
     return b;
   }
 };
 
 struct Accuracy {
   double fp8 = -1, bf16 = -1;  // rel L2 vs fp32 (-1: not run)
+  double fp8_acc32 = -1;       // the FP8 GEMM with Fp8Accumulate::Fp32, vs fp32
+  double fast_vs_acc32 = -1;   // the default (fast accumulation) output vs the Fp32-accumulate one
   int64_t rows = 0, step = 1;
   size_t nonfinite_fp8 = 0, nonfinite_bf16 = 0;
 };
@@ -132,7 +136,7 @@ struct CaseRun {
   int64_t M = 0, K = 0, N = 0;
   uint64_t seed = 0;
   double flops = 0;
-  std::vector<double> bf16_ms, fp8_ms, quant_ms, copy_ms;
+  std::vector<double> bf16_ms, fp8_ms, quant_ms, copy_ms, fp8_acc32_ms;
   bool fp8_separate_epilogue = false;
   Accuracy acc;
   bool bad() const { return acc.nonfinite_fp8 || acc.nonfinite_bf16; }
@@ -180,7 +184,14 @@ Accuracy measure_accuracy(const GemmCase& c, CaseRun& run, CaseBuffers& b, GemmR
     return h;
   };
   if (bf16) a.bf16 = rel_l2_bf16(rows_of(b.y16.p), ref, &a.nonfinite_bf16);
-  if (fp8) a.fp8 = rel_l2_bf16(rows_of(b.y8.p), ref, &a.nonfinite_fp8);
+  if (fp8) {
+    const std::vector<uint16_t> fast = rows_of(b.y8.p), acc32 = rows_of(b.y8_acc32.p);
+    a.fp8 = rel_l2_bf16(fast, ref, &a.nonfinite_fp8);
+    a.fp8_acc32 = rel_l2_bf16(acc32, ref, &a.nonfinite_fp8);
+    std::vector<float> acc32_f(acc32.size());
+    for (size_t i = 0; i < acc32.size(); ++i) acc32_f[i] = bf16_to_f32(acc32[i]);
+    a.fast_vs_acc32 = rel_l2_bf16(fast, acc32_f, &a.nonfinite_fp8);
+  }
   return a;
 }
 
@@ -209,11 +220,17 @@ CaseRun run_case(const GemmCase& c, size_t ci, const GemmSettings& s, bool fp8, 
   auto call_fp8 = [&] {
     runner.linear_fp8(b.xq.p, b.sx.p, b.wq.p, b.sw.p, bf(b.bias.p), bf(b.y8.p), M, K, N, act, st);
   };
+  // The same FP8 GEMM with the partial sums promoted to fp32 (Fp8Accumulate::Fp32), for its time and error.
+  auto call_fp8_acc32 = [&] {
+    runner.set_fp8_accumulate(Fp8Accumulate::Fp32);
+    runner.linear_fp8(b.xq.p, b.sx.p, b.wq.p, b.sw.p, bf(b.bias.p), bf(b.y8_acc32.p), M, K, N, act, st);
+    runner.set_fp8_accumulate(Fp8Accumulate::Fast);
+  };
   auto call_copy = [&] { CUDA_CHECK(cudaMemcpyAsync(b.x_copy.p, b.x.p, M * K * 2, cudaMemcpyDeviceToDevice, st)); };
   const size_t separate0 = runner.fp8_separate_epilogues();
   for (long long w = 0; w < s.warmup + 1; ++w) {  // + 1: plans and the epilogue choice are made outside timing
     if (s.bf16) call_bf16();
-    if (fp8) call_quant(), call_fp8(), call_copy();
+    if (fp8) call_quant(), call_fp8(), call_copy(), call_fp8_acc32();
   }
   CUDA_CHECK(cudaStreamSynchronize(st));
   run.fp8_separate_epilogue = runner.fp8_separate_epilogues() > separate0;
@@ -228,9 +245,14 @@ CaseRun run_case(const GemmCase& c, size_t ci, const GemmSettings& s, bool fp8, 
     CUDA_CHECK(cudaEventRecord(ev.e[3], st));
     if (fp8) call_copy();
     CUDA_CHECK(cudaEventRecord(ev.e[4], st));
-    CUDA_CHECK(cudaEventSynchronize(ev.e[4]));
+    if (fp8) call_fp8_acc32();
+    CUDA_CHECK(cudaEventRecord(ev.e[5], st));
+    CUDA_CHECK(cudaEventSynchronize(ev.e[5]));
     if (s.bf16) run.bf16_ms.push_back(ev.ms(0, 1));
-    if (fp8) run.quant_ms.push_back(ev.ms(1, 2)), run.fp8_ms.push_back(ev.ms(2, 3)), run.copy_ms.push_back(ev.ms(3, 4));
+    if (fp8) {
+      run.quant_ms.push_back(ev.ms(1, 2)), run.fp8_ms.push_back(ev.ms(2, 3)), run.copy_ms.push_back(ev.ms(3, 4));
+      run.fp8_acc32_ms.push_back(ev.ms(4, 5));
+    }
   }
   run.acc = measure_accuracy(c, run, b, runner, s.bf16, fp8, st);
   return run;
@@ -261,6 +283,11 @@ void print_case(const GemmCase& c, const CaseRun& r, bool bf16, bool fp8) {
          fmt(fp8, tflops(r.flops, f + q), "%.0f").c_str(),
          fmt(bf16 && fp8, b / (f + q), "%.2fx").c_str(), fmt(fp8, r.acc.fp8, "%.4f").c_str(),
          fmt(bf16, r.acc.bf16, "%.1e").c_str(), fp8 && r.fp8_separate_epilogue ? "  (fp8: separate epilogue)" : "");
+  if (fp8) {
+    const double a = median_of(r.fp8_acc32_ms);
+    printf("  fp8 with fp32 accumulation: %.3f ms, %.0f TF/s, relL2 %.4f; fast vs fp32 accumulation: relL2 %.2e\n", a,
+           tflops(r.flops, a), r.acc.fp8_acc32, r.acc.fast_vs_acc32);
+  }
   if (r.bad())
     printf("  ERROR: non-finite outputs in the sampled rows: fp8 %zu, bf16 %zu\n", r.acc.nonfinite_fp8,
            r.acc.nonfinite_bf16);
@@ -282,6 +309,8 @@ nlohmann::json case_json(const GemmCase& c, const CaseRun& r, bool bf16, bool fp
     j["fp8"]["epilogue"] = r.fp8_separate_epilogue ? "separate (bias_act_rows)" : "fused (cuBLASLt)";
     j["fp8"]["with_quant_ms"] = f + q;
     j["fp8"]["tflops_with_quant"] = tflops(r.flops, f + q);
+    j["fp8"]["accumulate"] = "fast (the engine's default)";
+    j["fp8_fp32_accumulate"] = times_json(r.fp8_acc32_ms, r.flops);
     j["quant"] = {
         {"ms", r.quant_ms}, {"median_ms", q}, {"bytes", quant_bytes(r)}, {"gbps", quant_bytes(r) / (q * 1e6)}};
     const double cp = median_of(r.copy_ms);
@@ -298,6 +327,9 @@ nlohmann::json case_json(const GemmCase& c, const CaseRun& r, bool bf16, bool fp
                    {"rows", r.acc.rows},
                    {"row_step", r.acc.step},
                    {"rel_l2_fp8", fp8 ? nlohmann::json(r.acc.fp8) : nlohmann::json(nullptr)},
+                   {"rel_l2_fp8_fp32_accumulate", fp8 ? nlohmann::json(r.acc.fp8_acc32) : nlohmann::json(nullptr)},
+                   {"rel_l2_fp8_fast_vs_fp32_accumulate",
+                    fp8 ? nlohmann::json(r.acc.fast_vs_acc32) : nlohmann::json(nullptr)},
                    {"rel_l2_bf16", bf16 ? nlohmann::json(r.acc.bf16) : nlohmann::json(nullptr)},
                    {"nonfinite_fp8", r.acc.nonfinite_fp8},
                    {"nonfinite_bf16", r.acc.nonfinite_bf16}};
@@ -340,8 +372,10 @@ nlohmann::json result_json(const GemmSettings& s, const GemmDevice& d, const nlo
   J["method"] =
       "GemmRunner (cuBLASLt) on one stream; x [M, K] bf16 ~ N(0, 1), w [N, K] ~ N(0, 0.02^2), bias ~ N(0, 0.1^2) "
       "drawn on the GPU; fp8: e4m3 with per-token scales for x (quantised every call, timed apart) and "
-      "per-channel scales for w (quantised once, untimed), cuBLASLt outer-vector scaling, fp32 accumulation; "
-      "CUDA events around each call, reps interleaved bf16 / quantise / fp8 after warm-up, median; TFLOP/s = "
+      "per-channel scales for w (quantised once, untimed), cuBLASLt outer-vector scaling, fast accumulation (the "
+      "engine's; fp8_fp32_accumulate: the same GEMM with fp32 promotion of the partial sums, timed too); "
+      "CUDA events around each call, reps interleaved bf16 / quantise / fp8 / fp8 fp32-accumulate after warm-up, "
+      "median; TFLOP/s = "
       "2*M*N*K / time; accuracy: rel L2 on every row_step-th row vs cuBLAS fp32 (no TF32) of the unquantised "
       "inputs";
   J["cases"] = cases;

@@ -47,7 +47,10 @@ struct PlanKey {
   Act act;
   uint32_t align_x, align_w, align_y;
   int32_t scale_mode = kNoScaleMode;  // FP8: CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F for A and B
-  auto tie() const { return std::tie(M, N, K, in, out, bias, act, align_x, align_w, align_y, scale_mode); }
+  bool fast_accum = false;            // FP8: Fp8Accumulate::Fast
+  auto tie() const {
+    return std::tie(M, N, K, in, out, bias, act, align_x, align_w, align_y, scale_mode, fast_accum);
+  }
   bool operator<(const PlanKey& o) const { return tie() < o.tie(); }
 };
 
@@ -74,6 +77,8 @@ void set_desc_attributes(cublasLtMatmulDesc_t desc, const PlanKey& k, const void
                                               sizeof(k.scale_mode)));
   CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &scale_a, sizeof(scale_a)));
   CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &scale_b, sizeof(scale_b)));
+  const int8_t fast = k.fast_accum ? 1 : 0;
+  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof(fast)));
   if (k.bias) {
     const int32_t bias_type = CUDA_R_16BF;  // cuBLASLt's FP8 table: bf16 bias for bf16 and fp32 D
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
@@ -84,7 +89,8 @@ void set_desc_attributes(cublasLtMatmulDesc_t desc, const PlanKey& k, const void
 std::string describe(const PlanKey& k, size_t workspace_bytes) {
   return cat("y[", k.M, ", ", k.N, "] = x[", k.M, ", ", k.K, "]·w[", k.N, ", ", k.K, "]ᵀ (", dtype_name(k.in),
              " -> ", dtype_name(k.out), k.bias ? ", bias" : "", k.act == Act::GeluTanh ? ", gelu" : "",
-             k.scale_mode == kNoScaleMode ? "" : ", outer-vector scales", "; alignments x ", k.align_x, " w ",
+             k.scale_mode == kNoScaleMode ? "" : ", outer-vector scales", k.fast_accum ? ", fast accumulation" : "",
+             "; alignments x ", k.align_x, " w ",
              k.align_w, " y ", k.align_y, ", workspace ", workspace_bytes, " bytes)");
 }
 
@@ -182,6 +188,7 @@ struct GemmRunner::Impl {
   // FP8 state: fused (bias / GELU) keys cuBLASLt refused, the epilogue mode, separate-epilogue calls.
   std::set<PlanKey> fp8_unfused;
   Fp8Epilogue fp8_epilogue = Fp8Epilogue::Auto;
+  Fp8Accumulate fp8_accumulate = Fp8Accumulate::Fast;
   size_t fp8_separate = 0;
 };
 
@@ -238,7 +245,8 @@ void GemmRunner::run_fp8(const uint8_t* xq, const float* scale_x, const uint8_t*
                           static_cast<const void*>(scale_x), static_cast<const void*>(scale_w), bias})
     WAN_CHECK(alignment_of(ptr) >= 16, "GemmRunner (fp8): every pointer must be 16-byte aligned (cuBLASLt FP8)");
   PlanKey key{M, N, K, DType::F8E4M3, out_type, bias != nullptr, act, alignment_of(xq), alignment_of(wq),
-              alignment_of(y), CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F};
+              alignment_of(y), CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F,
+              impl_->fp8_accumulate == Fp8Accumulate::Fast};
   auto launch = [&](Plan& p, cudaStream_t on) {
     for (auto [attr, ptr] : {std::pair{CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, static_cast<const void*>(scale_w)},
                              std::pair{CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, static_cast<const void*>(scale_x)}})
@@ -290,6 +298,8 @@ void GemmRunner::linear_fp8(const uint8_t* xq, const float* scale_x, const uint8
 }
 
 void GemmRunner::set_fp8_epilogue(Fp8Epilogue e) { impl_->fp8_epilogue = e; }
+void GemmRunner::set_fp8_accumulate(Fp8Accumulate a) { impl_->fp8_accumulate = a; }
+Fp8Accumulate GemmRunner::fp8_accumulate() const { return impl_->fp8_accumulate; }
 size_t GemmRunner::fp8_separate_epilogues() const { return impl_->fp8_separate; }
 
 void GemmRunner::linear(const __nv_bfloat16* x, const __nv_bfloat16* w, const __nv_bfloat16* bias, __nv_bfloat16* y,

@@ -4,8 +4,9 @@
 // Invariants: GemmRunner owns the cuBLASLt handle and the plan cache, not the workspace: the caller
 // plans the workspace (kWorkspaceBytes is enough for every Hopper algorithm) and keeps it alive and
 // unused by other streams while the runner works. Plans (descriptors + the heuristic's best algorithm)
-// are cached per (M, N, K, dtypes, bias, activation, pointer alignments, FP8 scale mode), so a shape's first call
-// queries the heuristic and every later call, including during CUDA-graph capture, only launches.
+// are cached per (M, N, K, dtypes, bias, activation, pointer alignments, FP8 scale and accumulation modes),
+// so a shape's first call queries the heuristic and every later call, including during CUDA-graph capture,
+// only launches.
 // cublasLtMatmul is deterministic for a fixed plan. Not thread-safe: one runner per stream owner.
 // FP8 (opt-in, sm_90): e4m3 operands with per-row fp32 scales (kernels/fp8_quant.h) through cuBLASLt's
 // outer-vector scaling; fp8_supported() says whether a device runs it. A shape's first FP8 call with bias
@@ -36,8 +37,8 @@ namespace wan::cuda {
 enum class Act : uint8_t { None, GeluTanh };
 
 // FP8 numerics: y = act(scale_x[m]·scale_w[n]·Σ_k xq[m, k]·wq[n, k] + bias[n]) with e4m3 xq [M, K] and
-// wq [N, K] (ops::linear_fp8_ref is the reference), fp32 accumulation (no fast-accumulate mode: cuBLASLt
-// promotes the tensor cores' partial sums to fp32), fp32 scale vectors scale_x [M] (cuBLASLt's B scale)
+// wq [N, K] (ops::linear_fp8_ref is the reference, exact sums), an fp32 accumulator (Fp8Accumulate below),
+// fp32 scale vectors scale_x [M] (cuBLASLt's B scale)
 // and scale_w [N] (A scale) in CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F mode, bias bf16 (cuBLASLt's
 // FP8 rule for both bf16 and fp32 outputs), one rounding to the output type. cuBLASLt's FP8 rules
 // (cublasLtMatmul docs, "FP8"): TN layout (ours), K % 16 == 0, N·sizeof(y) % 16 == 0 (N % 8 for bf16 y,
@@ -47,6 +48,14 @@ enum class Act : uint8_t { None, GeluTanh };
 // (kernels/gemm_epilogue.h) applies them: one more bf16 rounding. Fp8Epilogue::Separate forces that
 // path (tests compare both).
 enum class Fp8Epilogue : uint8_t { Auto, Separate };
+
+// How cuBLASLt accumulates FP8 products (CUBLASLT_MATMUL_DESC_FAST_ACCUM):
+//   Fast (the default, what the engine runs): the tensor cores' own accumulation, whose partial sums keep
+//     fewer bits than fp32; Transformer Engine's forward GEMMs run the same way. It adds about 3e-3 rel L2
+//     at K = 13824 to the e4m3 scheme's 3.7e-2 (the sum of squares of both is unchanged in the fourth digit,
+//     bench-gemm on an H200) and makes the DiT's GEMMs 11-20% faster (the 720p step's GEMMs 3.04 -> 2.69 s);
+//   Fp32: cuBLASLt promotes the partial sums into fp32 every few k-blocks (exact to fp32 rounding, slower).
+enum class Fp8Accumulate : uint8_t { Fast, Fp32 };
 
 // True when `device` has compute capability >= 8.9 and a small FP8 outer-vector-scaled GEMM plans and
 // runs through GemmRunner (outer-vector scaling is documented for sm_90). Never throws; cached per device;
@@ -91,6 +100,9 @@ class GemmRunner {
   void run_fp8(const uint8_t* xq, const float* scale_x, const uint8_t* wq, const float* scale_w, const void* bias,
                void* y, int64_t M, int64_t K, int64_t N, DType out_type, Act act, cudaStream_t stream);
   void set_fp8_epilogue(Fp8Epilogue e);
+  // For later FP8 calls (plans of both modes are cached apart).
+  void set_fp8_accumulate(Fp8Accumulate a);
+  Fp8Accumulate fp8_accumulate() const;
   size_t fp8_separate_epilogues() const;  // FP8 calls whose bias / GELU ran in bias_act_rows
 
   size_t plan_count() const;  // cached plans (for tests and the memory/plan report)

@@ -1,6 +1,6 @@
 // GemmRunner's FP8 path (kernels/gemm.h, cuBLASLt outer-vector scaling) against ops::linear_fp8_ref on the
 // same quantised operands, and against the fp32 GEMM of the unquantised operands at the DiT's shapes.
-// Tolerances:
+// Both accumulation modes (cuda::Fp8Accumulate) run every check. Tolerances, Fp32 accumulation:
 // - vs linear_fp8_ref (exact sums, fp32 scaling), bf16 output: the precision rule of tests/gpu (error at
 //   most twice that of the reference's result rounded to bf16, max-abs and relative L2): the GPU adds only
 //   its fp32 accumulation order (far below a bf16 rounding) to the one rounding of the output; with the
@@ -11,6 +11,9 @@
 //   operands lands near √2·2.65% ≈ 3.75% whatever the scaling granularity (PyTorch's own float8 cast
 //   gives 3.74% on these shapes); the 3e-2 of issue 25 is below that floor for random data.
 //   The same output against the fp32 GEMM of the dequantised operands: relative L2 <= 3e-3.
+// Fast accumulation (the engine's default) keeps fewer bits in the tensor cores' partial sums: against the
+// exact sums its rel L2 must stay within kFastAccumRelL2 (fp32 or bf16 output), whatever K; the output
+// against the unquantised operands keeps the 4.5e-2 bound.
 // Outputs are poisoned before every run; inputs are Philox draws with fixed seeds. Skips without a device,
 // and with a message on a GPU without FP8 outer-vector GEMMs (cuda::fp8_supported).
 #include <gtest/gtest.h>
@@ -78,6 +81,12 @@ struct Fp8Operands {
   }
 };
 
+constexpr double kFastAccumRelL2 = 1e-2;
+
+const char* accumulate_name(cuda::Fp8Accumulate a) {
+  return a == cuda::Fp8Accumulate::Fast ? "fast accumulation" : "fp32 accumulation";
+}
+
 std::vector<float> apply(std::vector<float> v, const std::vector<float>* bias, bool gelu, int64_t N) {
   if (bias)
     for (size_t i = 0; i < v.size(); ++i) v[i] += (*bias)[i % N];
@@ -113,10 +122,15 @@ TEST(GpuGemmFp8, MatchesLinearFp8Ref) {
                             ref.data(), s.M, s.K, s.N, gelu);
         const Err fused_base = error_vs(round_bf16(ref), ref);
         const Err split_base = error_vs(round_bf16(apply(round_bf16(lin), bias ? &bfv : nullptr, gelu, s.N)), ref);
-        for (cuda::Fp8Epilogue mode : {cuda::Fp8Epilogue::Auto, cuda::Fp8Epilogue::Separate}) {
+        for (auto [acc, mode] : {std::pair{cuda::Fp8Accumulate::Fp32, cuda::Fp8Epilogue::Auto},
+                                 std::pair{cuda::Fp8Accumulate::Fp32, cuda::Fp8Epilogue::Separate},
+                                 std::pair{cuda::Fp8Accumulate::Fast, cuda::Fp8Epilogue::Auto}}) {
           runner.set_fp8_epilogue(mode);
+          runner.set_fp8_accumulate(acc);
+          const bool fast = acc == cuda::Fp8Accumulate::Fast;
           const std::string what = cat("M ", s.M, " K ", s.K, " N ", s.N, bias ? " bias" : "", gelu ? " gelu" : "",
-                                       mode == cuda::Fp8Epilogue::Separate ? " (separate epilogue forced)" : "");
+                                       mode == cuda::Fp8Epilogue::Separate ? " (separate epilogue forced)" : "",
+                                       ", ", accumulate_name(acc));
           const size_t separate0 = runner.fp8_separate_epilogues();
           dy16.poison();
           runner.linear_fp8(op.dxq.p, op.dsx.p, op.dwq.p, op.dsw.p, bias ? bf(db) : nullptr, bf(dy16), s.M, s.K, s.N,
@@ -127,7 +141,12 @@ TEST(GpuGemmFp8, MatchesLinearFp8Ref) {
           if ((bias || gelu) && mode == cuda::Fp8Epilogue::Separate) EXPECT_TRUE(split) << what;
           const Err e16 = error_vs(to_f32(dy16.download()), ref);
           const Err& base = split ? split_base : fused_base;
-          expect_2x_bf16(e16, base, what + " -> bf16");
+          if (fast) {
+            EXPECT_EQ(e16.nonfinite, 0u) << what << " -> bf16";
+            EXPECT_LE(e16.rel_l2, kFastAccumRelL2) << what << " -> bf16";
+          } else {
+            expect_2x_bf16(e16, base, what + " -> bf16");
+          }
 
           dy32.poison();
           runner.linear_fp8(op.dxq.p, op.dsx.p, op.dwq.p, op.dsw.p, bias ? bf(db) : nullptr, dy32.p, s.M, s.K, s.N,
@@ -135,15 +154,20 @@ TEST(GpuGemmFp8, MatchesLinearFp8Ref) {
           CUDA_CHECK(cudaDeviceSynchronize());
           const Err e32 = error_vs(dy32.download(), ref);
           EXPECT_EQ(e32.nonfinite, 0u) << what << " -> f32";
-          EXPECT_LE(e32.rel_l2, 1e-3) << what << " -> f32";
-          EXPECT_LE(e32.max_abs, 2 * fused_base.max_abs + 1e-7) << what << " -> f32";
-          std::printf("%-58s %s epilogue  rel L2: bf16 out %.3g (baseline %.3g), f32 out %.3g\n", what.c_str(),
+          if (fast) {
+            EXPECT_LE(e32.rel_l2, kFastAccumRelL2) << what << " -> f32";
+          } else {
+            EXPECT_LE(e32.rel_l2, 1e-3) << what << " -> f32";
+            EXPECT_LE(e32.max_abs, 2 * fused_base.max_abs + 1e-7) << what << " -> f32";
+          }
+          std::printf("%-78s %s epilogue  rel L2: bf16 out %.3g (baseline %.3g), f32 out %.3g\n", what.c_str(),
                       split ? "separate" : "fused   ", e16.rel_l2, base.rel_l2, e32.rel_l2);
         }
       }
     }
   }
   runner.set_fp8_epilogue(cuda::Fp8Epilogue::Auto);
+  runner.set_fp8_accumulate(cuda::Fp8Accumulate::Fast);
 }
 
 // The DiT's GEMM shapes at M = 4096 (and an odd 4097): GPU-quantised bf16 operands through the FP8 GEMM,
@@ -158,7 +182,6 @@ TEST(GpuGemmFp8, DitShapesVsFp32) {
                           {4097, 5120, 5120}};
   uint64_t seed = 0xD170;
   for (const Shape& s : shapes) {
-    const std::string what = cat("M ", s.M, " K ", s.K, " N ", s.N);
     DevBuf<uint16_t> x16(s.M * s.K), w16(s.N * s.K), y8(s.M * s.N), y16(s.M * s.N);
     DevBuf<float> x32(s.M * s.K), w32(s.N * s.K), y32(s.M * s.N), yd(s.M * s.N), sx(s.M), sw(s.N);
     DevBuf<uint8_t> xq(s.M * s.K), wq(s.N * s.K);
@@ -166,8 +189,6 @@ TEST(GpuGemmFp8, DitShapesVsFp32) {
     cuda::philox_normal_fill_bf16(w16.p, w16.n, ++seed, 0, 0.02f, st.s);
     cuda::quantize_rows_fp8(bf(x16), s.M, s.K, xq.p, sx.p, st.s);
     cuda::quantize_rows_fp8(bf(w16), s.N, s.K, wq.p, sw.p, st.s);
-    y8.poison();
-    runner.linear_fp8(xq.p, sx.p, wq.p, sw.p, nullptr, bf(y8), s.M, s.K, s.N, Act::None, st.s);
     runner.linear(bf(x16), bf(w16), static_cast<const __nv_bfloat16*>(nullptr), bf(y16), s.M, s.K, s.N, Act::None,
                   st.s);
     cuda::convert_bf16_to_f32(bf(x16), x32.p, s.M * s.K, st.s);
@@ -177,29 +198,42 @@ TEST(GpuGemmFp8, DitShapesVsFp32) {
     cuda::dequantize_rows_fp8(wq.p, sw.p, s.N, s.K, w32.p, st.s);
     runner.linear(x32.p, w32.p, nullptr, yd.p, s.M, s.K, s.N, Act::None, st.s);
     CUDA_CHECK(cudaStreamSynchronize(st.s));
-    const std::vector<float> out = to_f32(y8.download()), ref = y32.download(), same = yd.download();
-    const Err vs_orig = error_vs(out, ref), vs_same = error_vs(out, same), bf16 = error_vs(to_f32(y16.download()), ref);
-    EXPECT_EQ(vs_orig.nonfinite, 0u) << what;
-    EXPECT_LE(vs_orig.rel_l2, 4.5e-2) << what << ": fp8 vs fp32 of the unquantised operands";
-    EXPECT_LE(vs_same.rel_l2, 3e-3) << what << ": fp8 vs fp32 of the dequantised operands";
-    std::printf("%-26s rel L2 vs fp32: fp8 %.4f (vs dequantised operands %.2e), bf16 GEMM %.2e\n", what.c_str(),
-                vs_orig.rel_l2, vs_same.rel_l2, bf16.rel_l2);
-
-    // Rows 0, M/2 and M-1 against the CPU reference on the very bytes the GPU quantiser wrote.
+    const std::vector<float> ref = y32.download(), same = yd.download();
+    const Err bf16 = error_vs(to_f32(y16.download()), ref);
     const std::vector<uint8_t> hxq = xq.download(), hwq = wq.download();
     const std::vector<float> hsx = sx.download(), hsw = sw.download();
-    const int64_t rows[] = {0, s.M / 2, s.M - 1};
-    std::vector<uint8_t> xr;
-    std::vector<float> sr, got;
-    for (int64_t m : rows) {
-      xr.insert(xr.end(), hxq.begin() + m * s.K, hxq.begin() + (m + 1) * s.K);
-      sr.push_back(hsx[m]);
-      got.insert(got.end(), out.begin() + m * s.N, out.begin() + (m + 1) * s.N);
+    for (cuda::Fp8Accumulate acc : {cuda::Fp8Accumulate::Fp32, cuda::Fp8Accumulate::Fast}) {
+      const bool fast = acc == cuda::Fp8Accumulate::Fast;
+      const std::string what = cat("M ", s.M, " K ", s.K, " N ", s.N, ", ", accumulate_name(acc));
+      runner.set_fp8_accumulate(acc);
+      y8.poison();
+      runner.linear_fp8(xq.p, sx.p, wq.p, sw.p, nullptr, bf(y8), s.M, s.K, s.N, Act::None, st.s);
+      CUDA_CHECK(cudaStreamSynchronize(st.s));
+      const std::vector<float> out = to_f32(y8.download());
+      const Err vs_orig = error_vs(out, ref), vs_same = error_vs(out, same);
+      EXPECT_EQ(vs_orig.nonfinite, 0u) << what;
+      EXPECT_LE(vs_orig.rel_l2, 4.5e-2) << what << ": fp8 vs fp32 of the unquantised operands";
+      EXPECT_LE(vs_same.rel_l2, fast ? kFastAccumRelL2 : 3e-3) << what << ": fp8 vs fp32 of the dequantised operands";
+      std::printf("%-46s rel L2 vs fp32: fp8 %.4f (vs dequantised operands %.2e), bf16 GEMM %.2e\n", what.c_str(),
+                  vs_orig.rel_l2, vs_same.rel_l2, bf16.rel_l2);
+
+      // Rows 0, M/2 and M-1 against the CPU reference on the very bytes the GPU quantiser wrote.
+      const int64_t rows[] = {0, s.M / 2, s.M - 1};
+      std::vector<uint8_t> xr;
+      std::vector<float> sr, got;
+      for (int64_t m : rows) {
+        xr.insert(xr.end(), hxq.begin() + m * s.K, hxq.begin() + (m + 1) * s.K);
+        sr.push_back(hsx[m]);
+        got.insert(got.end(), out.begin() + m * s.N, out.begin() + (m + 1) * s.N);
+      }
+      std::vector<float> want(got.size());
+      ops::linear_fp8_ref(xr.data(), sr.data(), hwq.data(), hsw.data(), nullptr, want.data(), 3, s.K, s.N, false);
+      const Err rows_err = error_vs(got, want);
+      if (fast) EXPECT_LE(rows_err.rel_l2, kFastAccumRelL2) << what << " rows 0, M/2, M-1";
+      else expect_2x_bf16(rows_err, error_vs(round_bf16(want), want), what + " rows 0, M/2, M-1");
     }
-    std::vector<float> want(got.size());
-    ops::linear_fp8_ref(xr.data(), sr.data(), hwq.data(), hsw.data(), nullptr, want.data(), 3, s.K, s.N, false);
-    expect_2x_bf16(error_vs(got, want), error_vs(round_bf16(want), want), what + " rows 0, M/2, M-1");
   }
+  runner.set_fp8_accumulate(cuda::Fp8Accumulate::Fast);
 }
 
 // FP8 plans are cached apart from the bf16 ones; a cached plan is deterministic; the forced separate
@@ -230,6 +264,18 @@ TEST(GpuGemmFp8, PlanCacheDeterminismAndErrors) {
   runner.linear(bf(dx16), bf(dw16), bf(db), bf(dy), s.M, s.K, s.N, Act::GeluTanh, nullptr);  // bf16: its own plan
   CUDA_CHECK(cudaDeviceSynchronize());
   EXPECT_EQ(runner.plan_count(), plans + 1);
+  // The other accumulation mode is a plan of its own; the default comes back to the cached one.
+  EXPECT_EQ(runner.fp8_accumulate(), cuda::Fp8Accumulate::Fast);
+  runner.set_fp8_accumulate(cuda::Fp8Accumulate::Fp32);
+  runner.linear_fp8(op.dxq.p, op.dsx.p, op.dwq.p, op.dsw.p, bf(db), bf(dy), s.M, s.K, s.N, Act::GeluTanh, nullptr);
+  CUDA_CHECK(cudaDeviceSynchronize());
+  EXPECT_EQ(runner.plan_count(), plans + 2);
+  runner.set_fp8_accumulate(cuda::Fp8Accumulate::Fast);
+  dy.poison();
+  runner.linear_fp8(op.dxq.p, op.dsx.p, op.dwq.p, op.dsw.p, bf(db), bf(dy), s.M, s.K, s.N, Act::GeluTanh, nullptr);
+  CUDA_CHECK(cudaDeviceSynchronize());
+  EXPECT_EQ(runner.plan_count(), plans + 2);
+  EXPECT_EQ(std::memcmp(first.data(), dy.download().data(), first.size() * 2), 0) << "fast plan again";
 
   runner.set_fp8_epilogue(cuda::Fp8Epilogue::Separate);
   const size_t sep0 = runner.fp8_separate_epilogues();

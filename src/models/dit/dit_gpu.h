@@ -154,7 +154,8 @@ SeqSplit seq_split(int64_t tokens, int seq_ranks);
 // sm_90): the 7 GEMMs of every block (q|k|v, o, cross q, cross k|v, cross o, ffn.0, ffn.2) store their
 // weights as e4m3 rows [N, K] with one fp32 scale per output row (core/fp8_rows.h), quantised once as
 // they load (after any LoRA merge), and quantise their bf16 input rows per token before each GEMM
-// (GemmRunner::linear_fp8). Biases, norms, modulation, embeddings and the head stay as in Bf16.
+// (GemmRunner::linear_fp8, with its default fast accumulation: Fp8Accumulate::Fast). Biases, norms,
+// modulation, embeddings and the head stay as in Bf16.
 enum class DiTGemm : uint8_t { Bf16, Fp8 };
 
 // Where the experts' weights live while the DiT runs (issue 27's low-memory mode; Options::residency,
