@@ -12,8 +12,9 @@
 //   gives 3.74% on these shapes); the 3e-2 of issue 25 is below that floor for random data.
 //   The same output against the fp32 GEMM of the dequantised operands: relative L2 <= 3e-3.
 // Fast accumulation (the engine's default) keeps fewer bits in the tensor cores' partial sums: against the
-// exact sums its rel L2 must stay within kFastAccumRelL2 (fp32 or bf16 output), whatever K; the output
-// against the unquantised operands keeps the 4.5e-2 bound.
+// exact sums its rel L2 must stay within kFastAccumRelL2 (fp32 or bf16 output) up to the DiT's largest K
+// (13824: measured at most 2.9e-3 fp32 out, 3.75e-3 bf16 out, 3.3e-3 against the dequantised operands'
+// GEMM, H200); the output against the unquantised operands keeps the 4.5e-2 bound.
 // Outputs are poisoned before every run; inputs are Philox draws with fixed seeds. Skips without a device,
 // and with a message on a GPU without FP8 outer-vector GEMMs (cuda::fp8_supported).
 #include <gtest/gtest.h>
@@ -81,7 +82,7 @@ struct Fp8Operands {
   }
 };
 
-constexpr double kFastAccumRelL2 = 1e-2;
+constexpr double kFastAccumRelL2 = 6e-3;
 
 const char* accumulate_name(cuda::Fp8Accumulate a) {
   return a == cuda::Fp8Accumulate::Fast ? "fast accumulation" : "fp32 accumulation";
