@@ -490,7 +490,7 @@ void OwnAttentionFp8::validate(const AttentionShape& s) {
 }
 
 void OwnAttentionFp8::run(const AttentionShape& s, const AttentionArgs& a, void* workspace, size_t workspace_bytes,
-                          cudaStream_t stream) {
+                          cudaStream_t stream, Fp8KV kv) {
   validate(s);
   WAN_CHECK(a.q && a.k && a.v && a.o, "attention_fp8: null Q/K/V/O pointer");
   WAN_CHECK(!s.masked || a.k_lens, "attention_fp8: masked shape without k_lens");
@@ -501,7 +501,7 @@ void OwnAttentionFp8::run(const AttentionShape& s, const AttentionArgs& a, void*
   WAN_CHECK(workspace && workspace_bytes >= l.bytes && reinterpret_cast<uintptr_t>(workspace) % 256 == 0,
             "attention_fp8: workspace of ", workspace_bytes, " B, needs ", l.bytes, " B (256-byte aligned)");
   auto* ws = static_cast<uint8_t*>(workspace);
-  fp8_attention_quantize(s, a, l, ws, stream);
+  fp8_attention_quantize(s, a, l, ws, stream, kv);
   Params p{};
   p.B = static_cast<int>(s.B), p.Lq = static_cast<int>(s.Lq), p.Lk = static_cast<int>(s.Lk), p.H = static_cast<int>(s.H);
   p.num_q_tiles = static_cast<int>((s.Lq + kBlockM - 1) / kBlockM), p.k_blocks = static_cast<int>(l.k_blocks);

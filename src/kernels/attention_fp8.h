@@ -24,7 +24,9 @@
 
 namespace wan::cuda {
 
-// Where the quantised tensors live in the workspace (offsets in bytes, each 256-byte aligned).
+// Where the quantised tensors live in the workspace (offsets in bytes, each 256-byte aligned). The K/V
+// side comes first and its offsets depend only on B·H and Lk, so a call with another Lq finds a previous
+// call's K/V quantisation where it left it (Fp8KV::Reuse).
 struct Fp8AttentionLayout {
   int64_t BH = 0, Lq = 0, Lk = 0, Lk16 = 0;  // Lk16: Lk rounded up to 16 (the transposed V's row length)
   int64_t q_tiles = 0, k_blocks = 0, chunks = 0;
@@ -37,6 +39,11 @@ struct Fp8AttentionLayout {
 };
 Fp8AttentionLayout fp8_attention_layout(const AttentionShape& s);
 
+// What OwnAttentionFp8::run quantises. Reuse: Q only; the workspace must hold the K/V quantisation of
+// the previous run() on it, with the same K and V (values, B, H, Lk, strides, key lengths) and no other
+// use of the workspace since: the chunked forward's query chunks of one sample (dit_gpu_chunked.cpp).
+enum class Fp8KV : uint8_t { Quantize, Reuse };
+
 class OwnAttentionFp8 {
  public:
   // True when the current device is sm_90 and the binary has the sm_90a kernel.
@@ -44,17 +51,18 @@ class OwnAttentionFp8 {
   // Throws wan::Error (BadInput) for a shape this kernel cannot run (head dim, output type, strides).
   static void validate(const AttentionShape& s);
   static size_t workspace_size(const AttentionShape& s) { return fp8_attention_layout(s).bytes; }
-  // Quantises Q/K/V into the workspace and runs the attention, all on `stream`.
+  // Quantises Q/K/V (Q alone with Fp8KV::Reuse) into the workspace and runs the attention, all on `stream`.
   static void run(const AttentionShape& s, const AttentionArgs& a, void* workspace, size_t workspace_bytes,
-                  cudaStream_t stream);
+                  cudaStream_t stream, Fp8KV kv = Fp8KV::Quantize);
 };
 
 // Whether run() uses the lazy rescale (the default; WAN_ATTN_FP8_LAZY=0: eager), for emulations to match.
 bool fp8_attention_lazy_rescale();
 
 // The quantisation passes alone (attention_fp8_quant.cu; run() calls it first): fills the workspace's
-// q, k, vt, scales, mean and q·mean (when s.lse) from a's bf16 Q/K/V.
+// q, k, vt, scales, mean and q·mean (when s.lse) from a's bf16 Q/K/V; with Fp8KV::Reuse only q, its
+// scales and q·mean (from the k mean already there).
 void fp8_attention_quantize(const AttentionShape& s, const AttentionArgs& a, const Fp8AttentionLayout& l,
-                            uint8_t* workspace, cudaStream_t stream);
+                            uint8_t* workspace, cudaStream_t stream, Fp8KV kv = Fp8KV::Quantize);
 
 }  // namespace wan::cuda

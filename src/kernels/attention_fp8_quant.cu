@@ -5,6 +5,7 @@
 //   2. per sample·head: K's mean = the chunk sums in chunk order / valid keys;
 //   3. per (tile of 128 rows, sample·head, Q|K|V): Q and smoothed K blocks (one scale per block, the rule
 //      of core/fp8_rows.h), V per channel, transposed with the P·V key permutation of each 16 keys.
+// Fp8KV::Reuse launches pass 3 for Q alone (the K/V side of the workspace is a previous call's).
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -188,7 +189,7 @@ __global__ void __launch_bounds__(kThreads) quant_tiles_kernel(const QuantParams
 }  // namespace
 
 void fp8_attention_quantize(const AttentionShape& s, const AttentionArgs& a, const Fp8AttentionLayout& l,
-                            uint8_t* ws, cudaStream_t stream) {
+                            uint8_t* ws, cudaStream_t stream, Fp8KV kv) {
   QuantParams p{};
   p.B = static_cast<int>(s.B), p.H = static_cast<int>(s.H), p.Lq = static_cast<int>(s.Lq), p.Lk = static_cast<int>(s.Lk);
   p.k_lens = s.masked ? a.k_lens : nullptr;
@@ -203,6 +204,11 @@ void fp8_attention_quantize(const AttentionShape& s, const AttentionArgs& a, con
   p.q_tiles = static_cast<int>(l.q_tiles), p.k_blocks = static_cast<int>(l.k_blocks);
   p.chunks = static_cast<int>(l.chunks), p.Lk16 = static_cast<int>(l.Lk16);
   const unsigned bh = static_cast<unsigned>(l.BH);
+  if (kv == Fp8KV::Reuse) {  // grid z = 1: the Q blocks alone (quant_tiles_kernel's z = 0)
+    quant_tiles_kernel<<<dim3(static_cast<unsigned>(l.q_tiles), bh, 1), kThreads, 0, stream>>>(p);
+    CUDA_CHECK(cudaGetLastError());
+    return;
+  }
   CUDA_CHECK(cudaMemsetAsync(p.v_amax, 0, static_cast<size_t>(l.BH) * kD * sizeof(uint32_t), stream));
   kv_stats_kernel<<<dim3(static_cast<unsigned>(l.chunks), bh), kThreads, 0, stream>>>(p);
   k_mean_kernel<<<bh, kD, 0, stream>>>(p);
@@ -223,14 +229,15 @@ Fp8AttentionLayout fp8_attention_layout(const AttentionShape& s) {
     return at;
   };
   const auto BH = static_cast<size_t>(l.BH);
-  l.q = take(BH * static_cast<size_t>(s.Lq) * kD);
+  // K/V side first (offsets independent of Lq: Fp8KV::Reuse), then the Q side.
   l.k = take(BH * static_cast<size_t>(s.Lk) * kD);
   l.vt = take(BH * kD * static_cast<size_t>(l.Lk16));
-  l.q_scale = take(BH * static_cast<size_t>(l.q_tiles) * 4);
   l.k_scale = take(BH * static_cast<size_t>(l.k_blocks) * 4);
   l.v_amax = take(BH * kD * 4);
   l.k_partial = take(BH * static_cast<size_t>(l.chunks) * kD * 4);
   l.k_mean = take(BH * kD * 4);
+  l.q = take(BH * static_cast<size_t>(s.Lq) * kD);
+  l.q_scale = take(BH * static_cast<size_t>(l.q_tiles) * 4);
   l.q_mean_dot = take(BH * static_cast<size_t>(s.Lq) * 4);
   l.bytes = off;
   return l;

@@ -17,6 +17,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -264,6 +265,51 @@ TEST(GpuAttentionFp8, BadInputIsRefused) {
   a.q = buf.p, a.k = buf.p + 512, a.v = buf.p + 1024, a.o = buf.p;
   DevBuf<uint8_t> ws(16);
   EXPECT_THROW(OwnAttentionFp8::run(s, a, ws.p, ws.n, nullptr), Error);  // workspace too small
+}
+
+// Fp8KV::Reuse (the chunked forward's query chunks): one sample's queries in two chunks at a 128-row
+// boundary, the second quantising Q alone after the bf16 K/V were overwritten with junk, give the rows
+// and LSEs of one call over every query bit for bit; the same second call with Fp8KV::Quantize reads the
+// junk and differs (so the reuse is what the equality shows).
+TEST(GpuAttentionFp8, ReusedKvQuantisationEqualsOneCall) {
+  REQUIRE_FP8_ATTN();
+  StreamGuard st;
+  constexpr int64_t H = 3, Lq = 300, Lk = 333, HD = H * D, split = 128;
+  DevBuf<uint16_t> dq(Lq * HD), dkv(2 * Lk * HD), dout(Lq * HD), dchunk(Lq * HD);
+  DevBuf<float> dlse(H * Lq), dlse_a(H * split), dlse_b(H * (Lq - split));
+  dq.upload(to_bf16(randn(0x5EED1, static_cast<size_t>(Lq * HD), 1.0f)));
+  dkv.upload(to_bf16(randn(0x5EED2, static_cast<size_t>(2 * Lk * HD), 1.0f)));
+  auto shape = [&](int64_t lq) {
+    AttentionShape s;
+    s.B = 1, s.Lq = lq, s.Lk = Lk, s.H = H;
+    s.lse = true;
+    return s;
+  };
+  DevBuf<uint8_t> dws(OwnAttentionFp8::workspace_size(shape(Lq)));
+  auto run = [&](int64_t row0, int64_t lq, uint16_t* o, float* lse, cuda::Fp8KV kv) {
+    AttentionArgs a;
+    a.q = dq.p + row0 * HD, a.k = dkv.p, a.v = dkv.p + Lk * HD, a.o = o, a.lse = lse;
+    OwnAttentionFp8::run(shape(lq), a, dws.p, dws.n, st.s, kv);
+  };
+  dout.poison(), dchunk.poison(), dlse.poison(), dlse_a.poison(), dlse_b.poison(), dws.poison();
+  run(0, Lq, dout.p, dlse.p, cuda::Fp8KV::Quantize);
+  run(0, split, dchunk.p, dlse_a.p, cuda::Fp8KV::Quantize);
+  dkv.upload(to_bf16(randn(0x5EED3, static_cast<size_t>(2 * Lk * HD), 5.0f, 3.0f)));  // junk K/V
+  run(split, Lq - split, dchunk.p + split * HD, dlse_b.p, cuda::Fp8KV::Reuse);
+  sync_or_die(st.s, "attention_fp8 Fp8KV::Reuse");
+  const std::vector<uint16_t> full = dout.download(), chunks = dchunk.download();
+  const std::vector<float> lse = dlse.download(), lse_a = dlse_a.download(), lse_b = dlse_b.download();
+  EXPECT_EQ(full, chunks) << "chunked rows differ from one call";
+  size_t lse_diff = 0;
+  for (int64_t h = 0; h < H; ++h)
+    for (int64_t i = 0; i < Lq; ++i) {
+      const float got = i < split ? lse_a[h * split + i] : lse_b[h * (Lq - split) + i - split];
+      lse_diff += std::memcmp(&got, &lse[h * Lq + i], sizeof(float)) != 0;
+    }
+  EXPECT_EQ(lse_diff, 0u) << "chunked LSEs differ from one call";
+  run(split, Lq - split, dchunk.p + split * HD, dlse_b.p, cuda::Fp8KV::Quantize);  // the junk K/V this time
+  sync_or_die(st.s, "attention_fp8 junk K/V");
+  EXPECT_NE(full, dchunk.download()) << "the junk K/V should change the second chunk";
 }
 
 // B = 2, H = 40, D = 128 at the engine's self-attention lengths: FP8 (quantisation passes and kernel, and

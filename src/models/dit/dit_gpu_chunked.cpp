@@ -108,7 +108,10 @@ void DiTGpu::Impl::block_chunked(const BlockPtrs& w, const Geometry& g, const Ro
     qk_rmsnorm_rope(RmsNormJob{q, D, w.nq, q, c.n, D}, nullptr, D, eps, &ra, s);
     AttentionArgs sa;
     sa.q = q, sa.k = kv + c.b * S * 2 * D, sa.v = kv + c.b * S * 2 * D + D, sa.o = att;
-    attention_op(OpCat::SelfAttention, chunk_self_attn_shape(g, c.n), sa, s);
+    // The FP8 kernel quantises a sample's keys and values at its first chunk only: the later chunks' calls
+    // follow with the same K/V, and the cross-attention between them does not touch the workspace.
+    attention_op(OpCat::SelfAttention, chunk_self_attn_shape(g, c.n), sa, s,
+                 c.c0 > 0 ? Fp8KV::Reuse : Fp8KV::Quantize);
     block_linear(att, w.o_w, w.o_s, w.o_b, y, c.n, D, D, Act::None, xq, s);
     const ModVec gate_sa = mod(2, c);
     norm_into_h([&](auto out) {

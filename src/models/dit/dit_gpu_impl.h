@@ -160,13 +160,15 @@ struct DiTGpu::Impl {
   // The parallel part of create(): checks the groups against each other, creates the split
   // self-attention and binds its arena buffers (after bind_buffers).
   void setup_parallel();
-  // cat: SelfAttention (or a sequence-parallel piece of it) or CrossAttention.
-  void run_attention(OpCat cat, const AttentionShape& sh, const AttentionArgs& a, cudaStream_t s) {
+  // cat: SelfAttention (or a sequence-parallel piece of it) or CrossAttention. kv: Fp8KV::Reuse when the
+  // previous attention call had the same keys and values (the FP8 kernel then quantises Q alone).
+  void run_attention(OpCat cat, const AttentionShape& sh, const AttentionArgs& a, cudaStream_t s,
+                     Fp8KV kv = Fp8KV::Quantize) {
     if (attn) attn->run(sh, a, attn_ws, attn_ws_bytes, s);
     // FP8 for the self-attention; the text cross-attention (512 keys) stays on the bf16 own kernel, where
     // the FP8 quantisation passes cost more than they save (B 2, H 40, 75600 x 512: 5.2 vs 2.7 ms, H100).
     else if (opt.attention == Attention::OwnFp8 && cat == OpCat::SelfAttention)
-      OwnAttentionFp8::run(sh, a, attn_ws, attn_ws_bytes, s);
+      OwnAttentionFp8::run(sh, a, attn_ws, attn_ws_bytes, s, kv);
     else OwnAttention::run(sh, a, s);
   }
   // The forward's GEMMs and (single-GPU / CFG-parallel) attentions, bracketed by events when profiling.
@@ -211,10 +213,11 @@ struct DiTGpu::Impl {
     if (fp8()) fp8_linear(norm_out(), nullptr, w, w_scale, bias, y, M, K, N, act, s);
     else linear_op(h, w, bias, y, M, K, N, act, s);
   }
-  void attention_op(OpCat cat, const AttentionShape& sh, const AttentionArgs& a, cudaStream_t s) {
-    if (!prof) return run_attention(cat, sh, a, s);
+  void attention_op(OpCat cat, const AttentionShape& sh, const AttentionArgs& a, cudaStream_t s,
+                    Fp8KV kv = Fp8KV::Quantize) {
+    if (!prof) return run_attention(cat, sh, a, s, kv);
     const size_t b = prof->mark(s);
-    run_attention(cat, sh, a, s);
+    run_attention(cat, sh, a, s, kv);
     prof->spans.push_back({cat, b, prof->mark(s)});
   }
   // Events one profiled forward of `layers` blocks records at most: 2 around the forward, 2 per interval
