@@ -7,10 +7,9 @@
 //   (cuda::quantize_rows_fp8, timed on its own: ms and GB/s = (3·M·K + 4·M) bytes / time, next to a
 //   cudaMemcpyAsync of x, GB/s = 2·(2·M·K) bytes / time: the copy bandwidth it aims for) then runs the
 //   FP8 GEMM with the bias (and GELU) in cuBLASLt's epilogue or, when cuBLASLt refuses that, in the
-//   separate kernel (the JSON says which), with the engine's fast accumulation; the same GEMM with fp32
-//   accumulation (Fp8Accumulate::Fp32) is timed and checked beside it;
-// - time: CUDA events around each call on one stream, reps interleaved bf16 / quantise / fp8 after warm-up,
-//   median; TFLOP/s = 2·M·N·K / time (fp8 also with the quantisation's time added);
+//   separate kernel (the JSON says which), with fast accumulation, and beside it with fp32 accumulation;
+// - time: CUDA events around each call on one stream, reps interleaved after warm-up, median; TFLOP/s =
+//   2·M·N·K / time (fp8 also with the quantisation's time added);
 // - accuracy: rel L2 of the bf16 and the fp8 outputs against cuBLAS's fp32 GEMM (no TF32) of the
 //   unquantised inputs (bias in fp32, GELU on the host), on every step-th row (about 1000 rows).
 // `--gemm fp8` on a GPU without FP8 GEMMs (cuda::fp8_supported) is refused; `both` then times bf16 only.
