@@ -128,7 +128,7 @@ struct Accuracy {
   double fp8_acc32 = -1;       // the FP8 GEMM with Fp8Accumulate::Fp32, vs fp32
   double fast_vs_acc32 = -1;   // the default (fast accumulation) output vs the Fp32-accumulate one
   int64_t rows = 0, step = 1;
-  size_t nonfinite_fp8 = 0, nonfinite_bf16 = 0;
+  size_t nonfinite_fp8 = 0, nonfinite_bf16 = 0, nonfinite_fp8_acc32 = 0;
 };
 
 struct CaseRun {
@@ -138,7 +138,7 @@ struct CaseRun {
   std::vector<double> bf16_ms, fp8_ms, quant_ms, copy_ms, fp8_acc32_ms;
   bool fp8_separate_epilogue = false;
   Accuracy acc;
-  bool bad() const { return acc.nonfinite_fp8 || acc.nonfinite_bf16; }
+  bool bad() const { return acc.nonfinite_fp8 || acc.nonfinite_bf16 || acc.nonfinite_fp8_acc32; }
 };
 
 // Rel L2 of a downloaded [rows, N] output (bf16 bits) against the fp32 one; counts non-finite values.
@@ -186,10 +186,11 @@ Accuracy measure_accuracy(const GemmCase& c, CaseRun& run, CaseBuffers& b, GemmR
   if (fp8) {
     const std::vector<uint16_t> fast = rows_of(b.y8.p), acc32 = rows_of(b.y8_acc32.p);
     a.fp8 = rel_l2_bf16(fast, ref, &a.nonfinite_fp8);
-    a.fp8_acc32 = rel_l2_bf16(acc32, ref, &a.nonfinite_fp8);
+    a.fp8_acc32 = rel_l2_bf16(acc32, ref, &a.nonfinite_fp8_acc32);
     std::vector<float> acc32_f(acc32.size());
     for (size_t i = 0; i < acc32.size(); ++i) acc32_f[i] = bf16_to_f32(acc32[i]);
-    a.fast_vs_acc32 = rel_l2_bf16(fast, acc32_f, &a.nonfinite_fp8);
+    size_t counted = 0;  // fast's non-finite values again: counted above
+    a.fast_vs_acc32 = rel_l2_bf16(fast, acc32_f, &counted);
   }
   return a;
 }
@@ -288,8 +289,8 @@ void print_case(const GemmCase& c, const CaseRun& r, bool bf16, bool fp8) {
            tflops(r.flops, a), r.acc.fp8_acc32, r.acc.fast_vs_acc32);
   }
   if (r.bad())
-    printf("  ERROR: non-finite outputs in the sampled rows: fp8 %zu, bf16 %zu\n", r.acc.nonfinite_fp8,
-           r.acc.nonfinite_bf16);
+    printf("  ERROR: non-finite outputs in the sampled rows: fp8 %zu (fp32 accumulation %zu), bf16 %zu\n",
+           r.acc.nonfinite_fp8, r.acc.nonfinite_fp8_acc32, r.acc.nonfinite_bf16);
   fflush(stdout);
 }
 
@@ -331,6 +332,7 @@ nlohmann::json case_json(const GemmCase& c, const CaseRun& r, bool bf16, bool fp
                     fp8 ? nlohmann::json(r.acc.fast_vs_acc32) : nlohmann::json(nullptr)},
                    {"rel_l2_bf16", bf16 ? nlohmann::json(r.acc.bf16) : nlohmann::json(nullptr)},
                    {"nonfinite_fp8", r.acc.nonfinite_fp8},
+                   {"nonfinite_fp8_fp32_accumulate", r.acc.nonfinite_fp8_acc32},
                    {"nonfinite_bf16", r.acc.nonfinite_bf16}};
   return j;
 }
